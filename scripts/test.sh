@@ -1,0 +1,5 @@
+#!/usr/bin/env bash
+# The project's test command (README, CI). Installs what the tests need, then runs them all.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo test --locked --all-targets -- --include-ignored

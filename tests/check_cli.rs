@@ -1,0 +1,174 @@
+//! `tidemark check`: the binary a user runs, on good and broken configs.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn tidemark(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidemark"));
+    cmd.args(args);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("TIDEMARK__") {
+            cmd.env_remove(k);
+        }
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run tidemark")
+}
+
+fn example() -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/example.toml"))
+        .unwrap()
+}
+
+fn check_text(body: &str) -> Output {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    std::fs::write(&path, body).unwrap();
+    tidemark(&["check", "--config", path.to_str().unwrap()], &[])
+}
+
+#[test]
+fn example_config_is_valid_and_printed_with_defaults_filled_in() {
+    let out = tidemark(&["check", "--config", "configs/example.toml"], &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("id = \"site-a-gw1\""));
+    assert!(text.contains("client_id = \"tidemark-site-a-gw1-in\""));
+    assert!(text.contains("[groups.hvac]"));
+    assert!(text.contains("out_of_orderness_ms = 5000"));
+}
+
+#[test]
+fn env_overrides_the_file() {
+    let out = tidemark(
+        &["check", "--config", "configs/example.toml"],
+        &[
+            ("TIDEMARK__GATEWAY__ID", "x"),
+            ("TIDEMARK__GROUPS__HVAC__IDLE_TIMEOUT_MS", "4321"),
+        ],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("id = \"x\""), "{text}");
+    assert!(text.contains("tidemark-x-out"), "{text}");
+    assert!(text.contains("idle_timeout_ms = 4321"), "{text}");
+}
+
+#[test]
+fn env_can_break_a_valid_file_and_is_named() {
+    let out = tidemark(
+        &["check", "--config", "configs/example.toml"],
+        &[("TIDEMARK__TIME__SKEW_WINDOW", "500")],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("time.skew_window"));
+}
+
+#[test]
+fn minimal_config_needs_only_the_gateway_id() {
+    let out = check_text("[gateway]\nid = \"gw\"\n");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("size_ms = 60000"));
+}
+
+#[test]
+fn password_is_read_from_its_file_and_never_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let pw = dir.path().join("pw");
+    std::fs::write(&pw, "s3cr3t-value\n").unwrap();
+    let body = example().replacen(
+        "password_file = \"\"",
+        &format!("password_file = {:?}", pw.to_str().unwrap()),
+        1,
+    );
+    let out = check_text(&body);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(!text.contains("s3cr3t-value"));
+    assert!(text.contains("source: password loaded from password_file: ********"));
+}
+
+/// Each broken config exits 2 and names the offending key.
+#[test]
+fn broken_configs_exit_2_naming_the_key() {
+    let ex = example();
+    let cases: Vec<(String, &str)> = vec![
+        (ex.replace("id = \"site-a-gw1\"", ""), "gateway.id: missing"),
+        (ex.replace("id = \"site-a-gw1\"", "id = \"site a/gw\""), "gateway.id:"),
+        (ex.replace("[source]", "[sourc]"), "sourc: unknown key"),
+        (ex.replace("qos = 1                           # 1:", "qoss = 1 #"), "source.qoss: unknown key"),
+        (ex.replace("url = \"mqtt://127.0.0.1:1883\"     # mqtt://", "url = \"http://x\" #"), "source.url: unsupported scheme \"http\""),
+        (ex.replace("url = \"mqtt://127.0.0.1:1883\"\nclient_id = \"\"                    # default \"tidemark-{gateway.id}-out\"", "url = \"mqtt://:99999\"\nclient_id = \"\""), "sink.url:"),
+        (format!("{ex}\n[groups.hvac2]\nwindow = {{ kind = \"tumbling\", size_ms = 0 }}\n"), "groups.hvac2.window.size_ms: must be > 0"),
+        (format!("{ex}\n[groups.h3]\nwindow = {{ kind = \"hopping\", size_ms = 1000, slide_ms = 5000 }}\n"), "groups.h3.window.slide_ms: 5000 must be <= size_ms"),
+        (format!("{ex}\n[groups.s]\nwindow = {{ kind = \"session\" }}\n"), "groups.s.window.gap_ms: missing"),
+        (format!("{ex}\n[groups.w]\nwindow = {{ kind = \"sliding\", size_ms = 1 }}\n"), "groups.w.window.kind: unknown variant"),
+        (ex.replace("password_file = \"\"                # password", "password_file = \"/nonexistent/pw\" #"), "source.password_file: cannot read"),
+        (ex.replace("protocol = \"v5\"", "protocol = \"v4\""), "source.protocol: unknown variant `v4`"),
+        (ex.replace("skew_window = 32", "skew_window = 65"), "time.skew_window: must be between 1 and 64"),
+        (ex.replace("commit_interval_ms = 50", "commit_interval_ms = 0"), "gateway.commit_interval_ms: must be > 0"),
+        (ex.replace("commit_interval_ms = 50", "commit_interval_ms = -5"), "gateway.commit_interval_ms: invalid value"),
+        (ex.replace("topic_pattern = \"sensors/{group}/{device}/{kind}\"", "topic_pattern = \"sensors/{group}/{kind}\""), "source.topic_pattern:"),
+        (ex.replace("topics = [\"sensors/+/+/+\"]", "topics = [\"sensors/#/x\"]"), "source.topics[0]:"),
+        (ex.replace("format = \"json\"                   # json | cbor", "format = \"xml\""), "sink.format: unknown variant"),
+        (ex.replace("listen = \"127.0.0.1:1883\"", "listen = \"localhost\""), "broker.listen:"),
+        (ex.replace("idle_timeout_ms = 30000", "idle_timeout_ms = \"30s\""), "group_defaults.idle_timeout_ms:"),
+        (ex.replace("level = \"info\"", "level = \"[[[\""), "log.level:"),
+        (format!("{ex}\n[groups.\"bad/name\"]\nidle_timeout_ms = 5\n"), "groups.bad/name: group name"),
+        (ex.replace("[metrics]", "[metrics]\nextra = 1"), "metrics.extra: unknown key"),
+        ("this is = = not toml".to_string(), "config:"),
+    ];
+    assert!(cases.len() >= 12);
+    for (body, want) in cases {
+        let out = check_text(&body);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "want {want:?}, got stderr {err}"
+        );
+        assert!(err.contains(want), "want {want:?} in:\n{err}");
+    }
+}
+
+#[test]
+fn several_problems_are_reported_one_line_each() {
+    let body = "[gateway]\nid = \"gw\"\ncommit_interval_ms = 0\ntick_interval_ms = 0\n[time]\nmax_age_ms = 0\n";
+    let out = check_text(body);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 3, "{err}");
+    assert!(err.contains("gateway.commit_interval_ms"));
+    assert!(err.contains("gateway.tick_interval_ms"));
+    assert!(err.contains("time.max_age_ms"));
+}
+
+#[test]
+fn missing_config_file_exits_2() {
+    let out = tidemark(&["check", "--config", "/nonexistent/tidemark.toml"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/tidemark.toml"));
+}
