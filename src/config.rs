@@ -955,6 +955,17 @@ fn group_config(
             forbid(p, "gap_ms", w.gap_ms, "hopping");
             let size_ms = need(p, "size_ms", w.size_ms);
             let slide_ms = need(p, "slide_ms", w.slide_ms);
+            if slide_ms > 0
+                && (size_ms + slide_ms - 1) / slide_ms > crate::time::window::MAX_OVERLAP
+            {
+                p.add(
+                    &format!("{wk}.slide_ms"),
+                    format!(
+                        "size_ms / slide_ms (rounded up) must be at most {} (windows per event)",
+                        crate::time::window::MAX_OVERLAP
+                    ),
+                );
+            }
             if slide_ms > size_ms {
                 p.add(
                     &format!("{wk}.slide_ms"),

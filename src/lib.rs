@@ -4,10 +4,17 @@
 //! - [`config`]: layered configuration, validated once into a typed [`config::Config`].
 //! - [`model`]: ids and small value types; [`topic`]: topic pattern matching;
 //!   [`codec`]: JSON/CBOR payload decoding. All pure; bad input is a value.
+//! - [`time`]: clock-offset estimation, duplicate suppression, windows (pure).
+//! - [`engine`]: ties them together per SPEC §4–§7; returns [`output::Output`]s.
+//! - [`replay`]: drives the engine from a recorded capture on a virtual clock.
 #![deny(clippy::all)]
 #![warn(missing_docs)]
 
 pub mod codec;
 pub mod config;
+pub mod engine;
 pub mod model;
+pub mod output;
+pub mod replay;
+pub mod time;
 pub mod topic;

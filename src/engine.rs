@@ -1,0 +1,752 @@
+//! The event-time engine (SPEC §4–§8): pure and deterministic.
+//!
+//! `on_message(topic, payload, now)` and `on_tick(now)` append [`Output`]s and
+//! mark the state they changed; they never touch a socket, a file or a clock.
+//! `run`, `replay` and the tests drive this same code.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::codec::{Decoded, Decoder, DeviceTs, MetricName};
+use crate::config::{Config, GroupConfig, InvalidPolicy, TimeConfig, TimePolicy};
+use crate::model::{Id, Kind, Millis, Reason};
+use crate::output::{
+    Alert, AlertType, Late, MetricOut, Output, Rejected, WindowResult, decoded_fields,
+};
+use crate::time::seq::SeqWindow;
+use crate::time::skew::SkewEstimator;
+use crate::time::window::{self, MetricIdx, Window};
+use crate::topic::TopicPattern;
+
+/// The gateway clock at one instant: wall time for arrival stamps, a
+/// monotonic reading for idleness (an NTP step must not make devices idle).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Now {
+    /// Wall clock, epoch ms.
+    pub wall: Millis,
+    /// Monotonic clock, ms from an arbitrary origin.
+    pub mono: Millis,
+}
+
+impl Now {
+    /// Both clocks at the same value (virtual time, tests).
+    pub fn at(t: Millis) -> Self {
+        Self { wall: t, mono: t }
+    }
+}
+
+/// Distinct metric names remembered; beyond this a new name is a decode error.
+pub const MAX_METRIC_NAMES: usize = 4096;
+
+/// Totals since the state was created.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    /// Messages handed to the engine.
+    pub received: u64,
+    /// Events taken into at least one window.
+    pub accepted: u64,
+    /// Events published on the late topic.
+    pub late: u64,
+    /// Redelivered (device, seq) pairs dropped.
+    pub duplicates: u64,
+    /// Rejections by reason, in [`Reason::ALL`] order.
+    pub rejected: [u64; 5],
+    /// Window results emitted (revisions included).
+    pub windows_emitted: u64,
+    /// Alerts raised.
+    pub alerts: u64,
+}
+
+impl Counters {
+    /// Rejections for one reason.
+    pub fn rejected(&self, r: Reason) -> u64 {
+        self.rejected[Reason::ALL.iter().position(|x| *x == r).unwrap_or(0)]
+    }
+}
+
+/// Persistent state of one device (group, device).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Device {
+    /// Group id.
+    pub group: Id,
+    /// Device id.
+    pub id: Id,
+    /// Clock-offset estimator.
+    pub skew: SkewEstimator,
+    /// Clock currently distrusted (`clock_skew` raised).
+    pub distrusted: bool,
+    /// Largest accepted event time (last_seen).
+    pub max_event: Option<Millis>,
+    /// Monotonic time of the last accepted event.
+    pub last_arrival: Millis,
+    /// Liveness: offline alert raised and not yet answered by `online`.
+    pub offline: bool,
+    /// Retained status `online` published at least once.
+    pub announced: bool,
+    /// Duplicate filter.
+    pub seq: SeqWindow,
+    /// Open windows, sorted by start.
+    pub windows: Vec<Window>,
+}
+
+/// Persistent state of one group.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Group {
+    /// Group id.
+    pub name: Id,
+    /// Watermark; never decreases.
+    pub wm: Option<Millis>,
+    /// Largest accepted event time of any member.
+    pub max_event: Option<Millis>,
+    /// Monotonic time of the last accepted event of any member.
+    pub last_arrival: Millis,
+}
+
+struct GroupSlot {
+    state: Group,
+    cfg: GroupConfig,
+    /// Member device indexes, sorted by device id (deterministic output order).
+    members: Vec<u32>,
+    /// Windows changed since the last tick.
+    touched: bool,
+    dirty: bool,
+}
+
+struct DeviceSlot {
+    state: Device,
+    group: u32,
+    dirty: bool,
+}
+
+/// Indexes of state changed since the last [`Engine::take_dirty`].
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Dirty {
+    /// Changed groups.
+    pub groups: Vec<u32>,
+    /// Changed devices.
+    pub devices: Vec<u32>,
+    /// New metric names from this index on.
+    pub metric_names_from: usize,
+}
+
+/// The engine.
+pub struct Engine {
+    gateway: Id,
+    pattern: TopicPattern,
+    decoder: Decoder,
+    time: TimeConfig,
+    cfg: Config,
+    groups: Vec<GroupSlot>,
+    group_index: HashMap<Id, u32>,
+    /// Group indexes sorted by name.
+    group_order: Vec<u32>,
+    devices: Vec<DeviceSlot>,
+    device_index: HashMap<(Id, Id), u32>,
+    metric_names: Vec<MetricName>,
+    metric_index: HashMap<MetricName, MetricIdx>,
+    persisted_names: usize,
+    counters: Counters,
+    dirty_groups: Vec<u32>,
+    dirty_devices: Vec<u32>,
+    counters_dirty: bool,
+    /// The gateway wall clock is implausible: processing time is held.
+    clock_held: bool,
+}
+
+impl Engine {
+    /// A fresh engine; `now` starts the idleness clocks.
+    pub fn new(cfg: &Config) -> Self {
+        Self {
+            gateway: cfg.gateway_id.clone(),
+            pattern: cfg.topic_pattern.clone(),
+            decoder: Decoder::new(&cfg.payload),
+            time: cfg.time.clone(),
+            cfg: cfg.clone(),
+            groups: Vec::new(),
+            group_index: HashMap::new(),
+            group_order: Vec::new(),
+            devices: Vec::new(),
+            device_index: HashMap::new(),
+            metric_names: Vec::new(),
+            metric_index: HashMap::new(),
+            persisted_names: 0,
+            counters: Counters::default(),
+            dirty_groups: Vec::new(),
+            dirty_devices: Vec::new(),
+            counters_dirty: false,
+            clock_held: false,
+        }
+    }
+
+    /// Restores persisted state (store restore).
+    pub fn restore(
+        &mut self,
+        groups: Vec<Group>,
+        devices: Vec<Device>,
+        metric_names: Vec<MetricName>,
+        counters: Counters,
+    ) {
+        for g in groups {
+            self.group_slot(&g.name.clone());
+            let gi = self.group_index[&g.name] as usize;
+            self.groups[gi].state = g;
+            self.groups[gi].dirty = false;
+        }
+        for d in devices {
+            let di = self.device_slot(&d.group.clone(), &d.id.clone());
+            self.devices[di].state = d;
+            self.devices[di].dirty = false;
+        }
+        for (i, n) in metric_names.iter().enumerate() {
+            self.metric_index
+                .insert(n.clone(), MetricIdx::try_from(i).unwrap_or(MetricIdx::MAX));
+        }
+        self.persisted_names = metric_names.len();
+        self.metric_names = metric_names;
+        self.counters = counters;
+        self.dirty_groups.clear();
+        self.dirty_devices.clear();
+        self.counters_dirty = false;
+    }
+
+    /// Restarts idleness clocks (gateway start, source reconnect): nothing is
+    /// idle until it has been silent for `idle_timeout_ms` from now.
+    pub fn restart_idleness(&mut self, now: Now) {
+        for g in &mut self.groups {
+            g.state.last_arrival = now.mono;
+        }
+        for d in &mut self.devices {
+            d.state.last_arrival = now.mono;
+        }
+    }
+
+    /// Totals.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Whether processing time is held because the wall clock is implausible.
+    pub fn clock_held(&self) -> bool {
+        self.clock_held
+    }
+
+    /// Groups, in name order.
+    pub fn groups(&self) -> impl Iterator<Item = &Group> {
+        self.group_order
+            .iter()
+            .map(|&i| &self.groups[i as usize].state)
+    }
+
+    /// Devices of a group in id order.
+    pub fn group_devices(&self, group: &str) -> impl Iterator<Item = &Device> {
+        let members = self
+            .group_index
+            .get(group)
+            .map_or(&[][..], |&gi| &self.groups[gi as usize].members[..]);
+        members.iter().map(|&d| &self.devices[d as usize].state)
+    }
+
+    /// A device's state.
+    pub fn device(&self, group: &str, device: &str) -> Option<&Device> {
+        let key = (Id::try_from(group).ok()?, Id::try_from(device).ok()?);
+        self.device_index
+            .get(&key)
+            .map(|&i| &self.devices[i as usize].state)
+    }
+
+    /// The watermark of a group.
+    pub fn watermark(&self, group: &str) -> Option<Millis> {
+        self.group_index
+            .get(group)
+            .and_then(|&i| self.groups[i as usize].state.wm)
+    }
+
+    /// Interned metric names.
+    pub fn metric_names(&self) -> &[MetricName] {
+        &self.metric_names
+    }
+
+    /// Group/device states changed since the last call, for the store.
+    pub fn take_dirty(&mut self) -> Dirty {
+        for &g in &self.dirty_groups {
+            self.groups[g as usize].dirty = false;
+        }
+        for &d in &self.dirty_devices {
+            self.devices[d as usize].dirty = false;
+        }
+        let from = self.persisted_names;
+        self.persisted_names = self.metric_names.len();
+        self.counters_dirty = false;
+        Dirty {
+            groups: std::mem::take(&mut self.dirty_groups),
+            devices: std::mem::take(&mut self.dirty_devices),
+            metric_names_from: from,
+        }
+    }
+
+    /// State of a group by index (store).
+    pub fn group_at(&self, i: u32) -> &Group {
+        &self.groups[i as usize].state
+    }
+
+    /// State of a device by index (store).
+    pub fn device_at(&self, i: u32) -> &Device {
+        &self.devices[i as usize].state
+    }
+
+    fn mark_device(&mut self, di: usize) {
+        if !self.devices[di].dirty {
+            self.devices[di].dirty = true;
+            self.dirty_devices
+                .push(u32::try_from(di).unwrap_or(u32::MAX));
+        }
+    }
+
+    fn mark_group(&mut self, gi: usize) {
+        if !self.groups[gi].dirty {
+            self.groups[gi].dirty = true;
+            self.dirty_groups
+                .push(u32::try_from(gi).unwrap_or(u32::MAX));
+        }
+    }
+
+    fn group_slot(&mut self, name: &Id) -> usize {
+        if let Some(&i) = self.group_index.get(name) {
+            return i as usize;
+        }
+        let i = self.groups.len();
+        let gi = u32::try_from(i).unwrap_or(u32::MAX);
+        self.groups.push(GroupSlot {
+            state: Group {
+                name: name.clone(),
+                wm: None,
+                max_event: None,
+                last_arrival: 0,
+            },
+            cfg: self.cfg.group(name).clone(),
+            members: Vec::new(),
+            touched: false,
+            dirty: false,
+        });
+        self.group_index.insert(name.clone(), gi);
+        let pos = self
+            .group_order
+            .partition_point(|&g| self.groups[g as usize].state.name < *name);
+        self.group_order.insert(pos, gi);
+        self.mark_group(i);
+        i
+    }
+
+    fn device_slot(&mut self, group: &Id, device: &Id) -> usize {
+        if let Some(&i) = self.device_index.get(&(group.clone(), device.clone())) {
+            return i as usize;
+        }
+        let gi = self.group_slot(group);
+        let i = self.devices.len();
+        let di = u32::try_from(i).unwrap_or(u32::MAX);
+        self.devices.push(DeviceSlot {
+            state: Device {
+                group: group.clone(),
+                id: device.clone(),
+                skew: SkewEstimator::default(),
+                distrusted: false,
+                max_event: None,
+                last_arrival: 0,
+                offline: false,
+                announced: false,
+                seq: SeqWindow::default(),
+                windows: Vec::new(),
+            },
+            group: u32::try_from(gi).unwrap_or(u32::MAX),
+            dirty: false,
+        });
+        self.device_index
+            .insert((group.clone(), device.clone()), di);
+        let members = &self.groups[gi].members;
+        let pos = members.partition_point(|&d| self.devices[d as usize].state.id < *device);
+        self.groups[gi].members.insert(pos, di);
+        self.mark_device(i);
+        i
+    }
+
+    fn reject(
+        &mut self,
+        out: &mut Vec<Output>,
+        reason: Reason,
+        topic: &str,
+        ids: Option<(&Id, &Id)>,
+        now: Now,
+        detail: String,
+    ) {
+        let i = Reason::ALL.iter().position(|r| *r == reason).unwrap_or(0);
+        self.counters.rejected[i] += 1;
+        out.push(Output::Rejected(Rejected {
+            reason,
+            topic: topic.chars().take(1024).collect(),
+            group: ids.map(|(g, _)| g.clone()),
+            device: ids.map(|(_, d)| d.clone()),
+            arrival: now.wall,
+            detail,
+        }));
+    }
+
+    /// Handles one input message that arrived at `now`.
+    pub fn on_message(&mut self, topic: &str, payload: &[u8], now: Now, out: &mut Vec<Output>) {
+        self.counters.received += 1;
+        self.counters_dirty = true;
+        let parts = match self.pattern.parse_topic(topic) {
+            Ok(p) => p,
+            Err(e) => return self.reject(out, Reason::BadTopic, topic, None, now, e.to_string()),
+        };
+        let ids = Some((&parts.group, &parts.device));
+        let decoded = match self.decoder.decode(payload) {
+            Ok(d) => d,
+            Err(e) => return self.reject(out, Reason::DecodeError, topic, ids, now, e.0),
+        };
+        let heartbeat = parts.kind == Kind::Heartbeat;
+        let mut metrics: heapless::Vec<(MetricIdx, f64), { crate::codec::MAX_METRICS }> =
+            heapless::Vec::new();
+        if !heartbeat {
+            for (name, v) in &decoded.metrics {
+                let Some(m) = self.intern(name) else {
+                    let detail = format!("more than {MAX_METRIC_NAMES} distinct metric names");
+                    return self.reject(out, Reason::DecodeError, topic, ids, now, detail);
+                };
+                let _ = metrics.push((m, *v));
+            }
+        }
+        let di = self.device_slot(&parts.group, &parts.device);
+        if let Some(seq) = decoded.seq
+            && !self.devices[di].state.seq.check_and_insert(seq)
+        {
+            self.counters.duplicates += 1;
+            return;
+        }
+        self.mark_device(di);
+        let event = match self.event_time(di, &decoded, now, out) {
+            Ok(t) => t,
+            Err(detail) => {
+                return self.reject(
+                    out,
+                    Reason::InvalidTimestamp,
+                    topic,
+                    ids,
+                    now,
+                    detail.into(),
+                );
+            }
+        };
+        if event > now.wall.saturating_add(self.time.max_future_ms) {
+            let detail = format!(
+                "event time {event} is {} ms ahead of the gateway clock",
+                event - now.wall
+            );
+            return self.reject(out, Reason::Future, topic, ids, now, detail);
+        }
+        if event < now.wall.saturating_sub(self.time.max_age_ms) {
+            let detail = format!(
+                "event time {event} is {} ms behind the gateway clock",
+                now.wall - event
+            );
+            return self.reject(out, Reason::TooOld, topic, ids, now, detail);
+        }
+        let gi = self.devices[di].group as usize;
+        let (wm, spec, lateness) = {
+            let g = &self.groups[gi];
+            (g.state.wm, g.cfg.window, g.cfg.allowed_lateness_ms)
+        };
+        let dev = &mut self.devices[di].state;
+        if !window::apply(
+            &mut dev.windows,
+            spec,
+            event,
+            wm,
+            lateness,
+            heartbeat,
+            &metrics,
+        ) {
+            self.counters.late += 1;
+            out.push(Output::Late(Late {
+                group: parts.group.clone(),
+                device: parts.device.clone(),
+                event_time: event,
+                watermark: wm,
+                arrival: now.wall,
+                payload: decoded_fields(
+                    self.decoder.ts_field(),
+                    decoded.ts,
+                    self.decoder.seq_field(),
+                    decoded.seq,
+                    &decoded.metrics,
+                ),
+            }));
+            return;
+        }
+        self.counters.accepted += 1;
+        dev.max_event = Some(dev.max_event.map_or(event, |m| m.max(event)));
+        dev.last_arrival = now.mono;
+        let (was_offline, announced) = (dev.offline, dev.announced);
+        dev.offline = false;
+        dev.announced = true;
+        let last_seen = dev.max_event;
+        let g = &mut self.groups[gi];
+        g.state.max_event = Some(g.state.max_event.map_or(event, |m| m.max(event)));
+        g.state.last_arrival = g.state.last_arrival.max(now.mono);
+        g.touched = true;
+        self.mark_group(gi);
+        if was_offline {
+            self.alert(out, di, AlertType::Online, last_seen, None, now);
+        }
+        if was_offline || !announced {
+            out.push(Output::Status {
+                group: parts.group,
+                device: parts.device,
+                online: true,
+            });
+        }
+    }
+
+    fn intern(&mut self, name: &MetricName) -> Option<MetricIdx> {
+        if let Some(&i) = self.metric_index.get(name) {
+            return Some(i);
+        }
+        if self.metric_names.len() >= MAX_METRIC_NAMES {
+            return None;
+        }
+        let i = MetricIdx::try_from(self.metric_names.len()).ok()?;
+        self.metric_names.push(name.clone());
+        self.metric_index.insert(name.clone(), i);
+        Some(i)
+    }
+
+    /// Event time per `[time] policy`; `Err(detail)` means reject as invalid_timestamp.
+    fn event_time(
+        &mut self,
+        di: usize,
+        d: &Decoded,
+        now: Now,
+        out: &mut Vec<Output>,
+    ) -> Result<Millis, &'static str> {
+        let valid = match d.ts {
+            DeviceTs::Ms(t) if t >= self.time.min_valid_epoch_ms => Ok(t),
+            DeviceTs::Ms(_) => Err("device clock before time.min_valid_epoch_ms (RTC reset?)"),
+            DeviceTs::Missing => Err("timestamp field missing"),
+            DeviceTs::Invalid(why) => Err(why),
+        };
+        let device_ts = match (self.time.policy, valid) {
+            (TimePolicy::Arrival, _) => return Ok(now.wall),
+            (_, Ok(t)) => t,
+            (_, Err(why)) => {
+                return match self.time.invalid {
+                    InvalidPolicy::Arrival => Ok(now.wall),
+                    InvalidPolicy::Reject => Err(why),
+                };
+            }
+        };
+        if self.time.policy == TimePolicy::Device {
+            return Ok(device_ts);
+        }
+        let window = self.time.skew_window;
+        let dev = &mut self.devices[di].state;
+        dev.skew.observe(now.wall, device_ts, window);
+        let est = dev.skew.estimate().unwrap_or(0);
+        let skewed = est.abs() > self.time.max_skew_ms;
+        if skewed != dev.distrusted {
+            dev.distrusted = skewed;
+            let last_seen = dev.max_event;
+            let kind = if skewed {
+                AlertType::ClockSkew
+            } else {
+                AlertType::ClockOk
+            };
+            self.alert(out, di, kind, last_seen, Some(est), now);
+        }
+        Ok(if skewed {
+            now.wall
+        } else {
+            device_ts.saturating_add(est)
+        })
+    }
+
+    fn alert(
+        &mut self,
+        out: &mut Vec<Output>,
+        di: usize,
+        kind: AlertType,
+        last_seen: Option<Millis>,
+        offset_ms: Option<Millis>,
+        now: Now,
+    ) {
+        let d = &self.devices[di];
+        let wm = self.groups[d.group as usize].state.wm;
+        self.counters.alerts += 1;
+        out.push(Output::Alert(Alert {
+            kind,
+            group: d.state.group.clone(),
+            device: d.state.id.clone(),
+            last_seen,
+            watermark: wm,
+            offset_ms,
+            at: now.wall,
+        }));
+    }
+
+    /// Advances processing time: watermarks, firing, purge, liveness.
+    pub fn on_tick(&mut self, now: Now, out: &mut Vec<Output>) {
+        // A board without RTC before NTP sync: arrival-based decisions are unsafe.
+        self.clock_held = now.wall < self.time.min_valid_epoch_ms;
+        if self.clock_held {
+            return;
+        }
+        for oi in 0..self.group_order.len() {
+            let gi = self.group_order[oi] as usize;
+            let prev = self.groups[gi].state.wm;
+            let wm = self.group_watermark(gi, now);
+            let advanced = wm > prev;
+            if advanced {
+                self.groups[gi].state.wm = wm;
+                self.mark_group(gi);
+            }
+            if !(advanced || self.groups[gi].touched) {
+                continue;
+            }
+            self.groups[gi].touched = false;
+            let Some(wm) = wm else { continue };
+            for mi in 0..self.groups[gi].members.len() {
+                let di = self.groups[gi].members[mi] as usize;
+                self.close_device(gi, di, wm, now, out);
+            }
+        }
+    }
+
+    /// SPEC §5: min over non-idle members, or processing-time advance when all are idle.
+    fn group_watermark(&self, gi: usize, now: Now) -> Option<Millis> {
+        let g = &self.groups[gi];
+        let c = &g.cfg;
+        let active = g
+            .members
+            .iter()
+            .map(|&d| &self.devices[d as usize].state)
+            .filter(|d| now.mono - d.last_arrival < c.idle_timeout_ms)
+            .filter_map(|d| d.max_event)
+            .min();
+        let candidate = match (active, g.state.max_event) {
+            (Some(m), _) => Some(m - c.out_of_orderness_ms),
+            (None, Some(max)) => Some(
+                max + (now.mono - g.state.last_arrival) - c.idle_timeout_ms - c.out_of_orderness_ms,
+            ),
+            (None, None) => None,
+        };
+        match (g.state.wm, candidate) {
+            (Some(p), Some(c)) => Some(p.max(c)),
+            (p, c) => p.or(c),
+        }
+    }
+
+    fn close_device(&mut self, gi: usize, di: usize, wm: Millis, now: Now, out: &mut Vec<Output>) {
+        let (lateness, hb) = (
+            self.groups[gi].cfg.allowed_lateness_ms,
+            self.groups[gi].cfg.heartbeat_timeout_ms,
+        );
+        let mut changed = false;
+        let dev = &mut self.devices[di].state;
+        for w in &mut dev.windows {
+            if w.dirty && wm >= w.end {
+                let revision = w.emitted.map_or(0, |r| r + 1);
+                w.emitted = Some(revision);
+                w.dirty = false;
+                changed = true;
+                self.counters.windows_emitted += 1;
+                out.push(Output::Window(window_result(
+                    &self.gateway,
+                    &dev.group,
+                    &dev.id,
+                    w,
+                    revision,
+                    &self.metric_names,
+                )));
+            }
+        }
+        let before = dev.windows.len();
+        dev.windows.retain(|w| wm < w.end + lateness);
+        changed |= dev.windows.len() != before;
+        let offline_now = !dev.offline && dev.max_event.is_some_and(|seen| wm >= seen + hb);
+        if offline_now {
+            dev.offline = true;
+            changed = true;
+            let last_seen = dev.max_event;
+            let (group, device) = (dev.group.clone(), dev.id.clone());
+            self.alert(out, di, AlertType::Offline, last_seen, None, now);
+            out.push(Output::Status {
+                group,
+                device,
+                online: false,
+            });
+        }
+        if changed {
+            self.mark_device(di);
+        }
+    }
+
+    /// A snapshot for `P/metrics` (without counters of the outbox, which the runtime adds).
+    pub fn group_metrics(&self, now: Now) -> serde_json::Map<String, serde_json::Value> {
+        let mut m = serde_json::Map::new();
+        for &gi in &self.group_order {
+            let g = &self.groups[gi as usize];
+            let (mut active, mut idle, mut offline) = (0u64, 0u64, 0u64);
+            for &d in &g.members {
+                let d = &self.devices[d as usize].state;
+                if d.offline {
+                    offline += 1;
+                }
+                if now.mono - d.last_arrival < g.cfg.idle_timeout_ms && d.max_event.is_some() {
+                    active += 1;
+                } else {
+                    idle += 1;
+                }
+            }
+            m.insert(
+                g.state.name.to_string(),
+                serde_json::json!({
+                    "watermark": g.state.wm,
+                    "lag_ms": g.state.wm.map(|w| now.wall - w),
+                    "devices_active": active,
+                    "devices_idle": idle,
+                    "devices_offline": offline,
+                }),
+            );
+        }
+        m
+    }
+}
+
+fn window_result(
+    gateway: &Id,
+    group: &Id,
+    device: &Id,
+    w: &Window,
+    revision: u32,
+    names: &[MetricName],
+) -> WindowResult {
+    WindowResult {
+        id: format!("{group}/{device}/{}/{revision}", w.start),
+        gateway: gateway.clone(),
+        group: group.clone(),
+        device: device.clone(),
+        start: w.start,
+        end: w.end,
+        revision,
+        count: w.count,
+        heartbeats: w.heartbeats,
+        metrics: w
+            .metrics
+            .iter()
+            .filter_map(|(m, s)| {
+                names
+                    .get(*m as usize)
+                    .map(|n| (n.clone(), MetricOut::from(s)))
+            })
+            .collect(),
+    }
+}

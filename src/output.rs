@@ -1,0 +1,255 @@
+//! Outputs of the engine and their wire form (SPEC §8).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::codec::{DeviceTs, MetricName};
+use crate::config::SinkFormat;
+use crate::model::{Id, Millis, Reason};
+use crate::time::window::Stats;
+
+/// Something the gateway publishes upstream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    /// A window result (revision 0 or a re-emission).
+    Window(WindowResult),
+    /// An event whose windows are all past their lateness.
+    Late(Late),
+    /// Bad input.
+    Rejected(Rejected),
+    /// A device alert.
+    Alert(Alert),
+    /// Retained device status.
+    Status {
+        /// Group.
+        group: Id,
+        /// Device.
+        device: Id,
+        /// Online or offline.
+        online: bool,
+    },
+}
+
+/// `P/windows/{group}/{device}` payload.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WindowResult {
+    /// `{group}/{device}/{start}/{revision}`, deterministic.
+    pub id: String,
+    /// Gateway id.
+    pub gateway: Id,
+    /// Group.
+    pub group: Id,
+    /// Device.
+    pub device: Id,
+    /// Window start (inclusive).
+    pub start: Millis,
+    /// Window end (exclusive).
+    pub end: Millis,
+    /// 0 for the first result, +1 for each re-emission.
+    pub revision: u32,
+    /// Readings.
+    pub count: u64,
+    /// Heartbeats.
+    pub heartbeats: u64,
+    /// Per-metric aggregates by name.
+    pub metrics: BTreeMap<MetricName, MetricOut>,
+}
+
+/// One metric of a window result.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct MetricOut {
+    /// Readings carrying the metric.
+    pub count: u64,
+    /// Sum.
+    pub sum: f64,
+    /// Minimum.
+    pub min: f64,
+    /// Maximum.
+    pub max: f64,
+    /// Mean.
+    pub mean: f64,
+    /// Value at the earliest event time.
+    pub first: f64,
+    /// Value at the latest event time.
+    pub last: f64,
+}
+
+impl From<&Stats> for MetricOut {
+    fn from(s: &Stats) -> Self {
+        Self {
+            count: s.count,
+            sum: s.sum,
+            min: s.min,
+            max: s.max,
+            mean: s.mean(),
+            first: s.first,
+            last: s.last,
+        }
+    }
+}
+
+/// `P/late/{group}/{device}` payload.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Late {
+    /// Group.
+    pub group: Id,
+    /// Device.
+    pub device: Id,
+    /// The event time the gateway assigned.
+    pub event_time: Millis,
+    /// Group watermark at the time.
+    pub watermark: Option<Millis>,
+    /// Arrival (gateway wall clock).
+    pub arrival: Millis,
+    /// Decoded fields of the message.
+    pub payload: BTreeMap<String, PayloadValue>,
+}
+
+/// A decoded field value echoed in a late record.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum PayloadValue {
+    /// Integer (timestamp, sequence).
+    Int(i64),
+    /// Unsigned integer (sequence).
+    UInt(u64),
+    /// Metric value.
+    Float(f64),
+}
+
+/// Decoded fields of a message as echoed on the late topic.
+pub fn decoded_fields(
+    ts_field: &str,
+    ts: DeviceTs,
+    seq_field: Option<&str>,
+    seq: Option<u64>,
+    metrics: &[(MetricName, f64)],
+) -> BTreeMap<String, PayloadValue> {
+    let mut m = BTreeMap::new();
+    if let DeviceTs::Ms(t) = ts {
+        m.insert(ts_field.to_string(), PayloadValue::Int(t));
+    }
+    if let (Some(f), Some(s)) = (seq_field, seq) {
+        m.insert(f.to_string(), PayloadValue::UInt(s));
+    }
+    for (k, v) in metrics {
+        m.insert(k.to_string(), PayloadValue::Float(*v));
+    }
+    m
+}
+
+/// `P/rejected` payload.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Rejected {
+    /// Why.
+    pub reason: Reason,
+    /// The input topic.
+    pub topic: String,
+    /// Group, when the topic matched.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<Id>,
+    /// Device, when the topic matched.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<Id>,
+    /// Arrival (gateway wall clock).
+    pub arrival: Millis,
+    /// Human-readable cause.
+    pub detail: String,
+}
+
+/// Alert kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AlertType {
+    /// Watermark passed last_seen + heartbeat_timeout.
+    Offline,
+    /// An offline device sent an accepted event.
+    Online,
+    /// Device clock offset beyond `max_skew_ms`.
+    ClockSkew,
+    /// Device clock back within `max_skew_ms`.
+    ClockOk,
+}
+
+/// `P/alerts/{group}/{device}` payload.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Alert {
+    /// Kind.
+    #[serde(rename = "type")]
+    pub kind: AlertType,
+    /// Group.
+    pub group: Id,
+    /// Device.
+    pub device: Id,
+    /// Device's last event time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_seen: Option<Millis>,
+    /// Group watermark.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub watermark: Option<Millis>,
+    /// Estimated clock offset (arrival − device time).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offset_ms: Option<Millis>,
+    /// Gateway clock when raised.
+    pub at: Millis,
+}
+
+impl Output {
+    /// Topic below the prefix `p`.
+    pub fn topic(&self, p: &str) -> String {
+        match self {
+            Output::Window(w) => format!("{p}/windows/{}/{}", w.group, w.device),
+            Output::Late(l) => format!("{p}/late/{}/{}", l.group, l.device),
+            Output::Rejected(_) => format!("{p}/rejected"),
+            Output::Alert(a) => format!("{p}/alerts/{}/{}", a.group, a.device),
+            Output::Status { group, device, .. } => format!("{p}/status/{group}/{device}"),
+        }
+    }
+
+    /// Retained on the broker.
+    pub fn retain(&self) -> bool {
+        matches!(self, Output::Status { .. })
+    }
+
+    /// The payload, serializable in field order (SPEC §8).
+    pub fn payload(&self) -> PayloadRef<'_> {
+        PayloadRef(self)
+    }
+
+    /// The payload as a JSON value.
+    pub fn json(&self) -> serde_json::Value {
+        // Every payload is plain data (strings, integers, finite floats).
+        serde_json::to_value(self.payload()).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// The payload bytes in the sink format.
+    pub fn encode(&self, format: SinkFormat) -> Vec<u8> {
+        match format {
+            SinkFormat::Json => serde_json::to_vec(&self.payload()).unwrap_or_default(),
+            SinkFormat::Cbor => {
+                let mut out = Vec::new();
+                // Writing into a Vec cannot fail.
+                let _ = ciborium::ser::into_writer(&self.payload(), &mut out);
+                out
+            }
+        }
+    }
+}
+
+/// Borrowed payload of an [`Output`].
+pub struct PayloadRef<'a>(&'a Output);
+
+impl Serialize for PayloadRef<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            Output::Window(w) => w.serialize(s),
+            Output::Late(l) => l.serialize(s),
+            Output::Rejected(r) => r.serialize(s),
+            Output::Alert(a) => a.serialize(s),
+            Output::Status { online, .. } => {
+                s.serialize_str(if *online { "online" } else { "offline" })
+            }
+        }
+    }
+}

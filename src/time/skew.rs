@@ -1,0 +1,240 @@
+//! Per-device clock-offset estimation (SPEC §4), pure.
+//!
+//! offset sample = arrival − device_ts. Samples fall into one-second buckets
+//! of arrival time, each keeping its smallest sample; the estimate is the
+//! minimum over the last `skew_window` buckets (the least-delayed sample is
+//! closest to the true offset).
+//!
+//! Design: a sample that diverges from an established estimate by more than
+//! [`STEP_THRESHOLD_MS`] does not enter the buckets. It becomes a step
+//! *candidate*; only when every sample for [`STEP_CONFIRM_MS`] of arrival time
+//! diverges, and the divergent offsets agree with each other (a real clock
+//! step shifts all samples by the same amount), is the estimator reset to
+//! them. A backlog burst fails the agreement test — its delays shrink as it
+//! drains — and live samples cancel the candidate, so a burst is never taken
+//! for a step and never flushes the good samples out. The same rule keeps one
+//! hostile far-future timestamp from dragging the minimum down.
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::Millis;
+
+/// Divergence from the estimate that makes a sample a step candidate.
+pub const STEP_THRESHOLD_MS: i64 = 1_000;
+/// Arrival time over which every sample must diverge before a step is accepted.
+pub const STEP_CONFIRM_MS: i64 = 3_000;
+/// Divergent samples needed (besides the time span) to accept a step.
+pub const STEP_MIN_SAMPLES: u32 = 3;
+/// An estimate built from fewer buckets than this follows lower samples at once.
+const ESTABLISHED_BUCKETS: usize = 3;
+/// Bucket capacity (the largest allowed `skew_window`).
+pub const MAX_BUCKETS: usize = 64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct Bucket {
+    sec: i64,
+    min: Millis,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct Candidate {
+    since: Millis,
+    min: Millis,
+    max: Millis,
+    samples: u32,
+}
+
+/// What the estimator concluded from one sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sample {
+    /// The sample was taken into the buckets.
+    Taken,
+    /// The sample diverges and is held as a step candidate (estimate unchanged).
+    Divergent,
+    /// A persistent step was confirmed; the estimator was reset.
+    Reset,
+}
+
+/// Min-filter offset estimator over one-second buckets of arrival time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkewEstimator {
+    /// Oldest first; at most `skew_window` entries.
+    buckets: heapless::Deque<Bucket, MAX_BUCKETS>,
+    candidate: Option<Candidate>,
+}
+
+impl Default for SkewEstimator {
+    fn default() -> Self {
+        Self {
+            buckets: heapless::Deque::new(),
+            candidate: None,
+        }
+    }
+}
+
+impl SkewEstimator {
+    /// Current estimate (arrival − device time), if any sample was taken.
+    pub fn estimate(&self) -> Option<Millis> {
+        self.buckets.iter().map(|b| b.min).min()
+    }
+
+    /// Feeds one sample; `window` is `time.skew_window` (1..=64).
+    pub fn observe(&mut self, arrival: Millis, device_ts: Millis, window: usize) -> Sample {
+        let offset = arrival.saturating_sub(device_ts);
+        let Some(est) = self.estimate() else {
+            self.put(arrival, offset, window);
+            return Sample::Taken;
+        };
+        let established = self.buckets.len() >= ESTABLISHED_BUCKETS.min(window);
+        let divergent =
+            offset > est + STEP_THRESHOLD_MS || (established && offset < est - STEP_THRESHOLD_MS);
+        if !divergent {
+            self.candidate = None;
+            self.put(arrival, offset, window);
+            return Sample::Taken;
+        }
+        let c = match self.candidate {
+            Some(c) if (c.max.max(offset) - c.min.min(offset)) <= STEP_THRESHOLD_MS => Candidate {
+                since: c.since,
+                min: c.min.min(offset),
+                max: c.max.max(offset),
+                samples: c.samples + 1,
+            },
+            // The divergent samples disagree (a draining backlog): start over from this one.
+            _ => Candidate {
+                since: arrival,
+                min: offset,
+                max: offset,
+                samples: 1,
+            },
+        };
+        if c.samples >= STEP_MIN_SAMPLES && arrival - c.since >= STEP_CONFIRM_MS {
+            self.buckets.clear();
+            self.candidate = None;
+            self.put(arrival, c.min, window);
+            return Sample::Reset;
+        }
+        self.candidate = Some(c);
+        Sample::Divergent
+    }
+
+    fn put(&mut self, arrival: Millis, offset: Millis, window: usize) {
+        let sec = arrival.div_euclid(1000);
+        if let Some(last) = self.buckets.back_mut() {
+            if last.sec == sec {
+                last.min = last.min.min(offset);
+                return;
+            }
+            if sec < last.sec {
+                // Arrival time never runs backwards for the gateway's monotonic feed,
+                // but a stepped wall clock may: fold into the newest bucket.
+                last.min = last.min.min(offset);
+                return;
+            }
+        }
+        while self.buckets.len() >= window.clamp(1, MAX_BUCKETS) {
+            self.buckets.pop_front();
+        }
+        // Capacity is MAX_BUCKETS >= window, so this cannot fail after the pops above.
+        let _ = self.buckets.push_back(Bucket { sec, min: offset });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: i64 = 1_764_480_000_000;
+
+    /// A device whose clock is `offset` behind the gateway, sending every `every` ms with `delay`.
+    fn feed(
+        e: &mut SkewEstimator,
+        from: i64,
+        to: i64,
+        every: i64,
+        offset: i64,
+        delay: i64,
+    ) -> Vec<Sample> {
+        let mut out = Vec::new();
+        let mut t = from;
+        while t < to {
+            out.push(e.observe(t + delay, t - offset, 32));
+            t += every;
+        }
+        out
+    }
+
+    #[test]
+    fn estimate_is_the_least_delayed_sample() {
+        let mut e = SkewEstimator::default();
+        e.observe(T0 + 300, T0 - 180_000, 32);
+        e.observe(T0 + 1_050, T0 + 1_000 - 180_000, 32);
+        e.observe(T0 + 2_500, T0 + 2_000 - 180_000, 32);
+        assert_eq!(e.estimate(), Some(180_050));
+    }
+
+    #[test]
+    fn backlog_burst_does_not_flush_good_samples_nor_count_as_a_step() {
+        let mut e = SkewEstimator::default();
+        feed(&mut e, T0, T0 + 60_000, 1_000, 42_000, 20);
+        assert_eq!(e.estimate(), Some(42_020));
+        // 5 minutes of buffered readings (one per 100 ms) arrive over 6 seconds.
+        let burst_start = T0 + 360_000;
+        for i in 0..3000i64 {
+            let device_t = T0 + 60_000 + i * 100 - 42_000;
+            let arrival = burst_start + i * 2;
+            let s = e.observe(arrival, device_t, 32);
+            assert_ne!(s, Sample::Reset, "burst sample {i} taken for a step");
+        }
+        assert_eq!(e.estimate(), Some(42_020));
+        feed(&mut e, T0 + 366_000, T0 + 380_000, 1_000, 42_000, 15);
+        assert_eq!(e.estimate(), Some(42_015));
+    }
+
+    #[test]
+    fn backward_device_clock_step_is_recovered_within_seconds() {
+        let mut e = SkewEstimator::default();
+        feed(&mut e, T0, T0 + 60_000, 1_000, 0, 10);
+        // Device clock steps back 17 minutes: offsets rise by 17 min.
+        let step = 17 * 60_000;
+        let samples = feed(&mut e, T0 + 60_000, T0 + 66_000, 500, step, 10);
+        let reset_at = samples
+            .iter()
+            .position(|s| *s == Sample::Reset)
+            .expect("step recognised");
+        assert!(reset_at * 500 <= 4_000, "took {} ms", reset_at * 500);
+        assert_eq!(e.estimate(), Some(step + 10));
+    }
+
+    #[test]
+    fn forward_step_needs_confirmation_but_one_wild_sample_is_ignored() {
+        let mut e = SkewEstimator::default();
+        feed(&mut e, T0, T0 + 30_000, 1_000, 0, 10);
+        assert_eq!(
+            e.observe(T0 + 30_000, T0 + 30_000 + 3_600_000, 32),
+            Sample::Divergent
+        );
+        feed(&mut e, T0 + 31_000, T0 + 40_000, 1_000, 0, 10);
+        assert_eq!(e.estimate(), Some(10));
+        // A real forward step of 17 minutes persists and is taken.
+        let samples = feed(&mut e, T0 + 40_000, T0 + 50_000, 1_000, -17 * 60_000, 10);
+        assert!(samples.contains(&Sample::Reset));
+        assert_eq!(e.estimate(), Some(-17 * 60_000 + 10));
+    }
+
+    #[test]
+    fn young_estimator_follows_lower_samples_at_once() {
+        let mut e = SkewEstimator::default();
+        e.observe(T0, T0 - 90_000, 32); // first sample came out of a queue, 90 s late
+        assert_eq!(e.observe(T0 + 10, T0, 32), Sample::Taken);
+        assert_eq!(e.estimate(), Some(10));
+    }
+
+    #[test]
+    fn old_buckets_age_out_so_drift_is_followed() {
+        let mut e = SkewEstimator::default();
+        feed(&mut e, T0, T0 + 40_000, 1_000, 0, 5);
+        feed(&mut e, T0 + 40_000, T0 + 80_000, 1_000, 800, 5);
+        assert_eq!(e.estimate(), Some(805));
+    }
+}

@@ -1,0 +1,325 @@
+//! Event-time windows per (group, device) (SPEC §6), pure.
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::WindowSpec;
+use crate::model::Millis;
+
+/// Index of an interned metric name.
+pub type MetricIdx = u16;
+
+/// Aggregate of one metric in one window.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    /// Readings carrying the metric.
+    pub count: u64,
+    /// Sum of values.
+    pub sum: f64,
+    /// Smallest value.
+    pub min: f64,
+    /// Largest value.
+    pub max: f64,
+    /// Value of the earliest event (ties: earliest arrival).
+    pub first: f64,
+    /// Value of the latest event (ties: latest arrival).
+    pub last: f64,
+    first_t: Millis,
+    last_t: Millis,
+}
+
+impl Stats {
+    fn new(t: Millis, v: f64) -> Self {
+        Self {
+            count: 1,
+            sum: v,
+            min: v,
+            max: v,
+            first: v,
+            last: v,
+            first_t: t,
+            last_t: t,
+        }
+    }
+
+    /// Adds a value; arrivals come in arrival order, which settles ties.
+    fn add(&mut self, t: Millis, v: f64) {
+        self.count += 1;
+        self.sum += v;
+        self.min = self.min.min(v);
+        self.max = self.max.max(v);
+        if t < self.first_t {
+            self.first_t = t;
+            self.first = v;
+        }
+        if t >= self.last_t {
+            self.last_t = t;
+            self.last = v;
+        }
+    }
+
+    fn merge(&mut self, o: &Stats) {
+        self.count += o.count;
+        self.sum += o.sum;
+        self.min = self.min.min(o.min);
+        self.max = self.max.max(o.max);
+        if o.first_t < self.first_t {
+            self.first_t = o.first_t;
+            self.first = o.first;
+        }
+        if o.last_t >= self.last_t {
+            self.last_t = o.last_t;
+            self.last = o.last;
+        }
+    }
+
+    /// Arithmetic mean.
+    #[allow(clippy::cast_precision_loss)]
+    pub fn mean(&self) -> f64 {
+        self.sum / self.count as f64
+    }
+}
+
+/// One open window of one device.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Window {
+    /// Inclusive start.
+    pub start: Millis,
+    /// Exclusive end.
+    pub end: Millis,
+    /// Revision of the last emitted result; `None` before the first emission.
+    pub emitted: Option<u32>,
+    /// Changed since the last emission.
+    pub dirty: bool,
+    /// Readings.
+    pub count: u64,
+    /// Heartbeats.
+    pub heartbeats: u64,
+    /// Per-metric aggregates, sorted by metric index.
+    pub metrics: Vec<(MetricIdx, Stats)>,
+    /// Session windows: the latest event time (end = last + gap).
+    pub last_event: Millis,
+}
+
+impl Window {
+    fn new(start: Millis, end: Millis) -> Self {
+        Self {
+            start,
+            end,
+            emitted: None,
+            dirty: true,
+            count: 0,
+            heartbeats: 0,
+            metrics: Vec::new(),
+            last_event: start,
+        }
+    }
+
+    /// Adds an event; `metrics` empty for a heartbeat.
+    pub fn add(&mut self, t: Millis, heartbeat: bool, metrics: &[(MetricIdx, f64)]) {
+        self.dirty = true;
+        self.last_event = self.last_event.max(t);
+        if heartbeat {
+            self.heartbeats += 1;
+            return;
+        }
+        self.count += 1;
+        for &(m, v) in metrics {
+            match self.metrics.binary_search_by_key(&m, |(k, _)| *k) {
+                Ok(i) => self.metrics[i].1.add(t, v),
+                Err(i) => self.metrics.insert(i, (m, Stats::new(t, v))),
+            }
+        }
+    }
+
+    fn absorb(&mut self, o: Window) {
+        self.start = self.start.min(o.start);
+        self.end = self.end.max(o.end);
+        self.last_event = self.last_event.max(o.last_event);
+        self.emitted = match (self.emitted, o.emitted) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        self.dirty = true;
+        self.count += o.count;
+        self.heartbeats += o.heartbeats;
+        for (m, s) in o.metrics {
+            match self.metrics.binary_search_by_key(&m, |(k, _)| *k) {
+                Ok(i) => self.metrics[i].1.merge(&s),
+                Err(i) => self.metrics.insert(i, (m, s)),
+            }
+        }
+    }
+}
+
+/// The windows an event at `t` belongs to, as `(start, end)`, oldest first.
+/// Sessions yield the event's own window `[t, t + gap)`.
+pub fn assign(spec: WindowSpec, t: Millis, out: &mut heapless::Vec<(Millis, Millis), 64>) {
+    out.clear();
+    match spec {
+        WindowSpec::Tumbling { size_ms } => {
+            let s = t.div_euclid(size_ms) * size_ms;
+            let _ = out.push((s, s + size_ms));
+        }
+        WindowSpec::Hopping { size_ms, slide_ms } => {
+            let last = t.div_euclid(slide_ms) * slide_ms;
+            let mut s = last - (size_ms - 1).div_euclid(slide_ms) * slide_ms;
+            while s <= last {
+                if s + size_ms > t && out.push((s, s + size_ms)).is_err() {
+                    break;
+                }
+                s += slide_ms;
+            }
+        }
+        WindowSpec::Session { gap_ms } => {
+            let _ = out.push((t, t + gap_ms));
+        }
+    }
+}
+
+/// Largest number of hopping windows one event may fall into.
+pub const MAX_OVERLAP: i64 = 64;
+
+/// Adds an event to a device's open windows (sorted by start).
+/// Returns false if every window of the event is past `end + lateness` (late).
+pub fn apply(
+    windows: &mut Vec<Window>,
+    spec: WindowSpec,
+    t: Millis,
+    wm: Option<Millis>,
+    lateness: Millis,
+    heartbeat: bool,
+    metrics: &[(MetricIdx, f64)],
+) -> bool {
+    let open = |end: Millis| wm.is_none_or(|w| end + lateness > w);
+    if let WindowSpec::Session { gap_ms } = spec {
+        if !open(t + gap_ms) {
+            return false;
+        }
+        let (lo, hi) = (t, t + gap_ms);
+        // Sessions whose span [start, end) touches [t, t + gap) merge with the event.
+        let first = windows.partition_point(|w| w.end <= lo);
+        let mut last = first;
+        while last < windows.len() && windows[last].start < hi {
+            last += 1;
+        }
+        let mut merged = Window::new(lo, hi);
+        merged.last_event = t;
+        merged.dirty = true;
+        for w in windows.drain(first..last) {
+            merged.absorb(w);
+        }
+        merged.end = merged.last_event + gap_ms;
+        merged.add(t, heartbeat, metrics);
+        windows.insert(first, merged);
+        return true;
+    }
+    let mut ws = heapless::Vec::new();
+    assign(spec, t, &mut ws);
+    let mut any = false;
+    for &(s, e) in &ws {
+        if !open(e) {
+            continue;
+        }
+        any = true;
+        let i = match windows.binary_search_by_key(&s, |w| w.start) {
+            Ok(i) => i,
+            Err(i) => {
+                windows.insert(i, Window::new(s, e));
+                i
+            }
+        };
+        windows[i].add(t, heartbeat, metrics);
+    }
+    any
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn starts(spec: WindowSpec, t: Millis) -> Vec<(Millis, Millis)> {
+        let mut v = heapless::Vec::new();
+        assign(spec, t, &mut v);
+        v.to_vec()
+    }
+
+    #[test]
+    fn tumbling_aligns_to_the_epoch() {
+        let s = WindowSpec::Tumbling { size_ms: 60_000 };
+        assert_eq!(
+            starts(s, 1_764_480_012_345),
+            vec![(1_764_480_000_000, 1_764_480_060_000)]
+        );
+        assert_eq!(starts(s, 60_000), vec![(60_000, 120_000)]);
+    }
+
+    #[test]
+    fn hopping_windows_cover_every_slide_multiple_containing_t() {
+        let s = WindowSpec::Hopping {
+            size_ms: 60_000,
+            slide_ms: 15_000,
+        };
+        assert_eq!(
+            starts(s, 100_000),
+            vec![
+                (45_000, 105_000),
+                (60_000, 120_000),
+                (75_000, 135_000),
+                (90_000, 150_000)
+            ]
+        );
+        let odd = WindowSpec::Hopping {
+            size_ms: 10_000,
+            slide_ms: 4_000,
+        };
+        assert_eq!(
+            starts(odd, 8_000),
+            vec![(0, 10_000), (4_000, 14_000), (8_000, 18_000)]
+        );
+    }
+
+    #[test]
+    fn sessions_merge_events_closer_than_the_gap() {
+        let spec = WindowSpec::Session { gap_ms: 10_000 };
+        let mut ws = Vec::new();
+        assert!(apply(&mut ws, spec, 0, None, 0, false, &[(0, 1.0)]));
+        assert!(apply(&mut ws, spec, 30_000, None, 0, false, &[(0, 2.0)]));
+        assert_eq!(ws.len(), 2);
+        assert!(apply(&mut ws, spec, 9_000, None, 0, false, &[(0, 3.0)]));
+        assert_eq!(ws.len(), 2);
+        assert_eq!((ws[0].start, ws[0].end, ws[0].count), (0, 19_000, 2));
+        // This one bridges both sessions.
+        assert!(apply(&mut ws, spec, 20_000, None, 0, true, &[]));
+        assert_eq!(ws.len(), 1);
+        assert_eq!(
+            (ws[0].start, ws[0].end, ws[0].count, ws[0].heartbeats),
+            (0, 40_000, 3, 1)
+        );
+        assert_eq!(ws[0].metrics[0].1.first, 1.0);
+        assert_eq!(ws[0].metrics[0].1.last, 2.0);
+    }
+
+    #[test]
+    fn first_and_last_follow_event_time_with_arrival_breaking_ties() {
+        let mut w = Window::new(0, 100);
+        w.add(50, false, &[(0, 5.0)]);
+        w.add(10, false, &[(0, 1.0)]);
+        w.add(10, false, &[(0, 2.0)]);
+        w.add(90, false, &[(0, 9.0)]);
+        w.add(90, false, &[(0, 8.0)]);
+        let s = w.metrics[0].1;
+        assert_eq!(
+            (s.first, s.last, s.min, s.max, s.count, s.sum),
+            (1.0, 8.0, 1.0, 9.0, 5, 25.0)
+        );
+        assert_eq!(s.mean(), 5.0);
+    }
+
+    #[test]
+    fn windows_past_lateness_refuse_the_event() {
+        let spec = WindowSpec::Tumbling { size_ms: 1000 };
+        let mut ws = Vec::new();
+        assert!(apply(&mut ws, spec, 500, Some(1400), 500, false, &[]));
+        assert!(!apply(&mut ws, spec, 500, Some(1500), 500, false, &[]));
+    }
+}
