@@ -283,7 +283,7 @@ mod tests {
         let spec = WindowSpec::Session { gap_ms: 10_000 };
         let mut ws = Vec::new();
         assert!(apply(&mut ws, spec, 0, None, 0, false, &[(0, 1.0)]));
-        assert!(apply(&mut ws, spec, 30_000, None, 0, false, &[(0, 2.0)]));
+        assert!(apply(&mut ws, spec, 25_000, None, 0, false, &[(0, 2.0)]));
         assert_eq!(ws.len(), 2);
         assert!(apply(&mut ws, spec, 9_000, None, 0, false, &[(0, 3.0)]));
         assert_eq!(ws.len(), 2);
