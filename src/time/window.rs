@@ -289,12 +289,15 @@ mod tests {
         assert_eq!(ws.len(), 2);
         assert_eq!((ws[0].start, ws[0].end, ws[0].count), (0, 19_000, 2));
         // This one bridges both sessions.
-        assert!(apply(&mut ws, spec, 20_000, None, 0, true, &[]));
+        assert!(apply(&mut ws, spec, 18_000, None, 0, true, &[]));
         assert_eq!(ws.len(), 1);
         assert_eq!(
             (ws[0].start, ws[0].end, ws[0].count, ws[0].heartbeats),
-            (0, 40_000, 3, 1)
+            (0, 35_000, 3, 1)
         );
+        // Exactly one gap away is not closer than the gap: a new session.
+        assert!(apply(&mut ws, spec, 45_000, None, 0, false, &[]));
+        assert_eq!(ws.len(), 2);
         assert_eq!(ws[0].metrics[0].1.first, 1.0);
         assert_eq!(ws[0].metrics[0].1.last, 2.0);
     }
