@@ -149,7 +149,8 @@ impl Model {
             let cand = if let Some(m) = active.iter().min() {
                 Some(m - self.ooo)
             } else {
-                g.max_event.map(|m| m + (now - g.last_arrival) - self.idle - self.ooo)
+                g.max_event
+                    .map(|m| m + (now - g.last_arrival) - self.idle - self.ooo)
             };
             g.wm = match (g.wm, cand) {
                 (Some(a), Some(b)) => Some(a.max(b)),
@@ -264,4 +265,3 @@ proptest! {
         prop_assert_eq!(total, model.memberships);
     }
 }
-
