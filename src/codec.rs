@@ -1,6 +1,7 @@
 //! Payload decoding (SPEC §3): a JSON object or CBOR map into a [`Decoded`]
-//! value. Bad input is an `Err(DecodeError)` value, never a panic. One
-//! streaming visitor serves both formats, so no intermediate tree is built.
+//! value. Bad input is an `Err(DecodeError)` value, never a panic. Fields are
+//! filed straight into a reused output as they stream by: no tree is built,
+//! nothing is allocated on the hot path.
 
 use std::fmt;
 
@@ -83,6 +84,16 @@ impl Decoder {
 
     /// Decodes one payload.
     pub fn decode(&self, bytes: &[u8]) -> Result<Decoded, DecodeError> {
+        let mut out = Decoded::default();
+        self.decode_into(bytes, &mut out)?;
+        Ok(out)
+    }
+
+    /// Decodes one payload into `out` (reused: no allocation, no large copies).
+    pub fn decode_into(&self, bytes: &[u8], out: &mut Decoded) -> Result<(), DecodeError> {
+        out.ts = DeviceTs::Missing;
+        out.seq = None;
+        out.metrics.clear();
         if bytes.len() > MAX_PAYLOAD {
             return Err(DecodeError(format!(
                 "payload of {} bytes exceeds 64 KiB",
@@ -95,172 +106,173 @@ impl Decoder {
             // Major type 5 (map): 0xa0..=0xbf.
             PayloadFormat::Auto => bytes.first().is_some_and(|b| b >> 5 == 5),
         };
-        let fields: RawFields = if cbor {
-            let mut rest = bytes;
-            let f = ciborium::de::from_reader(&mut rest)
-                .map_err(|e| DecodeError(format!("cbor: {e}")))?;
-            if !rest.is_empty() {
-                return Err(DecodeError(format!("cbor: {} trailing bytes", rest.len())));
-            }
-            f
+        if cbor {
+            cbor::read_map(bytes, &mut |name, v| self.field(out, name, v))
+                .map_err(|e| DecodeError(format!("cbor: {e}")))
         } else {
-            serde_json::from_slice(bytes).map_err(|e| DecodeError(format!("json: {e}")))?
-        };
-        self.interpret(fields)
+            let mut de = serde_json::Deserializer::from_slice(bytes);
+            JsonSeed { dec: self, out }
+                .deserialize(&mut de)
+                .and_then(|()| de.end())
+                .map_err(|e| DecodeError(format!("json: {e}")))
+        }
     }
 
-    fn interpret(&self, fields: RawFields) -> Result<Decoded, DecodeError> {
-        let mut out = Decoded {
+    /// Files one top-level field.
+    fn field(&self, out: &mut Decoded, name: &str, value: Scalar<'_>) -> Result<(), String> {
+        if name == self.ts_field {
+            out.ts = value.to_ts(self.ts_unit);
+        } else if self.seq_field.as_deref() == Some(name) {
+            out.seq = value.to_seq();
+        } else if let Some(v) = value.to_metric() {
+            if !v.is_finite() {
+                return Err(format!("metric {name:?} is not finite"));
+            }
+            let name = MetricName::try_from(name)
+                .map_err(|_| format!("field name longer than {MAX_METRIC_NAME} bytes"))?;
+            if let Some(slot) = out.metrics.iter_mut().find(|(n, _)| *n == name) {
+                slot.1 = v;
+            } else if out.metrics.push((name, v)).is_err() {
+                return Err(format!("more than {MAX_METRICS} metric fields"));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for Decoded {
+    fn default() -> Self {
+        Self {
             ts: DeviceTs::Missing,
             seq: None,
             metrics: heapless::Vec::new(),
-        };
-        for (name, value) in fields.0 {
-            if name == self.ts_field.as_str() {
-                out.ts = value.to_ts(self.ts_unit);
-            } else if self.seq_field.as_deref() == Some(name.as_str()) {
-                out.seq = value.to_seq();
-            } else if let Some(v) = value.to_metric() {
-                if !v.is_finite() {
-                    return Err(DecodeError(format!("metric {name:?} is not finite")));
-                }
-                if let Some(slot) = out.metrics.iter_mut().find(|(n, _)| *n == name) {
-                    slot.1 = v;
-                } else if out.metrics.push((name, v)).is_err() {
-                    return Err(DecodeError(format!(
-                        "more than {MAX_METRICS} metric fields"
-                    )));
-                }
-            }
         }
-        Ok(out)
-    }
-}
-
-/// Largest number of top-level fields kept from one payload.
-pub const MAX_FIELDS: usize = 64;
-
-/// A top-level scalar, as much as decoding needs to know about it.
-#[derive(Debug, Clone)]
-enum Scalar {
-    Int(i128),
-    Float(f64),
-    Str(heapless::String<64>),
-    LongStr,
-    Other,
-}
-
-impl Scalar {
-    #[allow(clippy::cast_precision_loss)]
-    fn to_metric(&self) -> Option<f64> {
-        match *self {
-            Scalar::Int(i) => Some(i as f64),
-            Scalar::Float(f) => Some(f),
-            _ => None,
-        }
-    }
-
-    fn to_seq(&self) -> Option<u64> {
-        match *self {
-            Scalar::Int(i) => u64::try_from(i).ok(),
-            Scalar::Float(f) if f >= 0.0 && f.fract() == 0.0 && f < 1.8e19 => Some(as_u64(f)),
-            _ => None,
-        }
-    }
-
-    fn to_ts(&self, unit: TimestampUnit) -> DeviceTs {
-        match self {
-            Scalar::Int(i) => int_to_ms(*i, unit),
-            Scalar::Float(f) => float_to_ms(*f, unit),
-            Scalar::Str(s) => parse_rfc3339(s).map_or(
-                DeviceTs::Invalid("unparseable timestamp string"),
-                DeviceTs::Ms,
-            ),
-            Scalar::LongStr => DeviceTs::Invalid("unparseable timestamp string"),
-            Scalar::Other => DeviceTs::Invalid("timestamp is not a number or string"),
-        }
-    }
-}
-
-/// The top-level fields of a payload map, bounded.
-struct RawFields(heapless::Vec<(MetricName, Scalar), MAX_FIELDS>);
-
-impl<'de> serde::Deserialize<'de> for RawFields {
-    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_map(FieldsVisitor)
-    }
-}
-
-struct FieldsVisitor;
-
-impl<'de> Visitor<'de> for FieldsVisitor {
-    type Value = RawFields;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("an object / map")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawFields, A::Error> {
-        let mut out = heapless::Vec::new();
-        while let Some(key) = map.next_key_seed(KeySeed)? {
-            let value = map.next_value_seed(ScalarSeed { depth: 1 })?;
-            if let Some(name) = key
-                && out.push((name, value)).is_err()
-            {
-                return Err(de::Error::custom(format_args!(
-                    "more than {MAX_FIELDS} fields"
-                )));
-            }
-        }
-        Ok(RawFields(out))
-    }
-}
-
-/// A field name; non-text CBOR keys yield `None` (they name nothing).
-struct KeySeed;
-
-impl<'de> DeserializeSeed<'de> for KeySeed {
-    type Value = Option<MetricName>;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for KeySeed {
-    type Value = Option<MetricName>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a field name")
-    }
-
-    fn visit_str<E: de::Error>(self, k: &str) -> Result<Self::Value, E> {
-        MetricName::try_from(k).map(Some).map_err(|_| {
-            E::custom(format_args!(
-                "field name longer than {MAX_METRIC_NAME} bytes"
-            ))
-        })
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-    fn visit_bytes<E: de::Error>(self, _: &[u8]) -> Result<Self::Value, E> {
-        Ok(None)
     }
 }
 
 /// Deepest nesting accepted inside a payload (deeper is garbage, not data).
 pub const MAX_DEPTH: u32 = 16;
 
-/// A field value: scalars are kept, anything nested is consumed and marked `Other`.
+/// A top-level value, as much as decoding needs to know about it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Scalar<'a> {
+    Int(i128),
+    Float(f64),
+    Str(&'a str),
+    Other,
+}
+
+impl Scalar<'_> {
+    #[allow(clippy::cast_precision_loss)]
+    fn to_metric(self) -> Option<f64> {
+        match self {
+            Scalar::Int(i) => Some(i as f64),
+            Scalar::Float(f) => Some(f),
+            _ => None,
+        }
+    }
+
+    fn to_seq(self) -> Option<u64> {
+        match self {
+            Scalar::Int(i) => u64::try_from(i).ok(),
+            Scalar::Float(f) if f >= 0.0 && f.fract() == 0.0 && f < 1.8e19 => Some(as_u64(f)),
+            _ => None,
+        }
+    }
+
+    fn to_ts(self, unit: TimestampUnit) -> DeviceTs {
+        match self {
+            Scalar::Int(i) => int_to_ms(i, unit),
+            Scalar::Float(f) => float_to_ms(f, unit),
+            Scalar::Str(s) => parse_rfc3339(s).map_or(
+                DeviceTs::Invalid("unparseable timestamp string"),
+                DeviceTs::Ms,
+            ),
+            Scalar::Other => DeviceTs::Invalid("timestamp is not a number or string"),
+        }
+    }
+}
+
+/// JSON: a streaming visitor filing fields straight into the output.
+struct JsonSeed<'a> {
+    dec: &'a Decoder,
+    out: &'a mut Decoded,
+}
+
+impl<'de> DeserializeSeed<'de> for JsonSeed<'_> {
+    type Value = ();
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for JsonSeed<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key_seed(KeySeed)? {
+            let value = map.next_value_seed(ValueSeed { depth: 1 })?;
+            let scalar = match &value {
+                JsonScalar::Int(i) => Scalar::Int(*i),
+                JsonScalar::Float(f) => Scalar::Float(*f),
+                JsonScalar::Str(s) => Scalar::Str(s),
+                JsonScalar::Other => Scalar::Other,
+            };
+            self.dec
+                .field(self.out, &key, scalar)
+                .map_err(de::Error::custom)?;
+        }
+        Ok(())
+    }
+}
+
+/// A field name, copied inline (JSON keys with escapes are not borrowable).
+struct KeySeed;
+
+impl<'de> DeserializeSeed<'de> for KeySeed {
+    type Value = MetricName;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeySeed {
+    type Value = MetricName;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a field name")
+    }
+
+    fn visit_str<E: de::Error>(self, k: &str) -> Result<Self::Value, E> {
+        MetricName::try_from(k).map_err(|_| {
+            E::custom(format_args!(
+                "field name longer than {MAX_METRIC_NAME} bytes"
+            ))
+        })
+    }
+}
+
+/// Longest string kept from a value (RFC 3339 timestamps are shorter).
+const MAX_VALUE_STR: usize = 48;
+
+enum JsonScalar {
+    Int(i128),
+    Float(f64),
+    Str(heapless::String<MAX_VALUE_STR>),
+    Other,
+}
+
+/// A field value: scalars are kept, anything nested is consumed (bounded depth).
 #[derive(Clone, Copy)]
-struct ScalarSeed {
+struct ValueSeed {
     depth: u32,
 }
 
-impl ScalarSeed {
+impl ValueSeed {
     fn deeper<E: de::Error>(self) -> Result<Self, E> {
         if self.depth >= MAX_DEPTH {
             return Err(E::custom(format_args!(
@@ -273,70 +285,244 @@ impl ScalarSeed {
     }
 }
 
-impl<'de> DeserializeSeed<'de> for ScalarSeed {
-    type Value = Scalar;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Scalar, D::Error> {
+impl<'de> DeserializeSeed<'de> for ValueSeed {
+    type Value = JsonScalar;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<JsonScalar, D::Error> {
         d.deserialize_any(self)
     }
 }
 
-impl<'de> Visitor<'de> for ScalarSeed {
-    type Value = Scalar;
+impl<'de> Visitor<'de> for ValueSeed {
+    type Value = JsonScalar;
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("any value")
     }
-    fn visit_i64<E>(self, v: i64) -> Result<Scalar, E> {
-        Ok(Scalar::Int(i128::from(v)))
+    fn visit_i64<E>(self, v: i64) -> Result<JsonScalar, E> {
+        Ok(JsonScalar::Int(i128::from(v)))
     }
-    fn visit_u64<E>(self, v: u64) -> Result<Scalar, E> {
-        Ok(Scalar::Int(i128::from(v)))
+    fn visit_u64<E>(self, v: u64) -> Result<JsonScalar, E> {
+        Ok(JsonScalar::Int(i128::from(v)))
     }
-    fn visit_i128<E>(self, v: i128) -> Result<Scalar, E> {
-        Ok(Scalar::Int(v))
+    fn visit_f64<E>(self, v: f64) -> Result<JsonScalar, E> {
+        Ok(JsonScalar::Float(v))
     }
-    fn visit_u128<E>(self, v: u128) -> Result<Scalar, E> {
-        Ok(i128::try_from(v).map_or(Scalar::Other, Scalar::Int))
+    fn visit_str<E>(self, v: &str) -> Result<JsonScalar, E> {
+        Ok(heapless::String::try_from(v).map_or(JsonScalar::Other, JsonScalar::Str))
     }
-    fn visit_f64<E>(self, v: f64) -> Result<Scalar, E> {
-        Ok(Scalar::Float(v))
+    fn visit_bool<E>(self, _: bool) -> Result<JsonScalar, E> {
+        Ok(JsonScalar::Other)
     }
-    fn visit_str<E>(self, v: &str) -> Result<Scalar, E> {
-        Ok(heapless::String::try_from(v).map_or(Scalar::LongStr, Scalar::Str))
+    fn visit_unit<E>(self) -> Result<JsonScalar, E> {
+        Ok(JsonScalar::Other)
     }
-    fn visit_bool<E>(self, _: bool) -> Result<Scalar, E> {
-        Ok(Scalar::Other)
-    }
-    fn visit_bytes<E>(self, _: &[u8]) -> Result<Scalar, E> {
-        Ok(Scalar::Other)
-    }
-    fn visit_unit<E>(self) -> Result<Scalar, E> {
-        Ok(Scalar::Other)
-    }
-    fn visit_none<E>(self) -> Result<Scalar, E> {
-        Ok(Scalar::Other)
-    }
-    fn visit_some<D: de::Deserializer<'de>>(self, d: D) -> Result<Scalar, D::Error> {
-        d.deserialize_any(self)
-    }
-    fn visit_newtype_struct<D: de::Deserializer<'de>>(self, d: D) -> Result<Scalar, D::Error> {
-        d.deserialize_any(self)
-    }
-    fn visit_seq<A: de::SeqAccess<'de>>(self, mut a: A) -> Result<Scalar, A::Error> {
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut a: A) -> Result<JsonScalar, A::Error> {
         let inner = self.deeper()?;
         while a.next_element_seed(inner)?.is_some() {}
-        Ok(Scalar::Other)
+        Ok(JsonScalar::Other)
     }
-    fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Scalar, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<JsonScalar, A::Error> {
         let inner = self.deeper()?;
-        while a.next_key_seed(inner)?.is_some() {
+        while a.next_key::<IgnoredAny>()?.is_some() {
             a.next_value_seed(inner)?;
         }
-        Ok(Scalar::Other)
+        Ok(JsonScalar::Other)
     }
-    fn visit_enum<A: de::EnumAccess<'de>>(self, a: A) -> Result<Scalar, A::Error> {
-        let (IgnoredAny, v) = a.variant::<IgnoredAny>()?;
-        de::VariantAccess::newtype_variant::<IgnoredAny>(v)?;
-        Ok(Scalar::Other)
+}
+
+/// A minimal zero-copy reader of a CBOR map's top-level fields (RFC 8949):
+/// only what decoding needs, every length checked against the input.
+mod cbor {
+    use super::{MAX_DEPTH, Scalar};
+
+    struct Reader<'a> {
+        b: &'a [u8],
+        pos: usize,
+    }
+
+    /// Major type, additional info, argument (None: indefinite length).
+    type Head = (u8, u8, Option<u64>);
+
+    impl<'a> Reader<'a> {
+        fn byte(&mut self) -> Result<u8, String> {
+            let b = *self.b.get(self.pos).ok_or("truncated")?;
+            self.pos += 1;
+            Ok(b)
+        }
+
+        fn take(&mut self, n: u64) -> Result<&'a [u8], String> {
+            let n = usize::try_from(n).map_err(|_| "length out of range")?;
+            let end = self
+                .pos
+                .checked_add(n)
+                .filter(|&e| e <= self.b.len())
+                .ok_or("truncated")?;
+            let s = &self.b[self.pos..end];
+            self.pos = end;
+            Ok(s)
+        }
+
+        fn head(&mut self) -> Result<Head, String> {
+            let ib = self.byte()?;
+            let (major, info) = (ib >> 5, ib & 0x1f);
+            let arg = match info {
+                0..=23 => Some(u64::from(info)),
+                24..=27 => {
+                    let bytes = self.take(1 << (info - 24))?;
+                    Some(bytes.iter().fold(0u64, |a, b| (a << 8) | u64::from(*b)))
+                }
+                31 if matches!(major, 2..=5 | 7) => None,
+                _ => {
+                    return Err(format!(
+                        "invalid additional info {info} for major type {major}"
+                    ));
+                }
+            };
+            Ok((major, info, arg))
+        }
+
+        /// Items still available bound any count (each item takes at least one byte).
+        fn count(&self, n: u64, per_item: u64) -> Result<u64, String> {
+            let left = (self.b.len() - self.pos) as u64;
+            if n.saturating_mul(per_item) > left {
+                return Err("truncated".into());
+            }
+            Ok(n)
+        }
+
+        fn at_break(&mut self) -> Result<bool, String> {
+            if *self.b.get(self.pos).ok_or("truncated")? == 0xff {
+                self.pos += 1;
+                return Ok(true);
+            }
+            Ok(false)
+        }
+
+        /// Reads one value; nested containers are skipped.
+        fn value(&mut self, depth: u32) -> Result<Scalar<'a>, String> {
+            let (major, info, arg) = self.head()?;
+            Ok(match (major, arg) {
+                (0, Some(n)) => Scalar::Int(i128::from(n)),
+                (1, Some(n)) => Scalar::Int(-1 - i128::from(n)),
+                (2, Some(n)) => {
+                    self.take(n)?;
+                    Scalar::Other
+                }
+                (3, Some(n)) => {
+                    let s =
+                        std::str::from_utf8(self.take(n)?).map_err(|_| "invalid UTF-8 in text")?;
+                    Scalar::Str(s)
+                }
+                (2 | 3, None) => {
+                    // Indefinite-length string: chunks of the same major type.
+                    while !self.at_break()? {
+                        let (m, _, a) = self.head()?;
+                        let n = a
+                            .filter(|_| m == major)
+                            .ok_or("bad indefinite string chunk")?;
+                        self.take(n)?;
+                    }
+                    Scalar::Other
+                }
+                (4 | 5, a) => {
+                    if depth >= MAX_DEPTH {
+                        return Err(format!("nested deeper than {MAX_DEPTH} levels"));
+                    }
+                    let per = if major == 5 { 2 } else { 1 };
+                    match a {
+                        Some(n) => {
+                            for _ in 0..self.count(n, per)? * per {
+                                self.value(depth + 1)?;
+                            }
+                        }
+                        None => {
+                            while !self.at_break()? {
+                                for _ in 0..per {
+                                    self.value(depth + 1)?;
+                                }
+                            }
+                        }
+                    }
+                    Scalar::Other
+                }
+                // Tags (e.g. epoch time) are transparent.
+                (6, Some(_)) => {
+                    if depth >= MAX_DEPTH {
+                        return Err(format!("nested deeper than {MAX_DEPTH} levels"));
+                    }
+                    self.value(depth + 1)?
+                }
+                (7, Some(bits)) => match info {
+                    25 => Scalar::Float(f16_to_f64(u16::try_from(bits).unwrap_or(0))),
+                    26 => {
+                        Scalar::Float(f64::from(f32::from_bits(u32::try_from(bits).unwrap_or(0))))
+                    }
+                    27 => Scalar::Float(f64::from_bits(bits)),
+                    _ => Scalar::Other,
+                },
+                (7, None) => return Err("unexpected break".into()),
+                _ => return Err(format!("malformed item of major type {major}")),
+            })
+        }
+    }
+
+    /// Calls `field(name, value)` for each top-level entry with a text key.
+    pub(super) fn read_map<'a>(
+        bytes: &'a [u8],
+        field: &mut dyn FnMut(&str, Scalar<'a>) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let mut r = Reader { b: bytes, pos: 0 };
+        let (major, _, n) = r.head()?;
+        if major != 5 {
+            return Err("top level is not a map".into());
+        }
+        let mut remaining = match n {
+            Some(n) => Some(r.count(n, 2)?),
+            None => None,
+        };
+        loop {
+            match &mut remaining {
+                Some(0) => break,
+                Some(n) => *n -= 1,
+                None => {
+                    if r.at_break()? {
+                        break;
+                    }
+                }
+            }
+            let key = r.value(1)?;
+            let value = r.value(1)?;
+            if let Scalar::Str(name) = key {
+                field(name, value)?;
+            }
+        }
+        if r.pos != bytes.len() {
+            return Err(format!("{} trailing bytes", bytes.len() - r.pos));
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::cast_precision_loss)]
+    fn f16_to_f64(h: u16) -> f64 {
+        let sign = if h & 0x8000 == 0 { 1.0 } else { -1.0 };
+        let exp = i32::from((h >> 10) & 0x1f);
+        let mant = f64::from(h & 0x3ff);
+        match exp {
+            0 => sign * mant * 2f64.powi(-24),
+            31 if mant == 0.0 => sign * f64::INFINITY,
+            31 => f64::NAN,
+            _ => sign * (1.0 + mant / 1024.0) * 2f64.powi(exp - 15),
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn half_floats_decode() {
+            assert_eq!(super::f16_to_f64(0x3c00), 1.0);
+            assert_eq!(super::f16_to_f64(0xc000), -2.0);
+            assert_eq!(super::f16_to_f64(0x3555), 0.333_251_953_125);
+            assert!(super::f16_to_f64(0x7e00).is_nan());
+        }
     }
 }
 
@@ -713,6 +899,67 @@ mod tests {
             d.decode(br#"{"ts":1764480000000,"seq":0}"#).unwrap().seq,
             Some(0)
         );
+    }
+
+    #[test]
+    fn cbor_indefinite_lengths_tags_and_nesting_are_handled() {
+        let d = build_decoder(PayloadFormat::Auto, TimestampUnit::Auto);
+        // {_ "ts": 1(1764480000), "t": [_ 1, {"x": h'00'}], "s": (_ "a" "b"), "v": 1.5f16 }
+        let mut b = vec![0xbf, 0x62, b't', b's', 0xc1, 0x1a];
+        b.extend_from_slice(&1_764_480_000u32.to_be_bytes());
+        b.extend_from_slice(&[0x61, b't', 0x9f, 0x01, 0xa1, 0x61, b'x', 0x41, 0x00, 0xff]);
+        b.extend_from_slice(&[0x61, b's', 0x7f, 0x61, b'a', 0x61, b'b', 0xff]);
+        b.extend_from_slice(&[0x61, b'v', 0xf9, 0x3e, 0x00, 0xff]);
+        let p = d.decode(&b).unwrap();
+        assert_eq!(p.ts, DeviceTs::Ms(1_764_480_000_000));
+        assert_eq!(p.metrics.len(), 1);
+        assert_eq!((p.metrics[0].0.as_str(), p.metrics[0].1), ("v", 1.5));
+        // A map claiming more entries than bytes exist is truncated, not a huge loop.
+        assert!(
+            d.decode(&[0xbb, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff])
+                .is_err()
+        );
+        // Deep nesting is garbage.
+        let mut deep = vec![0xa1, 0x61, b'a'];
+        deep.extend(std::iter::repeat_n(0x81, 100));
+        deep.push(0x01);
+        assert!(d.decode(&deep).unwrap_err().0.contains("nested"));
+    }
+
+    fn json_value() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            any::<u64>().prop_map(serde_json::Value::from),
+            (-1e12f64..1e12).prop_map(serde_json::Value::from),
+            "[a-z0-9:.TZ+-]{0,30}".prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(3, 16, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+                proptest::collection::btree_map("[a-z]{1,3}", inner, 0..4)
+                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        /// The CBOR reader and the JSON visitor agree on every object.
+        #[test]
+        fn cbor_and_json_encodings_decode_alike(
+            fields in proptest::collection::btree_map("[a-z]{1,4}|ts|seq", json_value(), 0..12)
+        ) {
+            let obj = serde_json::Value::Object(fields.into_iter().collect());
+            let d = build_decoder(PayloadFormat::Auto, TimestampUnit::Auto);
+            let from_json = d.decode(&serde_json::to_vec(&obj).unwrap());
+            let from_cbor = d.decode(&cbor(&obj));
+            proptest::prop_assert_eq!(from_json.is_ok(), from_cbor.is_ok());
+            if let (Ok(a), Ok(b)) = (from_json, from_cbor) {
+                proptest::prop_assert_eq!(a, b);
+            }
+        }
     }
 
     proptest::proptest! {

@@ -152,6 +152,8 @@ pub struct Engine {
     counters_dirty: bool,
     /// The gateway wall clock is implausible: processing time is held.
     clock_held: bool,
+    /// Reused decode buffer (boxed: moved in and out without copying).
+    scratch: Option<Box<Decoded>>,
 }
 
 impl Engine {
@@ -176,6 +178,7 @@ impl Engine {
             dirty_devices: Vec::new(),
             counters_dirty: false,
             clock_held: false,
+            scratch: Some(Box::default()),
         }
     }
 
@@ -393,6 +396,19 @@ impl Engine {
 
     /// Handles one input message that arrived at `now`.
     pub fn on_message(&mut self, topic: &str, payload: &[u8], now: Now, out: &mut Vec<Output>) {
+        let mut decoded = self.scratch.take().unwrap_or_default();
+        self.handle(topic, payload, now, &mut decoded, out);
+        self.scratch = Some(decoded);
+    }
+
+    fn handle(
+        &mut self,
+        topic: &str,
+        payload: &[u8],
+        now: Now,
+        decoded: &mut Decoded,
+        out: &mut Vec<Output>,
+    ) {
         self.counters.received += 1;
         self.counters_dirty = true;
         let parts = match self.pattern.parse_topic(topic) {
@@ -400,10 +416,9 @@ impl Engine {
             Err(e) => return self.reject(out, Reason::BadTopic, topic, None, now, e.to_string()),
         };
         let ids = Some((&parts.group, &parts.device));
-        let decoded = match self.decoder.decode(payload) {
-            Ok(d) => d,
-            Err(e) => return self.reject(out, Reason::DecodeError, topic, ids, now, e.0),
-        };
+        if let Err(e) = self.decoder.decode_into(payload, decoded) {
+            return self.reject(out, Reason::DecodeError, topic, ids, now, e.0);
+        }
         let heartbeat = parts.kind == Kind::Heartbeat;
         let mut metrics: heapless::Vec<(MetricIdx, f64), { crate::codec::MAX_METRICS }> =
             heapless::Vec::new();
@@ -424,7 +439,7 @@ impl Engine {
             return;
         }
         self.mark_device(di);
-        let event = match self.event_time(di, &decoded, now, out) {
+        let event = match self.event_time(di, decoded, now, out) {
             Ok(t) => t,
             Err(detail) => {
                 return self.reject(
