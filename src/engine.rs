@@ -208,6 +208,10 @@ impl Engine {
         self.persisted_names = metric_names.len();
         self.metric_names = metric_names;
         self.counters = counters;
+        // Windows changed before the last commit may await their next tick.
+        for g in &mut self.groups {
+            g.touched = true;
+        }
         self.dirty_groups.clear();
         self.dirty_devices.clear();
         self.counters_dirty = false;

@@ -7,6 +7,7 @@
 //! - [`time`]: clock-offset estimation, duplicate suppression, windows (pure).
 //! - [`engine`]: ties them together per SPEC §4–§7; returns [`output::Output`]s.
 //! - [`replay`]: drives the engine from a recorded capture on a virtual clock.
+//! - [`store`]: redb state and outbox: group commit, restore, inspect.
 #![deny(clippy::all)]
 #![warn(missing_docs)]
 
@@ -16,5 +17,6 @@ pub mod engine;
 pub mod model;
 pub mod output;
 pub mod replay;
+pub mod store;
 pub mod time;
 pub mod topic;

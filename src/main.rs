@@ -1,14 +1,13 @@
 //! The `tidemark` command line.
 
-use std::fs::File;
-use std::io::{BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use tidemark::config::{self, Config, LogFormat};
-use tidemark::engine::Engine;
-use tidemark::replay::{self, Replayer};
+use tidemark::replay;
+
+mod inspect;
 
 #[derive(Parser)]
 #[command(
@@ -46,6 +45,18 @@ enum Command {
         /// Keep the virtual clock ticking this long past the last record.
         #[arg(long, default_value_t = 0)]
         drain_ms: u64,
+        /// Use the durable store in this directory (resumable after a crash; needs --output).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+    },
+    /// Read-only dump of persisted state (run while the gateway is stopped).
+    Inspect {
+        /// State directory (holds tidemark.redb).
+        #[arg(long)]
+        state_dir: PathBuf,
+        /// Machine-readable JSON instead of text.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -58,13 +69,21 @@ fn main() -> ExitCode {
             input,
             output,
             drain_ms,
+            state_dir,
         } => {
             let Some(cfg) = load(&config) else {
                 return ExitCode::from(2);
             };
             init_logging(&cfg, cli.log_format);
-            replay_cmd(&cfg, &input, output.as_deref(), drain_ms)
+            let opts = replay::Options {
+                input: &input,
+                output: output.as_deref(),
+                drain_ms: i64::try_from(drain_ms).unwrap_or(i64::MAX),
+                state_dir: state_dir.as_deref(),
+            };
+            replay_cmd(&cfg, &opts)
         }
+        Command::Inspect { state_dir, json } => inspect::run(&state_dir, json),
     }
 }
 
@@ -103,43 +122,14 @@ fn check(path: &Path) -> ExitCode {
     }
 }
 
-fn replay_cmd(cfg: &Config, input: &Path, output: Option<&Path>, drain_ms: u64) -> ExitCode {
-    let reader = match File::open(input) {
-        Ok(f) => BufReader::new(f),
-        Err(e) => {
-            tracing::error!(file = %input.display(), "cannot open replay input: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    let writer: Box<dyn Write> = match output {
-        None => Box::new(std::io::stdout().lock()),
-        Some(p) => match File::create(p) {
-            Ok(f) => Box::new(f),
-            Err(e) => {
-                tracing::error!(file = %p.display(), "cannot create replay output: {e}");
-                return ExitCode::from(1);
-            }
-        },
-    };
-    let tick = i64::try_from(cfg.tick_interval_ms).unwrap_or(i64::MAX);
-    let drain = i64::try_from(drain_ms).unwrap_or(i64::MAX);
-    let mut r = Replayer::new(
-        Engine::new(cfg),
-        cfg.topic_prefix.clone(),
-        tick,
-        BufWriter::new(writer),
-    );
-    if let Err(e) = replay::replay_all(reader, &mut r, drain) {
-        tracing::error!("replay failed: {e}");
-        return ExitCode::from(1);
-    }
-    match r.finish() {
+fn replay_cmd(cfg: &Config, opts: &replay::Options<'_>) -> ExitCode {
+    match replay::run(cfg, opts) {
         Ok((engine, s)) => {
             let c = engine.counters();
             tracing::info!(
                 records = s.records,
                 outputs = s.outputs,
-                ticks = s.ticks,
+                commits = s.commits,
                 accepted = c.accepted,
                 late = c.late,
                 duplicates = c.duplicates,
@@ -149,7 +139,7 @@ fn replay_cmd(cfg: &Config, input: &Path, output: Option<&Path>, drain_ms: u64) 
             ExitCode::SUCCESS
         }
         Err(e) => {
-            tracing::error!("writing replay output: {e}");
+            tracing::error!("replay failed: {e}");
             ExitCode::from(1)
         }
     }

@@ -240,6 +240,12 @@ impl Output {
 /// Borrowed payload of an [`Output`].
 pub struct PayloadRef<'a>(&'a Output);
 
+impl<'a> From<&'a Output> for PayloadRef<'a> {
+    fn from(o: &'a Output) -> Self {
+        Self(o)
+    }
+}
+
 impl Serialize for PayloadRef<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self.0 {

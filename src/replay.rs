@@ -1,15 +1,25 @@
 //! `tidemark replay`: the engine on a recorded capture, with a virtual clock
 //! driven by the arrival times (SPEC §1). Same input, same output, byte for byte.
+//!
+//! In memory by default; with a state dir the durable store is used exactly
+//! as the gateway uses it: state, outputs (into the outbox) and the input
+//! position are committed together every `commit_interval_ms` of virtual
+//! time, and an output leaves the outbox once the output file is flushed.
+//! Re-running the same command after a crash resumes from the last commit.
 
-use std::io::{BufRead, Write};
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::path::Path;
 
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use crate::config::Config;
 use crate::engine::{Engine, Now};
 use crate::model::Millis;
 use crate::output::{Output, PayloadRef};
+use crate::store::{OutboxEntry, Store, StoreError};
 
 /// One capture line.
 #[derive(Debug, Deserialize)]
@@ -27,11 +37,10 @@ pub struct Record<'a> {
     pub payload_b64: Option<String>,
 }
 
-/// One output line.
 #[derive(Serialize)]
-struct Line<'a> {
-    topic: String,
-    payload: PayloadRef<'a>,
+struct Line<'a, P: Serialize> {
+    topic: &'a str,
+    payload: P,
     retain: bool,
 }
 
@@ -54,91 +63,79 @@ pub enum ReplayError {
         /// Cause.
         msg: String,
     },
+    /// The durable store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ReplayError {
+    let what = what.into();
+    move |source| ReplayError::Io { what, source }
 }
 
 /// What a replay did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Summary {
-    /// Records replayed.
+    /// Records replayed (this run).
     pub records: u64,
-    /// Output lines written.
+    /// Output lines written (this run).
     pub outputs: u64,
-    /// Virtual ticks run.
-    pub ticks: u64,
+    /// Store commits (durable mode).
+    pub commits: u64,
 }
 
-/// Drives an engine through a capture on a virtual clock.
-pub struct Replayer<W: Write> {
+/// Drives an engine on a virtual clock; outputs collect in `outputs`.
+pub struct Replayer {
     engine: Engine,
-    out: W,
-    prefix: String,
     tick_ms: Millis,
     next_tick: Option<Millis>,
-    buf: Vec<Output>,
-    summary: Summary,
+    /// Outputs not yet taken, in emission order.
+    pub outputs: Vec<Output>,
 }
 
-impl<W: Write> Replayer<W> {
-    /// A replayer writing JSON lines to `out`.
-    pub fn new(engine: Engine, prefix: String, tick_ms: Millis, out: W) -> Self {
+impl Replayer {
+    /// A replayer starting fresh (`next_tick` None) or resuming a virtual clock.
+    pub fn new(engine: Engine, tick_ms: Millis, next_tick: Option<Millis>) -> Self {
         Self {
             engine,
-            out,
-            prefix,
             tick_ms,
-            next_tick: None,
-            buf: Vec::new(),
-            summary: Summary::default(),
+            next_tick,
+            outputs: Vec::new(),
         }
     }
 
     /// Feeds one record: first every tick due at or before its arrival, then the record.
-    pub fn record(&mut self, arrival: Millis, topic: &str, payload: &[u8]) -> std::io::Result<()> {
+    pub fn record(&mut self, arrival: Millis, topic: &str, payload: &[u8]) {
         if self.next_tick.is_none() {
             self.engine.restart_idleness(Now::at(arrival));
             self.next_tick = Some(arrival + self.tick_ms);
         }
-        self.ticks_until(arrival)?;
+        self.ticks_until(arrival);
         self.engine
-            .on_message(topic, payload, Now::at(arrival), &mut self.buf);
-        self.summary.records += 1;
-        self.flush_outputs()
+            .on_message(topic, payload, Now::at(arrival), &mut self.outputs);
     }
 
     /// Runs every tick due at or before `t`.
-    pub fn ticks_until(&mut self, t: Millis) -> std::io::Result<()> {
+    pub fn ticks_until(&mut self, t: Millis) {
         while let Some(tick) = self.next_tick.filter(|&n| n <= t) {
-            self.engine.on_tick(Now::at(tick), &mut self.buf);
-            self.summary.ticks += 1;
+            self.engine.on_tick(Now::at(tick), &mut self.outputs);
             self.next_tick = Some(tick + self.tick_ms);
-            self.flush_outputs()?;
         }
-        Ok(())
     }
 
-    /// Virtual time of the last record or tick handled.
-    pub fn last_tick(&self) -> Option<Millis> {
-        self.next_tick.map(|n| n - self.tick_ms)
+    /// The next virtual tick.
+    pub fn next_tick(&self) -> Option<Millis> {
+        self.next_tick
     }
 
-    fn flush_outputs(&mut self) -> std::io::Result<()> {
-        for o in self.buf.drain(..) {
-            let line = Line {
-                topic: o.topic(&self.prefix),
-                payload: o.payload(),
-                retain: o.retain(),
-            };
-            serde_json::to_writer(&mut self.out, &line)?;
-            self.out.write_all(b"\n")?;
-            self.summary.outputs += 1;
-        }
-        Ok(())
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
     }
 
-    /// Finishes: flushes the writer and returns the engine and summary.
-    pub fn finish(mut self) -> std::io::Result<(Engine, Summary)> {
-        self.out.flush()?;
-        Ok((self.engine, self.summary))
+    /// The engine, mutably (store commits).
+    pub fn engine_mut(&mut self) -> &mut Engine {
+        &mut self.engine
     }
 }
 
@@ -154,38 +151,328 @@ pub fn payload_bytes(r: &Record<'_>) -> Result<Vec<u8>, String> {
     }
 }
 
-/// Replays every line of `input` into `replayer`, then ticks `drain_ms` past the last record.
-pub fn replay_all<R: BufRead, W: Write>(
-    input: R,
-    replayer: &mut Replayer<W>,
-    drain_ms: Millis,
-) -> Result<(), ReplayError> {
-    let io = |what: &str| {
-        let what = what.to_string();
-        move |source| ReplayError::Io { what, source }
-    };
-    let mut last_arrival = None;
-    for (n, line) in input.lines().enumerate() {
-        let line_no = n as u64 + 1;
-        let line = line.map_err(io("reading input"))?;
-        if line.trim().is_empty() {
-            continue;
+/// Reads capture lines, remembering the byte offset after each.
+struct Input<R: BufRead> {
+    r: R,
+    line: String,
+    offset: u64,
+    line_no: u64,
+}
+
+impl<R: BufRead> Input<R> {
+    /// The next record as (arrival, topic, payload), or None at the end.
+    fn next(&mut self) -> Result<Option<(Millis, String, Vec<u8>)>, ReplayError> {
+        loop {
+            self.line.clear();
+            let n = self
+                .r
+                .read_line(&mut self.line)
+                .map_err(io("reading input"))?;
+            if n == 0 {
+                return Ok(None);
+            }
+            self.offset += n as u64;
+            self.line_no += 1;
+            if self.line.trim().is_empty() {
+                continue;
+            }
+            let bad = |msg: String| ReplayError::BadRecord {
+                line: self.line_no,
+                msg,
+            };
+            let rec: Record<'_> =
+                serde_json::from_str(&self.line).map_err(|e| bad(e.to_string()))?;
+            let bytes = payload_bytes(&rec).map_err(bad)?;
+            return Ok(Some((rec.arrival, rec.topic, bytes)));
         }
-        let rec: Record<'_> = serde_json::from_str(&line).map_err(|e| ReplayError::BadRecord {
-            line: line_no,
-            msg: e.to_string(),
-        })?;
-        let bytes =
-            payload_bytes(&rec).map_err(|msg| ReplayError::BadRecord { line: line_no, msg })?;
-        replayer
-            .record(rec.arrival, &rec.topic, &bytes)
-            .map_err(io("writing output"))?;
-        last_arrival = Some(last_arrival.map_or(rec.arrival, |l: Millis| l.max(rec.arrival)));
     }
-    if let Some(last) = last_arrival {
-        replayer
-            .ticks_until(last.saturating_add(drain_ms))
-            .map_err(io("writing output"))?;
+}
+
+/// Options of one replay.
+pub struct Options<'a> {
+    /// Capture file.
+    pub input: &'a Path,
+    /// Output file; standard output when None (memory mode only).
+    pub output: Option<&'a Path>,
+    /// Virtual time to keep ticking past the last record.
+    pub drain_ms: Millis,
+    /// Durable state directory.
+    pub state_dir: Option<&'a Path>,
+}
+
+/// Runs a replay per `opts`.
+pub fn run(cfg: &Config, opts: &Options<'_>) -> Result<(Engine, Summary), ReplayError> {
+    let file = File::open(opts.input).map_err(io(format!("opening {}", opts.input.display())))?;
+    match opts.state_dir {
+        None => {
+            let out: Box<dyn Write> = match opts.output {
+                None => Box::new(std::io::stdout().lock()),
+                Some(p) => {
+                    Box::new(File::create(p).map_err(io(format!("creating {}", p.display())))?)
+                }
+            };
+            run_memory(
+                cfg,
+                BufReader::new(file),
+                std::io::BufWriter::new(out),
+                opts.drain_ms,
+            )
+        }
+        Some(dir) => run_durable(cfg, file, opts.output, dir, opts.drain_ms),
     }
+}
+
+fn tick_ms(cfg: &Config) -> Millis {
+    Millis::try_from(cfg.tick_interval_ms).unwrap_or(Millis::MAX)
+}
+
+/// In-memory replay into any writer.
+pub fn run_memory<R: BufRead, W: Write>(
+    cfg: &Config,
+    input: R,
+    mut out: W,
+    drain_ms: Millis,
+) -> Result<(Engine, Summary), ReplayError> {
+    let mut rp = Replayer::new(Engine::new(cfg), tick_ms(cfg), None);
+    let mut input = Input {
+        r: input,
+        line: String::new(),
+        offset: 0,
+        line_no: 0,
+    };
+    let mut summary = Summary::default();
+    let mut last = None;
+    let mut line = Vec::new();
+    let mut write = |rp: &mut Replayer, summary: &mut Summary| -> Result<(), ReplayError> {
+        for o in rp.outputs.drain(..) {
+            line.clear();
+            let topic = o.topic(&cfg.topic_prefix);
+            serde_json::to_writer(
+                &mut line,
+                &Line {
+                    topic: &topic,
+                    payload: PayloadRef::from(&o),
+                    retain: o.retain(),
+                },
+            )
+            .map_err(|e| io("rendering output")(e.into()))?;
+            line.push(b'\n');
+            out.write_all(&line).map_err(io("writing output"))?;
+            summary.outputs += 1;
+        }
+        Ok(())
+    };
+    while let Some((arrival, topic, payload)) = input.next()? {
+        rp.record(arrival, &topic, &payload);
+        summary.records += 1;
+        last = Some(last.map_or(arrival, |l: Millis| l.max(arrival)));
+        write(&mut rp, &mut summary)?;
+    }
+    if let Some(last) = last {
+        rp.ticks_until(last.saturating_add(drain_ms));
+        write(&mut rp, &mut summary)?;
+    }
+    out.flush().map_err(io("writing output"))?;
+    Ok((rp.engine, summary))
+}
+
+/// Replay position committed with the state.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+struct Position {
+    /// Input bytes consumed.
+    offset: u64,
+    /// Next virtual tick.
+    next_tick: Option<Millis>,
+    /// Latest arrival seen.
+    last_arrival: Option<Millis>,
+    /// Virtual time of the last commit.
+    last_commit: Option<Millis>,
+}
+
+const K_REPLAY: &str = "replay";
+
+/// Cuts a partial last line (a crash mid-write); its output is still in the outbox.
+fn trim_partial_line(f: &mut File) -> std::io::Result<()> {
+    let len = f.metadata()?.len();
+    if len == 0 {
+        return Ok(());
+    }
+    let mut keep = len;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let start = keep.saturating_sub(buf.len() as u64);
+        let n = usize::try_from(keep - start).unwrap_or(0);
+        f.seek(SeekFrom::Start(start))?;
+        f.read_exact(&mut buf[..n])?;
+        if let Some(i) = buf[..n].iter().rposition(|&b| b == b'\n') {
+            keep = start + i as u64 + 1;
+            break;
+        }
+        if start == 0 {
+            keep = 0;
+            break;
+        }
+        keep = start;
+    }
+    if keep != len {
+        f.set_len(keep)?;
+    }
+    f.seek(SeekFrom::End(0))?;
     Ok(())
+}
+
+struct Durable<'a> {
+    cfg: &'a Config,
+    store: Store,
+    out: File,
+    pos: Position,
+    /// Outbox entries written to the output file, not yet removed from the outbox.
+    delivered: Option<u64>,
+    summary: Summary,
+    commit_ms: Millis,
+}
+
+impl Durable<'_> {
+    /// Writes every outbox entry after the delivered mark to the output file and flushes it.
+    fn deliver(&mut self) -> Result<(), ReplayError> {
+        let mut buf = Vec::new();
+        loop {
+            let batch = self.store.outbox_after(self.delivered, 4096)?;
+            let Some(&(last, _)) = batch.last() else {
+                break;
+            };
+            buf.clear();
+            for (_, e) in &batch {
+                let payload: &RawValue = serde_json::from_slice(&e.payload)
+                    .map_err(|err| io("outbox entry is not JSON")(err.into()))?;
+                serde_json::to_writer(
+                    &mut buf,
+                    &Line {
+                        topic: &e.topic,
+                        payload,
+                        retain: e.retain,
+                    },
+                )
+                .map_err(|err| io("rendering output")(err.into()))?;
+                buf.push(b'\n');
+            }
+            self.out.write_all(&buf).map_err(io("writing output"))?;
+            self.summary.outputs += batch.len() as u64;
+            self.delivered = Some(last);
+        }
+        self.out.sync_data().map_err(io("syncing output"))?;
+        Ok(())
+    }
+
+    fn commit(&mut self, rp: &mut Replayer, now: Millis) -> Result<(), ReplayError> {
+        let entries: Vec<OutboxEntry> = rp
+            .outputs
+            .drain(..)
+            .map(|o| OutboxEntry {
+                topic: o.topic(&self.cfg.topic_prefix),
+                payload: serde_json::to_vec(&PayloadRef::from(&o)).unwrap_or_default(),
+                retain: o.retain(),
+                at: now,
+            })
+            .collect();
+        self.pos.next_tick = rp.next_tick();
+        self.pos.last_commit = Some(now);
+        let mut pos = Vec::new();
+        ciborium::ser::into_writer(&self.pos, &mut pos)
+            .map_err(|e| io("encoding position")(std::io::Error::other(e)))?;
+        self.store.commit(
+            rp.engine_mut(),
+            &entries,
+            &[(K_REPLAY, &pos)],
+            self.delivered,
+        )?;
+        self.summary.commits += 1;
+        self.deliver()
+    }
+
+    fn due(&self, now: Millis) -> bool {
+        self.pos
+            .last_commit
+            .is_none_or(|c| now - c >= self.commit_ms)
+    }
+}
+
+fn run_durable(
+    cfg: &Config,
+    input: File,
+    output: Option<&Path>,
+    dir: &Path,
+    drain_ms: Millis,
+) -> Result<(Engine, Summary), ReplayError> {
+    let output = output.ok_or_else(|| {
+        io("--state-dir")(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "needs --output (outputs are appended to it across restarts)",
+        ))
+    })?;
+    let (store, snap) = Store::open(dir, cfg.outbox_max_messages)?;
+    let pos: Position = match snap.meta.get(K_REPLAY) {
+        Some(b) => ciborium::de::from_reader(&b[..]).map_err(|e| StoreError::Corrupt {
+            path: store.path().to_path_buf(),
+            table: "meta",
+            detail: e.to_string(),
+        })?,
+        None => Position::default(),
+    };
+    let mut engine = Engine::new(cfg);
+    engine.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
+    let mut out = OpenOptions::new()
+        .create(true)
+        .read(true)
+        .append(true)
+        .open(output)
+        .map_err(io(format!("opening {}", output.display())))?;
+    trim_partial_line(&mut out).map_err(io(format!("repairing {}", output.display())))?;
+    let mut d = Durable {
+        cfg,
+        store,
+        out,
+        pos,
+        delivered: None,
+        summary: Summary::default(),
+        commit_ms: Millis::try_from(cfg.commit_interval_ms).unwrap_or(1),
+    };
+    // Outputs committed before a crash but not yet in the file.
+    d.deliver()?;
+
+    let mut input = BufReader::new(input);
+    input
+        .seek(SeekFrom::Start(d.pos.offset))
+        .map_err(io("seeking input"))?;
+    let mut input = Input {
+        r: input,
+        line: String::new(),
+        offset: d.pos.offset,
+        line_no: 0,
+    };
+    let mut rp = Replayer::new(engine, tick_ms(cfg), d.pos.next_tick);
+    while let Some((arrival, topic, payload)) = input.next()? {
+        rp.record(arrival, &topic, &payload);
+        d.summary.records += 1;
+        d.pos.offset = input.offset;
+        d.pos.last_arrival = Some(d.pos.last_arrival.map_or(arrival, |l| l.max(arrival)));
+        if d.due(arrival) {
+            d.commit(&mut rp, arrival)?;
+        }
+    }
+    if let Some(last) = d.pos.last_arrival {
+        let end = last.saturating_add(drain_ms);
+        while let Some(t) = rp.next_tick().filter(|&t| t <= end) {
+            let step = (t + d.commit_ms).min(end);
+            rp.ticks_until(step);
+            if d.due(step) || rp.next_tick().is_none_or(|n| n > end) {
+                d.commit(&mut rp, step)?;
+            }
+        }
+    }
+    // Final commit: remaining outputs, and the delivered ones leave the outbox.
+    let now = d.pos.last_commit.unwrap_or(0);
+    d.commit(&mut rp, now)?;
+    d.store.commit(rp.engine_mut(), &[], &[], d.delivered)?;
+    Ok((rp.engine, d.summary))
 }

@@ -124,3 +124,83 @@ impl Sim {
             .collect()
     }
 }
+
+/// A deterministic synthetic capture (JSON lines): `devices` devices in three
+/// groups sending one reading per second for `seconds`, with clock skew,
+/// network jitter, disorder, a device that goes silent and returns with a
+/// backlog, duplicates, late readings and hostile input.
+pub fn synthetic_capture(devices: usize, seconds: i64) -> String {
+    let mut rng: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut recs: Vec<(i64, String)> = Vec::new();
+    for d in 0..devices {
+        let group = ["hvac", "cold", "power"][d % 3];
+        let skew: i64 = match d % 5 {
+            0 => 3 * 60_000,
+            1 => -40_000,
+            2 => 17 * 60_000,
+            _ => (d as i64 * 37) % 2_000,
+        };
+        let silent = d % 7 == 3;
+        for s in 0..seconds {
+            let t = T0 + s * 1000 + (d as i64 * 13) % 1000;
+            let mut arrival = t + 5 + (next() % 200) as i64;
+            if next() % 50 == 0 {
+                arrival += 1_500; // reordered within out_of_orderness
+            }
+            if next() % 400 == 0 {
+                arrival += 90_000; // late beyond lateness
+            }
+            if silent && (120..300).contains(&s) {
+                arrival = T0 + 300_000 + (s - 120) * 3; // buffered, then burst
+            }
+            let temp = 20.0 + (next() % 100) as f64 / 10.0;
+            let payload = format!(
+                r#"{{"arrival":{arrival},"topic":"sensors/{group}/dev{d}/reading","payload":{{"ts":{},"seq":{s},"temp":{temp}}}}}"#,
+                t - skew
+            );
+            if next() % 300 == 0 {
+                recs.push((
+                    arrival + 40,
+                    payload.replace(
+                        &format!("\"arrival\":{arrival}"),
+                        &format!("\"arrival\":{}", arrival + 40),
+                    ),
+                ));
+            }
+            recs.push((arrival, payload));
+            if s % 20 == 0 {
+                recs.push((
+                    arrival + 1,
+                    format!(r#"{{"arrival":{},"topic":"sensors/{group}/dev{d}/heartbeat","payload":{{"ts":{}}}}}"#, arrival + 1, t - skew),
+                ));
+            }
+        }
+        recs.push((
+            T0 + 50_000 + d as i64,
+            format!(
+                r#"{{"arrival":{},"topic":"sensors/{group}/dev{d}","payload":{{"ts":1}}}}"#,
+                T0 + 50_000 + d as i64
+            ),
+        ));
+        recs.push((
+            T0 + 60_000 + d as i64,
+            format!(
+                r#"{{"arrival":{},"topic":"sensors/{group}/dev{d}/reading","payload_b64":"//8="}}"#,
+                T0 + 60_000 + d as i64
+            ),
+        ));
+    }
+    recs.sort_by_key(|r| r.0);
+    let mut out = String::new();
+    for (_, line) in recs {
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
+}

@@ -1,0 +1,133 @@
+//! `tidemark inspect`: a read-only dump of persisted state.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::ExitCode;
+
+use serde_json::json;
+use tidemark::store;
+
+fn fmt_ms(t: Option<i64>) -> String {
+    t.map_or_else(|| "-".into(), |t| t.to_string())
+}
+
+// The one place `inspect` reads the clock: to age the oldest outbox entry.
+#[allow(clippy::disallowed_methods)]
+fn wall_now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+pub fn run(state_dir: &Path, as_json: bool) -> ExitCode {
+    let view = match store::inspect(state_dir) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let s = &view.snapshot;
+    let now = wall_now_ms();
+    let oldest_age = view.oldest.as_ref().map(|e| now - e.at);
+    let mut windows_per_group: BTreeMap<&str, usize> = BTreeMap::new();
+    for d in &s.devices {
+        *windows_per_group.entry(d.group.as_str()).or_default() += d.windows.len();
+    }
+    if as_json {
+        let groups: Vec<_> = s
+            .groups
+            .iter()
+            .map(|g| {
+                json!({
+                    "group": g.name.as_str(),
+                    "watermark": g.wm,
+                    "max_event_time": g.max_event,
+                    "open_windows": windows_per_group.get(g.name.as_str()).copied().unwrap_or(0),
+                })
+            })
+            .collect();
+        let devices: Vec<_> = s
+            .devices
+            .iter()
+            .map(|d| {
+                json!({
+                    "group": d.group.as_str(),
+                    "device": d.id.as_str(),
+                    "clock_offset_ms": d.skew.estimate(),
+                    "clock_distrusted": d.distrusted,
+                    "last_seen": d.max_event,
+                    "status": if d.offline { "offline" } else { "online" },
+                    "open_windows": d.windows.iter().map(|w| json!({
+                        "start": w.start, "end": w.end, "count": w.count, "heartbeats": w.heartbeats,
+                        "emitted_revision": w.emitted,
+                    })).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        let doc = json!({
+            "state_file": store::Store::file(state_dir).display().to_string(),
+            "groups": groups,
+            "devices": devices,
+            "counters": s.counters,
+            "outbox": {"depth": s.outbox_depth, "dropped": s.outbox_dropped, "oldest_age_ms": oldest_age},
+        });
+        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+        return ExitCode::SUCCESS;
+    }
+    println!("state file: {}", store::Store::file(state_dir).display());
+    println!();
+    println!(
+        "{:<24} {:>15} {:>15} {:>12}",
+        "GROUP", "WATERMARK", "MAX EVENT", "OPEN WINDOWS"
+    );
+    for g in &s.groups {
+        let open = windows_per_group.get(g.name.as_str()).copied().unwrap_or(0);
+        println!(
+            "{:<24} {:>15} {:>15} {:>12}",
+            g.name,
+            fmt_ms(g.wm),
+            fmt_ms(g.max_event),
+            open
+        );
+    }
+    println!();
+    println!(
+        "{:<24} {:<24} {:>12} {:>15} {:<8} {:>7}",
+        "GROUP", "DEVICE", "OFFSET MS", "LAST SEEN", "STATUS", "WINDOWS"
+    );
+    for d in &s.devices {
+        let offset = match (d.skew.estimate(), d.distrusted) {
+            (Some(o), true) => format!("{o}!"),
+            (o, _) => fmt_ms(o),
+        };
+        println!(
+            "{:<24} {:<24} {:>12} {:>15} {:<8} {:>7}",
+            d.group,
+            d.id,
+            offset,
+            fmt_ms(d.max_event),
+            if d.offline { "offline" } else { "online" },
+            d.windows.len()
+        );
+    }
+    println!();
+    let c = &s.counters;
+    println!(
+        "counters: received {} accepted {} late {} duplicates {} rejected {} windows {} alerts {}",
+        c.received,
+        c.accepted,
+        c.late,
+        c.duplicates,
+        c.rejected.iter().sum::<u64>(),
+        c.windows_emitted,
+        c.alerts
+    );
+    println!(
+        "outbox: {} entries, {} dropped, oldest {}",
+        s.outbox_depth,
+        s.outbox_dropped,
+        oldest_age.map_or_else(|| "-".into(), |a| format!("{a} ms old"))
+    );
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,443 @@
+//! Durable state and outbox in redb (SPEC §9).
+//!
+//! One write transaction per commit interval carries the changed engine
+//! state, the outputs it produced (into the outbox) and any caller position
+//! (e.g. the replay input offset) together: after a crash the store is at a
+//! commit boundary and the input after it is processed again.
+
+pub mod schema;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
+use serde::{Deserialize, Serialize};
+
+use crate::codec::MetricName;
+use crate::engine::{Counters, Device, Engine, Group};
+use crate::model::Millis;
+use schema::{
+    DEVICES, GROUPS, K_COUNTERS, K_OUTBOX, K_SCHEMA, META, METRIC_NAMES, OUTBOX, SCHEMA_VERSION,
+};
+
+/// Store failures. All are fatal for the process (exit 1).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database file could not be opened (corrupt, locked, unreadable).
+    #[error("state file {path}: {source}")]
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// Cause.
+        source: redb::DatabaseError,
+    },
+    /// The state directory could not be created.
+    #[error("state dir {path}: {source}")]
+    Dir {
+        /// The directory.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// Schema version not understood by this build.
+    #[error(
+        "state file {path}: schema version {found} is not supported (this build reads {SCHEMA_VERSION}); refusing to touch it"
+    )]
+    Version {
+        /// The file.
+        path: PathBuf,
+        /// Version found.
+        found: u32,
+    },
+    /// A stored value does not decode.
+    #[error("state file {path}: corrupt value in {table}: {detail}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// Table name.
+        table: &'static str,
+        /// Cause.
+        detail: String,
+    },
+    /// A redb operation failed.
+    #[error("state store: {0}")]
+    Redb(String),
+}
+
+macro_rules! redb_err {
+    ($($t:ty),*) => {$(
+        impl From<$t> for StoreError {
+            fn from(e: $t) -> Self {
+                StoreError::Redb(e.to_string())
+            }
+        }
+    )*};
+}
+redb_err!(
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError,
+    redb::DatabaseError,
+    redb::SetDurabilityError
+);
+
+/// One output awaiting delivery.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutboxEntry {
+    /// Full topic.
+    pub topic: String,
+    /// Encoded payload.
+    #[serde(with = "serde_bytes")]
+    pub payload: Vec<u8>,
+    /// Retain flag.
+    pub retain: bool,
+    /// Gateway clock when produced (for the oldest-entry age).
+    pub at: Millis,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+struct OutboxMeta {
+    next_seq: u64,
+    dropped: u64,
+}
+
+/// Everything persisted, as read at startup.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// Group states.
+    pub groups: Vec<Group>,
+    /// Device states.
+    pub devices: Vec<Device>,
+    /// Interned metric names, by index.
+    pub metric_names: Vec<MetricName>,
+    /// Counters.
+    pub counters: Counters,
+    /// Other `META` entries (caller positions).
+    pub meta: BTreeMap<String, Vec<u8>>,
+    /// Entries in the outbox.
+    pub outbox_depth: u64,
+    /// Outputs dropped because the outbox was full.
+    pub outbox_dropped: u64,
+}
+
+/// What one commit wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitStats {
+    /// Device records written.
+    pub devices: usize,
+    /// Group records written.
+    pub groups: usize,
+    /// Outputs added to the outbox.
+    pub outputs: usize,
+    /// Oldest outputs dropped to respect the bound.
+    pub dropped: u64,
+}
+
+/// The state store.
+pub struct Store {
+    db: Database,
+    path: PathBuf,
+    outbox: OutboxMeta,
+    max_outbox: u64,
+    buf: Vec<u8>,
+}
+
+fn cbor<T: Serialize>(v: &T, buf: &mut Vec<u8>) {
+    buf.clear();
+    // Serializing plain data into a Vec cannot fail.
+    let _ = ciborium::ser::into_writer(v, &mut *buf);
+}
+
+impl Store {
+    /// The database file inside a state directory.
+    pub fn file(state_dir: &Path) -> PathBuf {
+        state_dir.join("tidemark.redb")
+    }
+
+    /// Opens (or creates) `state_dir/tidemark.redb`. An existing file that
+    /// cannot be read is an error and is never replaced.
+    pub fn open(state_dir: &Path, max_outbox: u64) -> Result<(Self, Snapshot), StoreError> {
+        std::fs::create_dir_all(state_dir).map_err(|source| StoreError::Dir {
+            path: state_dir.to_path_buf(),
+            source,
+        })?;
+        let path = Self::file(state_dir);
+        let db = if path.exists() {
+            Database::open(&path)
+        } else {
+            Database::create(&path)
+        }
+        .map_err(|source| StoreError::Open {
+            path: path.clone(),
+            source,
+        })?;
+        Self::init(db, path, max_outbox)
+    }
+
+    /// A store in memory (tests, benchmarks).
+    pub fn in_memory(max_outbox: u64) -> Result<(Self, Snapshot), StoreError> {
+        let db = Database::builder().create_with_backend(redb::backends::InMemoryBackend::new())?;
+        Self::init(db, PathBuf::from(":memory:"), max_outbox)
+    }
+
+    fn init(db: Database, path: PathBuf, max_outbox: u64) -> Result<(Self, Snapshot), StoreError> {
+        let txn = db.begin_write()?;
+        {
+            let mut meta = txn.open_table(META)?;
+            let version = meta.get(K_SCHEMA)?.map(|v| v.value().to_vec());
+            match version {
+                None => {
+                    meta.insert(K_SCHEMA, &SCHEMA_VERSION.to_be_bytes()[..])?;
+                }
+                Some(v) => {
+                    let found =
+                        <[u8; 4]>::try_from(v.as_slice()).map_or(u32::MAX, u32::from_be_bytes);
+                    if found != SCHEMA_VERSION {
+                        return Err(StoreError::Version { path, found });
+                    }
+                }
+            }
+            txn.open_table(GROUPS)?;
+            txn.open_table(DEVICES)?;
+            txn.open_table(METRIC_NAMES)?;
+            txn.open_table(OUTBOX)?;
+        }
+        txn.commit()?;
+        let snapshot = read_snapshot(&db, &path)?;
+        let outbox = OutboxMeta {
+            next_seq: {
+                let r = db.begin_read()?;
+                let t = r.open_table(OUTBOX)?;
+                let last = t.last()?.map(|(k, _)| k.value() + 1).unwrap_or(0);
+                let stored = snapshot
+                    .meta
+                    .get(K_OUTBOX)
+                    .and_then(|b| ciborium::de::from_reader::<OutboxMeta, _>(&b[..]).ok())
+                    .map_or(0, |m| m.next_seq);
+                last.max(stored)
+            },
+            dropped: snapshot.outbox_dropped,
+        };
+        Ok((
+            Self {
+                db,
+                path,
+                outbox,
+                max_outbox: max_outbox.max(1),
+                buf: Vec::new(),
+            },
+            snapshot,
+        ))
+    }
+
+    /// Path of the database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Outputs dropped so far because the outbox was full.
+    pub fn outbox_dropped(&self) -> u64 {
+        self.outbox.dropped
+    }
+
+    /// Writes, in ONE transaction: the engine state changed since the last
+    /// commit, `outputs` appended to the outbox, `meta` entries, and the
+    /// removal of delivered outbox entries up to `delivered` (inclusive).
+    pub fn commit(
+        &mut self,
+        engine: &mut Engine,
+        outputs: &[OutboxEntry],
+        meta: &[(&str, &[u8])],
+        delivered: Option<u64>,
+    ) -> Result<CommitStats, StoreError> {
+        let dirty = engine.take_dirty();
+        let mut stats = CommitStats {
+            devices: dirty.devices.len(),
+            groups: dirty.groups.len(),
+            outputs: outputs.len(),
+            dropped: 0,
+        };
+        let mut txn = self.db.begin_write()?;
+        txn.set_durability(redb::Durability::Immediate)?;
+        {
+            let mut devices = txn.open_table(DEVICES)?;
+            for &i in &dirty.devices {
+                let d = engine.device_at(i);
+                cbor(d, &mut self.buf);
+                devices.insert((d.group.as_str(), d.id.as_str()), self.buf.as_slice())?;
+            }
+            let mut groups = txn.open_table(GROUPS)?;
+            for &i in &dirty.groups {
+                let g = engine.group_at(i);
+                cbor(g, &mut self.buf);
+                groups.insert(g.name.as_str(), self.buf.as_slice())?;
+            }
+            let mut names = txn.open_table(METRIC_NAMES)?;
+            for (i, n) in engine
+                .metric_names()
+                .iter()
+                .enumerate()
+                .skip(dirty.metric_names_from)
+            {
+                names.insert(u16::try_from(i).unwrap_or(u16::MAX), n.as_str())?;
+            }
+            let mut outbox = txn.open_table(OUTBOX)?;
+            if let Some(upto) = delivered {
+                outbox.retain_in(..=upto, |_, _| false)?;
+            }
+            for o in outputs {
+                cbor(o, &mut self.buf);
+                outbox.insert(self.outbox.next_seq, self.buf.as_slice())?;
+                self.outbox.next_seq += 1;
+            }
+            let len = outbox.len()?;
+            if len > self.max_outbox {
+                let excess = len - self.max_outbox;
+                for _ in 0..excess {
+                    outbox.pop_first()?;
+                }
+                stats.dropped = excess;
+                self.outbox.dropped += excess;
+            }
+            let mut m = txn.open_table(META)?;
+            cbor(engine.counters(), &mut self.buf);
+            m.insert(K_COUNTERS, self.buf.as_slice())?;
+            cbor(&self.outbox, &mut self.buf);
+            m.insert(K_OUTBOX, self.buf.as_slice())?;
+            for (k, v) in meta {
+                m.insert(*k, *v)?;
+            }
+        }
+        txn.commit()?;
+        Ok(stats)
+    }
+
+    /// Up to `limit` outbox entries with sequence number > `after`, oldest first.
+    pub fn outbox_after(
+        &self,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<(u64, OutboxEntry)>, StoreError> {
+        let r = self.db.begin_read()?;
+        let t = r.open_table(OUTBOX)?;
+        let start = after.map_or(0, |a| a + 1);
+        let mut out = Vec::new();
+        for item in t.range(start..)?.take(limit) {
+            let (k, v) = item?;
+            let e = ciborium::de::from_reader(v.value()).map_err(|e| StoreError::Corrupt {
+                path: self.path.clone(),
+                table: "outbox",
+                detail: e.to_string(),
+            })?;
+            out.push((k.value(), e));
+        }
+        Ok(out)
+    }
+
+    /// Entries in the outbox.
+    pub fn outbox_depth(&self) -> Result<u64, StoreError> {
+        let r = self.db.begin_read()?;
+        Ok(r.open_table(OUTBOX)?.len()?)
+    }
+}
+
+fn corrupt<'a>(path: &'a Path, table: &'static str) -> impl Fn(String) -> StoreError + 'a {
+    move |detail| StoreError::Corrupt {
+        path: path.to_path_buf(),
+        table,
+        detail,
+    }
+}
+
+fn read_snapshot<D: ReadableDatabase>(db: &D, path: &Path) -> Result<Snapshot, StoreError> {
+    let r = db.begin_read()?;
+    let mut s = Snapshot::default();
+    for item in r.open_table(GROUPS)?.iter()? {
+        let (_, v) = item?;
+        s.groups.push(
+            ciborium::de::from_reader(v.value())
+                .map_err(|e| corrupt(path, "groups")(e.to_string()))?,
+        );
+    }
+    for item in r.open_table(DEVICES)?.iter()? {
+        let (_, v) = item?;
+        s.devices.push(
+            ciborium::de::from_reader(v.value())
+                .map_err(|e| corrupt(path, "devices")(e.to_string()))?,
+        );
+    }
+    for item in r.open_table(METRIC_NAMES)?.iter()? {
+        let (k, v) = item?;
+        if usize::from(k.value()) != s.metric_names.len() {
+            return Err(corrupt(path, "metric_names")(
+                "gap in metric name indexes".into(),
+            ));
+        }
+        let name = MetricName::try_from(v.value())
+            .map_err(|_| corrupt(path, "metric_names")("name too long".into()))?;
+        s.metric_names.push(name);
+    }
+    for item in r.open_table(META)?.iter()? {
+        let (k, v) = item?;
+        s.meta.insert(k.value().to_string(), v.value().to_vec());
+    }
+    if let Some(b) = s.meta.get(K_COUNTERS) {
+        s.counters =
+            ciborium::de::from_reader(&b[..]).map_err(|e| corrupt(path, "meta")(e.to_string()))?;
+    }
+    if let Some(b) = s.meta.get(K_OUTBOX) {
+        let m: OutboxMeta =
+            ciborium::de::from_reader(&b[..]).map_err(|e| corrupt(path, "meta")(e.to_string()))?;
+        s.outbox_dropped = m.dropped;
+    }
+    s.outbox_depth = r.open_table(OUTBOX)?.len()?;
+    Ok(s)
+}
+
+/// A read-only view for `tidemark inspect` (the gateway must be stopped).
+pub struct Inspect {
+    /// Everything persisted.
+    pub snapshot: Snapshot,
+    /// Oldest outbox entry, if any.
+    pub oldest: Option<OutboxEntry>,
+}
+
+/// Opens a state directory read-only.
+pub fn inspect(state_dir: &Path) -> Result<Inspect, StoreError> {
+    let path = Store::file(state_dir);
+    if !path.exists() {
+        return Err(StoreError::Open {
+            path,
+            source: redb::DatabaseError::Storage(redb::StorageError::Io(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no state file",
+            ))),
+        });
+    }
+    let db = redb::ReadOnlyDatabase::open(&path).map_err(|source| StoreError::Open {
+        path: path.clone(),
+        source,
+    })?;
+    {
+        let r = db.begin_read()?;
+        let meta = r.open_table(META)?;
+        let found = meta
+            .get(K_SCHEMA)?
+            .and_then(|v| <[u8; 4]>::try_from(v.value()).ok())
+            .map_or(u32::MAX, u32::from_be_bytes);
+        if found != SCHEMA_VERSION {
+            return Err(StoreError::Version { path, found });
+        }
+    }
+    let snapshot = read_snapshot(&db, &path)?;
+    let r = db.begin_read()?;
+    let oldest = match r.open_table(OUTBOX)?.first()? {
+        Some((_, v)) => Some(
+            ciborium::de::from_reader(v.value())
+                .map_err(|e| corrupt(&path, "outbox")(e.to_string()))?,
+        ),
+        None => None,
+    };
+    Ok(Inspect { snapshot, oldest })
+}

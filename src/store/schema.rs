@@ -1,0 +1,27 @@
+//! The redb schema, in one place. Values are CBOR; keys fixed-width or tuples.
+//!
+//! Version history:
+//! - 1: meta, groups, devices, metric_names, outbox.
+
+use redb::TableDefinition;
+
+/// Bumped on any incompatible change of a table or value encoding.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Small singletons: schema version, counters, outbox cursor, replay position.
+pub const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+/// Group watermark state by group id.
+pub const GROUPS: TableDefinition<&str, &[u8]> = TableDefinition::new("groups");
+/// Device state (clock estimator, liveness, seq window, open windows) by (group, device).
+pub const DEVICES: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("devices");
+/// Interned metric names by index.
+pub const METRIC_NAMES: TableDefinition<u16, &str> = TableDefinition::new("metric_names");
+/// Outputs awaiting delivery, FIFO by sequence number.
+pub const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("outbox");
+
+/// `META` key of the schema version (u32, big-endian).
+pub const K_SCHEMA: &str = "schema_version";
+/// `META` key of the engine counters.
+pub const K_COUNTERS: &str = "counters";
+/// `META` key of the outbox cursor and drop count.
+pub const K_OUTBOX: &str = "outbox";

@@ -1,0 +1,289 @@
+//! The durable store through `tidemark replay --state-dir`: crash at random
+//! moments with SIGKILL, resume, and compare with an uncrashed in-memory run.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const CONFIG: &str = "[gateway]\nid = \"gw\"\ncommit_interval_ms = 200\n";
+
+fn tidemark() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_tidemark"));
+    c.env("RUST_LOG", "warn");
+    c
+}
+
+fn replay_args(dir: &Path, extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = ["replay", "--config"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    v.push(dir.join("c.toml").display().to_string());
+    v.push("--input".into());
+    v.push(dir.join("capture.jsonl").display().to_string());
+    v.push("--drain-ms".into());
+    v.push("200000".into());
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+/// Window results by id, and every other output line.
+fn parse(text: &str) -> (BTreeMap<String, String>, BTreeSet<String>) {
+    let mut windows = BTreeMap::new();
+    let mut others = BTreeSet::new();
+    for line in text.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("bad line {line:?}: {e}"));
+        if v["topic"].as_str().unwrap().contains("/windows/") {
+            let id = v["payload"]["id"].as_str().unwrap().to_string();
+            let prev = windows.insert(id.clone(), line.to_string());
+            assert!(
+                prev.is_none_or(|p| p == line),
+                "result {id} differs between deliveries"
+            );
+        } else {
+            others.insert(line.to_string());
+        }
+    }
+    (windows, others)
+}
+
+#[test]
+fn kill_9_at_random_moments_loses_nothing_and_changes_no_result() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("c.toml"), CONFIG).unwrap();
+    std::fs::write(
+        dir.path().join("capture.jsonl"),
+        common::synthetic_capture(60, 600),
+    )
+    .unwrap();
+
+    let reference = dir.path().join("reference.jsonl");
+    let r = tidemark()
+        .args(replay_args(
+            dir.path(),
+            &["--output", reference.to_str().unwrap()],
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(
+        r.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    let (ref_windows, ref_others) = parse(&std::fs::read_to_string(&reference).unwrap());
+    assert!(
+        ref_windows.len() > 500,
+        "capture too small: {} windows",
+        ref_windows.len()
+    );
+    assert!(ref_others.iter().any(|l| l.contains("/late/")));
+    assert!(ref_others.iter().any(|l| l.contains("/alerts/")));
+    assert!(ref_others.iter().any(|l| l.contains("/rejected")));
+
+    // An uncrashed durable run gives exactly the in-memory output.
+    let state = dir.path().join("state-clean");
+    let clean = dir.path().join("clean.jsonl");
+    let r = tidemark()
+        .args(replay_args(
+            dir.path(),
+            &[
+                "--state-dir",
+                state.to_str().unwrap(),
+                "--output",
+                clean.to_str().unwrap(),
+            ],
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(
+        r.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    assert_eq!(
+        std::fs::read(&clean).unwrap(),
+        std::fs::read(&reference).unwrap()
+    );
+
+    let state = dir.path().join("state");
+    let crashed = dir.path().join("crashed.jsonl");
+    let args = replay_args(
+        dir.path(),
+        &[
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--output",
+            crashed.to_str().unwrap(),
+        ],
+    );
+    let mut rng: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut kills = 0;
+    let mut runs = 0;
+    loop {
+        runs += 1;
+        assert!(runs < 200, "replay never completed");
+        let mut child = tidemark()
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let wait = Duration::from_millis(50 + rng % 400);
+        std::thread::sleep(wait);
+        match child.try_wait().unwrap() {
+            Some(status) => {
+                let mut err = String::new();
+                std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+                assert_eq!(status.code(), Some(0), "{err}");
+                if kills >= 20 {
+                    break;
+                }
+                // Finished before the kill: start over to get more crash rounds.
+                if kills < 20 && runs > 150 {
+                    break;
+                }
+                std::fs::remove_dir_all(&state).unwrap();
+                std::fs::remove_file(&crashed).unwrap();
+            }
+            None => {
+                child.kill().unwrap(); // SIGKILL
+                child.wait().unwrap();
+                kills += 1;
+            }
+        }
+    }
+    eprintln!("{kills} SIGKILL rounds over {runs} runs");
+    assert!(kills >= 20, "only {kills} crash rounds");
+    let (windows, others) = parse(&std::fs::read_to_string(&crashed).unwrap());
+    assert_eq!(windows.len(), ref_windows.len());
+    assert!(
+        windows == ref_windows,
+        "window results differ from the uncrashed run"
+    );
+    let missing: Vec<_> = ref_others.difference(&others).take(3).collect();
+    assert!(
+        missing.is_empty(),
+        "missing outputs after crashes: {missing:?}"
+    );
+}
+
+#[test]
+fn inspect_shows_watermarks_devices_and_outbox() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("c.toml"), CONFIG).unwrap();
+    std::fs::write(
+        dir.path().join("capture.jsonl"),
+        common::synthetic_capture(6, 120),
+    )
+    .unwrap();
+    let state = dir.path().join("state");
+    let out = dir.path().join("out.jsonl");
+    let r = tidemark()
+        .args(replay_args(
+            dir.path(),
+            &[
+                "--state-dir",
+                state.to_str().unwrap(),
+                "--output",
+                out.to_str().unwrap(),
+            ],
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(
+        r.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    let r = tidemark()
+        .args(["inspect", "--state-dir", state.to_str().unwrap(), "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        r.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+    let groups: Vec<&str> = v["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["group"].as_str().unwrap())
+        .collect();
+    assert_eq!(groups.len(), 3, "{groups:?}");
+    assert!(v["groups"][0]["watermark"].as_i64().unwrap() > common::T0);
+    assert_eq!(v["devices"].as_array().unwrap().len(), 6);
+    let fast = v["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["device"] == "dev2")
+        .unwrap();
+    assert_eq!(fast["clock_distrusted"], true);
+    assert_eq!(v["outbox"]["depth"], 0);
+    assert!(v["counters"]["received"].as_u64().unwrap() > 700);
+    let text = tidemark()
+        .args(["inspect", "--state-dir", state.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(
+        text.contains("WATERMARK") && text.contains("dev2") && text.contains("outbox: 0 entries"),
+        "{text}"
+    );
+}
+
+#[test]
+fn corrupt_or_foreign_state_file_is_a_clear_error_and_is_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("c.toml"), CONFIG).unwrap();
+    std::fs::write(
+        dir.path().join("capture.jsonl"),
+        common::synthetic_capture(2, 10),
+    )
+    .unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let file = state.join("tidemark.redb");
+    let garbage = vec![0x5a; 8192];
+    std::fs::write(&file, &garbage).unwrap();
+    let out = dir.path().join("out.jsonl");
+    let r = tidemark()
+        .args(replay_args(
+            dir.path(),
+            &[
+                "--state-dir",
+                state.to_str().unwrap(),
+                "--output",
+                out.to_str().unwrap(),
+            ],
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(r.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(err.contains(file.to_str().unwrap()), "{err}");
+    assert_eq!(
+        std::fs::read(&file).unwrap(),
+        garbage,
+        "corrupt file was modified"
+    );
+    let r = tidemark()
+        .args(["inspect", "--state-dir", state.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(r.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&r.stderr).contains("tidemark.redb"));
+}
