@@ -164,6 +164,16 @@ impl Store {
         })?;
         let path = Self::file(state_dir);
         let db = if path.exists() {
+            // Check a foreign or newer file without writing to it; a file that
+            // needs crash recovery cannot be read that way and is ours to repair.
+            match redb::ReadOnlyDatabase::open(&path) {
+                Ok(ro) => {
+                    check_version(&ro, &path)?;
+                    drop(ro);
+                }
+                Err(redb::DatabaseError::RepairAborted) => {}
+                Err(source) => return Err(StoreError::Open { path, source }),
+            }
             Database::open(&path)
         } else {
             Database::create(&path)
@@ -395,6 +405,32 @@ fn read_snapshot<D: ReadableDatabase>(db: &D, path: &Path) -> Result<Snapshot, S
     Ok(s)
 }
 
+/// Refuses a file without our schema version (another program's redb, or another version).
+fn check_version<D: ReadableDatabase>(db: &D, path: &Path) -> Result<(), StoreError> {
+    let r = db.begin_read()?;
+    let found = match r.open_table(META) {
+        Ok(meta) => meta
+            .get(K_SCHEMA)?
+            .and_then(|v| <[u8; 4]>::try_from(v.value()).ok())
+            .map_or(u32::MAX, u32::from_be_bytes),
+        Err(redb::TableError::TableDoesNotExist(_)) => {
+            // A database created but never initialised (crash during the first start).
+            if r.list_tables()?.next().is_none() {
+                return Ok(());
+            }
+            u32::MAX
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if found != SCHEMA_VERSION {
+        return Err(StoreError::Version {
+            path: path.to_path_buf(),
+            found,
+        });
+    }
+    Ok(())
+}
+
 /// A read-only view for `tidemark inspect` (the gateway must be stopped).
 pub struct Inspect {
     /// Everything persisted.
@@ -415,21 +451,17 @@ pub fn inspect(state_dir: &Path) -> Result<Inspect, StoreError> {
             ))),
         });
     }
-    let db = redb::ReadOnlyDatabase::open(&path).map_err(|source| StoreError::Open {
-        path: path.clone(),
-        source,
-    })?;
-    {
-        let r = db.begin_read()?;
-        let meta = r.open_table(META)?;
-        let found = meta
-            .get(K_SCHEMA)?
-            .and_then(|v| <[u8; 4]>::try_from(v.value()).ok())
-            .map_or(u32::MAX, u32::from_be_bytes);
-        if found != SCHEMA_VERSION {
-            return Err(StoreError::Version { path, found });
+    let db = match redb::ReadOnlyDatabase::open(&path) {
+        Ok(db) => db,
+        Err(redb::DatabaseError::RepairAborted) => {
+            return Err(StoreError::Redb(format!(
+                "{} needs crash recovery, which a read-only inspect cannot do: start the gateway once, stop it, then inspect",
+                path.display()
+            )));
         }
-    }
+        Err(source) => return Err(StoreError::Open { path, source }),
+    };
+    check_version(&db, &path)?;
     let snapshot = read_snapshot(&db, &path)?;
     let r = db.begin_read()?;
     let oldest = match r.open_table(OUTBOX)?.first()? {
@@ -440,4 +472,121 @@ pub fn inspect(state_dir: &Path) -> Result<Inspect, StoreError> {
         None => None,
     };
     Ok(Inspect { snapshot, oldest })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Now;
+    use crate::output::Output;
+    use std::collections::BTreeMap as Map;
+
+    const T0: i64 = 1_764_480_000_000;
+
+    fn build_config() -> crate::config::Config {
+        crate::config::load_str("[gateway]\nid = \"gw\"\n", &Map::new()).unwrap()
+    }
+
+    fn entry(i: u64) -> OutboxEntry {
+        OutboxEntry {
+            topic: format!("t/{i}"),
+            payload: vec![u8::try_from(i % 256).unwrap()],
+            retain: false,
+            at: T0,
+        }
+    }
+
+    fn feed(e: &mut Engine, from: i64, to: i64, out: &mut Vec<Output>) {
+        for s in from..to {
+            let t = T0 + s * 1000;
+            for d in 0..4 {
+                let p = format!(r#"{{"ts": {t}, "seq": {s}, "temp": {d}.5}}"#);
+                e.on_message(
+                    &format!("sensors/g{}/d{d}/reading", d % 2),
+                    p.as_bytes(),
+                    Now::at(t + 30),
+                    out,
+                );
+            }
+            e.on_tick(Now::at(t + 500), out);
+        }
+    }
+
+    #[test]
+    fn restored_engine_continues_exactly_like_the_original() {
+        let cfg = build_config();
+        let (mut store, snap) = Store::in_memory(1000).unwrap();
+        assert!(snap.devices.is_empty());
+        let mut a = Engine::new(&cfg);
+        a.restart_idleness(Now::at(T0));
+        let mut out = Vec::new();
+        feed(&mut a, 0, 90, &mut out);
+        store.commit(&mut a, &[], &[], None).unwrap();
+        // Reopen the same database: read everything back.
+        let snap = read_snapshot(&store.db, store.path()).unwrap();
+        assert_eq!(snap.devices.len(), 4);
+        assert_eq!(snap.counters, *a.counters());
+        let mut b = Engine::new(&cfg);
+        b.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
+        let (mut out_a, mut out_b) = (Vec::new(), Vec::new());
+        feed(&mut a, 90, 300, &mut out_a);
+        feed(&mut b, 90, 300, &mut out_b);
+        assert!(!out_a.is_empty());
+        assert_eq!(out_a, out_b);
+        assert_eq!(a.counters(), b.counters());
+    }
+
+    #[test]
+    fn outbox_is_fifo_bounded_and_counts_what_it_drops() {
+        let cfg = build_config();
+        let mut e = Engine::new(&cfg);
+        let (mut store, _) = Store::in_memory(5).unwrap();
+        let batch: Vec<_> = (0..8).map(entry).collect();
+        let stats = store.commit(&mut e, &batch, &[], None).unwrap();
+        assert_eq!(stats.dropped, 3);
+        assert_eq!(store.outbox_depth().unwrap(), 5);
+        assert_eq!(store.outbox_dropped(), 3);
+        let got = store.outbox_after(None, 100).unwrap();
+        let topics: Vec<_> = got.iter().map(|(_, e)| e.topic.as_str()).collect();
+        assert_eq!(topics, vec!["t/3", "t/4", "t/5", "t/6", "t/7"]);
+        // Delivered entries leave the outbox only on a later commit.
+        let upto = got[1].0;
+        store.commit(&mut e, &[entry(8)], &[], Some(upto)).unwrap();
+        let left: Vec<_> = store
+            .outbox_after(None, 100)
+            .unwrap()
+            .into_iter()
+            .map(|(_, e)| e.topic)
+            .collect();
+        assert_eq!(left, vec!["t/5", "t/6", "t/7", "t/8"]);
+        let snap = read_snapshot(&store.db, store.path()).unwrap();
+        assert_eq!((snap.outbox_depth, snap.outbox_dropped), (4, 3));
+    }
+
+    #[test]
+    fn a_state_file_of_another_schema_version_is_refused_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = Store::file(dir.path());
+        {
+            let db = Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            txn.open_table(META)
+                .unwrap()
+                .insert(K_SCHEMA, &99u32.to_be_bytes()[..])
+                .unwrap();
+            txn.commit().unwrap();
+        }
+        let before = std::fs::read(&path).unwrap();
+        let err = Store::open(dir.path(), 10).err().expect("refused");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("schema version 99") && msg.contains("tidemark.redb"),
+            "{msg}"
+        );
+        assert!(
+            std::fs::read(&path).unwrap() == before,
+            "refused file was modified"
+        );
+        assert!(inspect(dir.path()).is_err());
+    }
 }
