@@ -158,6 +158,27 @@ fn kill_9_at_random_moments_loses_nothing_and_changes_no_result() {
                 child.kill().unwrap(); // SIGKILL
                 child.wait().unwrap();
                 kills += 1;
+                if kills == 5 {
+                    // Inspect works on a crashed state without touching it.
+                    let file = state.join("tidemark.redb");
+                    let before = std::fs::read(&file).unwrap();
+                    let r = tidemark()
+                        .args(["inspect", "--json", "--state-dir", state.to_str().unwrap()])
+                        .output()
+                        .unwrap();
+                    assert_eq!(
+                        r.status.code(),
+                        Some(0),
+                        "{}",
+                        String::from_utf8_lossy(&r.stderr)
+                    );
+                    let v: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+                    assert!(v["counters"]["received"].as_u64().unwrap() > 0);
+                    assert!(
+                        std::fs::read(&file).unwrap() == before,
+                        "inspect modified the state file"
+                    );
+                }
             }
         }
     }

@@ -451,23 +451,37 @@ pub fn inspect(state_dir: &Path) -> Result<Inspect, StoreError> {
             ))),
         });
     }
-    let db = match redb::ReadOnlyDatabase::open(&path) {
-        Ok(db) => db,
+    match redb::ReadOnlyDatabase::open(&path) {
+        Ok(db) => read_inspect(&db, &path),
         Err(redb::DatabaseError::RepairAborted) => {
-            return Err(StoreError::Redb(format!(
-                "{} needs crash recovery, which a read-only inspect cannot do: start the gateway once, stop it, then inspect",
-                path.display()
-            )));
+            // Left by a crash: recover a private copy, never the original.
+            let copy =
+                std::env::temp_dir().join(format!("tidemark-inspect-{}.redb", std::process::id()));
+            std::fs::copy(&path, &copy).map_err(|source| StoreError::Dir {
+                path: copy.clone(),
+                source,
+            })?;
+            let result = Database::open(&copy)
+                .map_err(|source| StoreError::Open {
+                    path: path.clone(),
+                    source,
+                })
+                .and_then(|db| read_inspect(&db, &path));
+            let _ = std::fs::remove_file(&copy);
+            result
         }
-        Err(source) => return Err(StoreError::Open { path, source }),
-    };
-    check_version(&db, &path)?;
-    let snapshot = read_snapshot(&db, &path)?;
+        Err(source) => Err(StoreError::Open { path, source }),
+    }
+}
+
+fn read_inspect<D: ReadableDatabase>(db: &D, path: &Path) -> Result<Inspect, StoreError> {
+    check_version(db, path)?;
+    let snapshot = read_snapshot(db, path)?;
     let r = db.begin_read()?;
     let oldest = match r.open_table(OUTBOX)?.first()? {
         Some((_, v)) => Some(
             ciborium::de::from_reader(v.value())
-                .map_err(|e| corrupt(&path, "outbox")(e.to_string()))?,
+                .map_err(|e| corrupt(path, "outbox")(e.to_string()))?,
         ),
         None => None,
     };
