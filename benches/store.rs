@@ -41,6 +41,11 @@ fn feed(e: &mut Engine, from: usize, n: usize, out: &mut Vec<tidemark::output::O
 }
 
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--restore") {
+        restore(std::path::Path::new(&args[i + 1]));
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     println!("commit cost (file-backed redb, fsync per commit, 10 000 devices)");
     println!(
@@ -92,34 +97,55 @@ fn main() {
     {
         // Hopping 60 s / 6 s: every reading is in 10 windows, so 10 open windows per device.
         let (mut store, _) = Store::open(&state, 10_000_000).unwrap();
-        let mut e = engine(
-            "[group_defaults]\nwindow = { kind = \"hopping\", size_ms = 60000, slide_ms = 6000 }\n",
-        );
+        let mut e = engine(HOPPING);
         let mut out = Vec::new();
         feed(&mut e, 0, DEVICES, &mut out);
         store.commit(&mut e, &[], &[], None).unwrap();
     }
+    // Measured in a fresh process, so RSS is the restored engine's alone.
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .arg("--restore")
+        .arg(&state)
+        .output()
+        .unwrap();
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+}
+
+const HOPPING: &str =
+    "[group_defaults]\nwindow = { kind = \"hopping\", size_ms = 60000, slide_ms = 6000 }\n";
+
+fn restore(state: &std::path::Path) {
     let start = Instant::now();
-    let (_store, snap) = Store::open(&state, 10_000_000).unwrap();
+    let (_store, snap) = Store::open(state, 10_000_000).unwrap();
     let read = start.elapsed();
     let windows: usize = snap.devices.iter().map(|d| d.windows.len()).sum();
     let devices = snap.devices.len();
-    let mut e = engine(
-        "[group_defaults]\nwindow = { kind = \"hopping\", size_ms = 60000, slide_ms = 6000 }\n",
-    );
+    let mut e = engine(HOPPING);
     e.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
     let total = start.elapsed();
-    let size = std::fs::metadata(Store::file(&state)).unwrap().len();
+    let size = std::fs::metadata(Store::file(state)).unwrap().len();
     println!(
-        "{:>10} {:>14} {:>12} {:>14} {:>12}",
-        "devices", "open windows", "file MiB", "read ms", "total ms"
+        "{:>10} {:>14} {:>10} {:>10} {:>10} {:>10}",
+        "devices", "open windows", "file MiB", "read ms", "total ms", "RSS MiB"
     );
     println!(
-        "{:>10} {:>14} {:>12.1} {:>14.1} {:>12.1}",
+        "{:>10} {:>14} {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
         devices,
         windows,
         size as f64 / 1048576.0,
         read.as_secs_f64() * 1000.0,
-        total.as_secs_f64() * 1000.0
+        total.as_secs_f64() * 1000.0,
+        rss_mib()
     );
+    drop(e);
+}
+
+/// Resident set size of this process (Linux), MiB.
+fn rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
 }
