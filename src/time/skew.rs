@@ -7,13 +7,15 @@
 //!
 //! Design: a sample that diverges from an established estimate by more than
 //! [`STEP_THRESHOLD_MS`] does not enter the buckets. It becomes a step
-//! *candidate*; only when every sample for [`STEP_CONFIRM_MS`] of arrival time
-//! diverges, and the divergent offsets agree with each other (a real clock
-//! step shifts all samples by the same amount), is the estimator reset to
-//! them. A backlog burst fails the agreement test — its delays shrink as it
-//! drains — and live samples cancel the candidate, so a burst is never taken
-//! for a step and never flushes the good samples out. The same rule keeps one
-//! hostile far-future timestamp from dragging the minimum down.
+//! *candidate*; the estimator is reset to the candidate's minimum only when
+//! that minimum has been stable (not fallen by more than [`STABLE_MS`]) for
+//! [`STEP_CONFIRM_MS`] of arrival time and [`STEP_MIN_SAMPLES`] samples. After
+//! a real clock step the minimum settles at once (network jitter only adds
+//! delay); while a buffered backlog drains, each message is less delayed than
+//! the one before, so the minimum keeps falling and the burst is never taken
+//! for a step — and live samples, back near the estimate, cancel the
+//! candidate. The same rule keeps one hostile far-future timestamp from
+//! dragging the minimum down.
 
 use serde::{Deserialize, Serialize};
 
@@ -21,8 +23,10 @@ use crate::model::Millis;
 
 /// Divergence from the estimate that makes a sample a step candidate.
 pub const STEP_THRESHOLD_MS: i64 = 1_000;
-/// Arrival time over which every sample must diverge before a step is accepted.
+/// Arrival time over which the divergent minimum must be stable before a step is accepted.
 pub const STEP_CONFIRM_MS: i64 = 3_000;
+/// A candidate minimum falling by more than this is still settling (a draining backlog).
+pub const STABLE_MS: i64 = 200;
 /// Divergent samples needed (besides the time span) to accept a step.
 pub const STEP_MIN_SAMPLES: u32 = 3;
 /// An estimate built from fewer buckets than this follows lower samples at once.
@@ -38,9 +42,12 @@ struct Bucket {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 struct Candidate {
-    since: Millis,
+    /// Smallest divergent offset so far.
     min: Millis,
-    max: Millis,
+    /// `min` when it last fell by more than the threshold, and when.
+    anchor: Millis,
+    anchor_at: Millis,
+    /// Divergent samples since the anchor.
     samples: u32,
 }
 
@@ -94,21 +101,26 @@ impl SkewEstimator {
             return Sample::Taken;
         }
         let c = match self.candidate {
-            Some(c) if (c.max.max(offset) - c.min.min(offset)) <= STEP_THRESHOLD_MS => Candidate {
-                since: c.since,
-                min: c.min.min(offset),
-                max: c.max.max(offset),
-                samples: c.samples + 1,
-            },
-            // The divergent samples disagree (a draining backlog): start over from this one.
-            _ => Candidate {
-                since: arrival,
+            Some(mut c) => {
+                c.min = c.min.min(offset);
+                if c.min < c.anchor - STABLE_MS {
+                    // Still falling (a draining backlog): not settled yet.
+                    c.anchor = c.min;
+                    c.anchor_at = arrival;
+                    c.samples = 1;
+                } else {
+                    c.samples += 1;
+                }
+                c
+            }
+            None => Candidate {
                 min: offset,
-                max: offset,
+                anchor: offset,
+                anchor_at: arrival,
                 samples: 1,
             },
         };
-        if c.samples >= STEP_MIN_SAMPLES && arrival - c.since >= STEP_CONFIRM_MS {
+        if c.samples >= STEP_MIN_SAMPLES && arrival - c.anchor_at >= STEP_CONFIRM_MS {
             self.buckets.clear();
             self.candidate = None;
             self.put(arrival, c.min, window);
@@ -204,6 +216,41 @@ mod tests {
             .expect("step recognised");
         assert!(reset_at * 500 <= 4_000, "took {} ms", reset_at * 500);
         assert_eq!(e.estimate(), Some(step + 10));
+    }
+
+    #[test]
+    fn step_with_a_second_and_a_half_of_jitter_is_still_recovered() {
+        let mut e = SkewEstimator::default();
+        feed(&mut e, T0, T0 + 60_000, 1_000, 0, 10);
+        let step = 17 * 60_000;
+        let mut reset = None;
+        for k in 0..20i64 {
+            let t = T0 + 60_000 + k * 500;
+            let delay = 10 + ((k + 3) * 7919) % 1_500;
+            if e.observe(t + delay, t - step, 32) == Sample::Reset {
+                reset = Some(k);
+                break;
+            }
+        }
+        assert!(reset.is_some_and(|k| k * 500 <= 5_000), "{reset:?}");
+        assert!(
+            e.estimate()
+                .is_some_and(|o| (step..step + 1_500).contains(&o))
+        );
+    }
+
+    #[test]
+    fn backlog_drained_slightly_faster_than_real_time_is_not_a_step() {
+        for send_every in [500i64, 900] {
+            let mut e = SkewEstimator::default();
+            feed(&mut e, T0, T0 + 60_000, 1_000, 0, 20);
+            // Ten minutes buffered (one reading a second), then sent one every `send_every` ms.
+            for i in 0..600i64 {
+                let s = e.observe(T0 + 660_000 + i * send_every, T0 + 60_000 + i * 1_000, 32);
+                assert_ne!(s, Sample::Reset, "every {send_every} ms: sample {i}");
+            }
+            assert_eq!(e.estimate(), Some(20));
+        }
     }
 
     #[test]
