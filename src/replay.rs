@@ -192,7 +192,7 @@ impl<R: BufRead> Input<R> {
 pub struct Options<'a> {
     /// Capture file.
     pub input: &'a Path,
-    /// Output file; standard output when None (memory mode only).
+    /// Output file (appended to in durable mode); standard output when None.
     pub output: Option<&'a Path>,
     /// Virtual time to keep ticking past the last record.
     pub drain_ms: Millis,
@@ -324,7 +324,8 @@ fn trim_partial_line(f: &mut File) -> std::io::Result<()> {
 struct Durable<'a> {
     cfg: &'a Config,
     store: Store,
-    out: File,
+    /// The output file; standard output when None.
+    out: Option<File>,
     pos: Position,
     /// Outbox entries written to the output file, not yet removed from the outbox.
     delivered: Option<u64>,
@@ -356,11 +357,19 @@ impl Durable<'_> {
                 .map_err(|err| io("rendering output")(err.into()))?;
                 buf.push(b'\n');
             }
-            self.out.write_all(&buf).map_err(io("writing output"))?;
+            match &mut self.out {
+                Some(f) => f.write_all(&buf),
+                None => std::io::stdout().lock().write_all(&buf),
+            }
+            .map_err(io("writing output"))?;
             self.summary.outputs += batch.len() as u64;
             self.delivered = Some(last);
         }
-        self.out.sync_data().map_err(io("syncing output"))?;
+        match &mut self.out {
+            Some(f) => f.sync_data(),
+            None => std::io::stdout().lock().flush(),
+        }
+        .map_err(io("syncing output"))?;
         Ok(())
     }
 
@@ -404,12 +413,6 @@ fn run_durable(
     dir: &Path,
     drain_ms: Millis,
 ) -> Result<(Engine, Summary), ReplayError> {
-    let output = output.ok_or_else(|| {
-        io("--state-dir")(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "needs --output (outputs are appended to it across restarts)",
-        ))
-    })?;
     let (store, snap) = Store::open(dir, cfg.outbox_max_messages)?;
     let pos: Position = match snap.meta.get(K_REPLAY) {
         Some(b) => ciborium::de::from_reader(&b[..]).map_err(|e| StoreError::Corrupt {
@@ -421,13 +424,19 @@ fn run_durable(
     };
     let mut engine = Engine::new(cfg);
     engine.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
-    let mut out = OpenOptions::new()
-        .create(true)
-        .read(true)
-        .append(true)
-        .open(output)
-        .map_err(io(format!("opening {}", output.display())))?;
-    trim_partial_line(&mut out).map_err(io(format!("repairing {}", output.display())))?;
+    let out = match output {
+        Some(path) => {
+            let mut f = OpenOptions::new()
+                .create(true)
+                .read(true)
+                .append(true)
+                .open(path)
+                .map_err(io(format!("opening {}", path.display())))?;
+            trim_partial_line(&mut f).map_err(io(format!("repairing {}", path.display())))?;
+            Some(f)
+        }
+        None => None,
+    };
     let mut d = Durable {
         cfg,
         store,
