@@ -21,20 +21,36 @@ use crate::model::Millis;
 use crate::output::{Output, PayloadRef};
 use crate::store::{OutboxEntry, Store, StoreError};
 
-/// One capture line.
+/// One capture line. Unknown fields (e.g. `qos` from another recorder) are ignored.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Record<'a> {
     /// Gateway wall clock at arrival, epoch ms.
+    #[serde(deserialize_with = "epoch_ms")]
     pub arrival: Millis,
     /// MQTT topic.
     pub topic: String,
-    /// Payload as JSON (its exact text is the payload).
-    #[serde(borrow, default)]
+    /// Payload as JSON (its exact text is the payload, even `null` or a non-object).
+    #[serde(borrow, default, deserialize_with = "raw_present")]
     pub payload: Option<&'a RawValue>,
     /// Raw payload bytes, base64.
     #[serde(default)]
     pub payload_b64: Option<String>,
+}
+
+fn raw_present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+#[allow(clippy::cast_possible_truncation)]
+fn epoch_ms<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Millis, D::Error> {
+    let n = serde_json::Number::deserialize(d)?;
+    n.as_i64()
+        .or_else(|| {
+            n.as_f64()
+                .filter(|f| f.is_finite() && f.abs() < 9e15)
+                .map(|f| f.round() as i64)
+        })
+        .ok_or_else(|| serde::de::Error::custom(format_args!("arrival {n} is not an epoch in ms")))
 }
 
 #[derive(Serialize)]

@@ -98,3 +98,46 @@ fn a_malformed_capture_line_is_a_clear_error_naming_the_line() {
     assert_eq!(r.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&r.stderr).contains("input line 2"));
 }
+
+#[test]
+fn hostile_payloads_in_a_capture_are_rejected_outputs_not_replay_failures() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("hostile.jsonl");
+    let lines = [
+        r#"{"arrival":1764480000000.0,"topic":"sensors/g/d/reading","payload":null,"qos":1}"#,
+        r#"{"arrival":1764480000100,"topic":"sensors/g/d/reading","payload":"text"}"#,
+        r#"{"arrival":1764480000200,"topic":"sensors/g/d/reading","payload":[1,{"a":[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]}]}"#,
+        r#"{"arrival":1764480000300,"topic":"sensors/g/d/reading","payload_b64":"AAECAwQF"}"#,
+        r#"{"arrival":1764480000400,"topic":"sensors/+/d/reading","payload":{"ts":1764480000400}}"#,
+        r#"{"arrival":1764480000500,"topic":"sensors/g/d\u0000/reading","payload":{"ts":1764480000500}}"#,
+    ];
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    let r = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args(["replay", "--config", &data("replay.toml"), "--input"])
+        .arg(&input)
+        .output()
+        .unwrap();
+    assert_eq!(
+        r.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    let out = String::from_utf8(r.stdout).unwrap();
+    let reasons: Vec<String> = out
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .map(|v| v["payload"]["reason"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            "decode_error",
+            "decode_error",
+            "decode_error",
+            "decode_error",
+            "bad_topic",
+            "bad_topic"
+        ]
+    );
+}
