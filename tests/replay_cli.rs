@@ -103,10 +103,14 @@ fn a_malformed_capture_line_is_a_clear_error_naming_the_line() {
 fn hostile_payloads_in_a_capture_are_rejected_outputs_not_replay_failures() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("hostile.jsonl");
-    let lines = [
+    let lines: [&str; 6] = [
         r#"{"arrival":1764480000000.0,"topic":"sensors/g/d/reading","payload":null,"qos":1}"#,
         r#"{"arrival":1764480000100,"topic":"sensors/g/d/reading","payload":"text"}"#,
-        r#"{"arrival":1764480000200,"topic":"sensors/g/d/reading","payload":[1,{"a":[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]}]}"#,
+        &format!(
+            r#"{{"arrival":1764480000200,"topic":"sensors/g/d/reading","payload":{{"a":{}1{}}}}}"#,
+            "[".repeat(40),
+            "]".repeat(40)
+        ),
         r#"{"arrival":1764480000300,"topic":"sensors/g/d/reading","payload_b64":"AAECAwQF"}"#,
         r#"{"arrival":1764480000400,"topic":"sensors/+/d/reading","payload":{"ts":1764480000400}}"#,
         r#"{"arrival":1764480000500,"topic":"sensors/g/d\u0000/reading","payload":{"ts":1764480000500}}"#,
