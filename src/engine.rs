@@ -459,14 +459,14 @@ impl Engine {
         if event > now.wall.saturating_add(self.time.max_future_ms) {
             let detail = format!(
                 "event time {event} is {} ms ahead of the gateway clock",
-                event - now.wall
+                event.saturating_sub(now.wall)
             );
             return self.reject(out, Reason::Future, topic, ids, now, detail);
         }
         if event < now.wall.saturating_sub(self.time.max_age_ms) {
             let detail = format!(
                 "event time {event} is {} ms behind the gateway clock",
-                now.wall - event
+                now.wall.saturating_sub(event)
             );
             return self.reject(out, Reason::TooOld, topic, ids, now, detail);
         }
@@ -647,13 +647,14 @@ impl Engine {
             .members
             .iter()
             .map(|&d| &self.devices[d as usize].state)
-            .filter(|d| now.mono - d.last_arrival < c.idle_timeout_ms)
+            .filter(|d| now.mono.saturating_sub(d.last_arrival) < c.idle_timeout_ms)
             .filter_map(|d| d.max_event)
             .min();
         let candidate = match (active, g.state.max_event) {
             (Some(m), _) => Some(m - c.out_of_orderness_ms),
             (None, Some(max)) => Some(
-                max + (now.mono - g.state.last_arrival) - c.idle_timeout_ms - c.out_of_orderness_ms,
+                max.saturating_add(now.mono.saturating_sub(g.state.last_arrival))
+                    .saturating_sub(c.idle_timeout_ms + c.out_of_orderness_ms),
             ),
             (None, None) => None,
         };
@@ -719,7 +720,9 @@ impl Engine {
                 if d.offline {
                     offline += 1;
                 }
-                if now.mono - d.last_arrival < g.cfg.idle_timeout_ms && d.max_event.is_some() {
+                if now.mono.saturating_sub(d.last_arrival) < g.cfg.idle_timeout_ms
+                    && d.max_event.is_some()
+                {
                     active += 1;
                 } else {
                     idle += 1;

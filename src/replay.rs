@@ -167,6 +167,9 @@ pub fn payload_bytes(r: &Record<'_>) -> Result<Vec<u8>, String> {
     }
 }
 
+/// Largest arrival accepted in a capture (year 2255): keeps virtual-clock arithmetic in range.
+const MAX_ARRIVAL: Millis = 9_000_000_000_000;
+
 /// Reads capture lines, remembering the byte offset after each.
 struct Input<R: BufRead> {
     r: R,
@@ -198,6 +201,12 @@ impl<R: BufRead> Input<R> {
             };
             let rec: Record<'_> =
                 serde_json::from_str(&self.line).map_err(|e| bad(e.to_string()))?;
+            if !(0..=MAX_ARRIVAL).contains(&rec.arrival) {
+                return Err(bad(format!(
+                    "arrival {} is outside 0..={MAX_ARRIVAL}",
+                    rec.arrival
+                )));
+            }
             let bytes = payload_bytes(&rec).map_err(bad)?;
             return Ok(Some((rec.arrival, rec.topic, bytes)));
         }
