@@ -149,7 +149,6 @@ pub struct Engine {
     counters: Counters,
     dirty_groups: Vec<u32>,
     dirty_devices: Vec<u32>,
-    counters_dirty: bool,
     /// The gateway wall clock is implausible: processing time is held.
     clock_held: bool,
     /// Reused decode buffer (boxed: moved in and out without copying).
@@ -176,7 +175,6 @@ impl Engine {
             counters: Counters::default(),
             dirty_groups: Vec::new(),
             dirty_devices: Vec::new(),
-            counters_dirty: false,
             clock_held: false,
             scratch: Some(Box::default()),
         }
@@ -214,7 +212,6 @@ impl Engine {
         }
         self.dirty_groups.clear();
         self.dirty_devices.clear();
-        self.counters_dirty = false;
     }
 
     /// Restarts idleness clocks (gateway start, source reconnect): nothing is
@@ -284,7 +281,6 @@ impl Engine {
         }
         let from = self.persisted_names;
         self.persisted_names = self.metric_names.len();
-        self.counters_dirty = false;
         Dirty {
             groups: std::mem::take(&mut self.dirty_groups),
             devices: std::mem::take(&mut self.dirty_devices),
@@ -414,7 +410,6 @@ impl Engine {
         out: &mut Vec<Output>,
     ) {
         self.counters.received += 1;
-        self.counters_dirty = true;
         let parts = match self.pattern.parse_topic(topic) {
             Ok(p) => p,
             Err(e) => return self.reject(out, Reason::BadTopic, topic, None, now, e.to_string()),
