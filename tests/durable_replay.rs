@@ -30,6 +30,40 @@ fn replay_args(dir: &Path, extra: &[&str]) -> Vec<String> {
     v
 }
 
+/// A temp dir with the config and a synthetic capture of `devices` × `seconds`.
+fn setup(devices: usize, seconds: i64) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("c.toml"), CONFIG).unwrap();
+    std::fs::write(
+        dir.path().join("capture.jsonl"),
+        common::synthetic_capture(devices, seconds),
+    )
+    .unwrap();
+    dir
+}
+
+/// Runs `replay --state-dir state --output out` to completion.
+fn durable_replay(dir: &Path, state: &Path, out: &Path) {
+    let r = tidemark()
+        .args(replay_args(
+            dir,
+            &[
+                "--state-dir",
+                state.to_str().unwrap(),
+                "--output",
+                out.to_str().unwrap(),
+            ],
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(
+        r.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+}
+
 /// Window results by id, and every other output line.
 fn parse(text: &str) -> (BTreeMap<String, String>, BTreeSet<String>) {
     let mut windows = BTreeMap::new();
@@ -53,13 +87,7 @@ fn parse(text: &str) -> (BTreeMap<String, String>, BTreeSet<String>) {
 
 #[test]
 fn kill_9_at_random_moments_loses_nothing_and_changes_no_result() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("c.toml"), CONFIG).unwrap();
-    std::fs::write(
-        dir.path().join("capture.jsonl"),
-        common::synthetic_capture(60, 600),
-    )
-    .unwrap();
+    let dir = setup(60, 600);
 
     let reference = dir.path().join("reference.jsonl");
     let r = tidemark()
@@ -88,24 +116,7 @@ fn kill_9_at_random_moments_loses_nothing_and_changes_no_result() {
     // An uncrashed durable run gives exactly the in-memory output.
     let state = dir.path().join("state-clean");
     let clean = dir.path().join("clean.jsonl");
-    let r = tidemark()
-        .args(replay_args(
-            dir.path(),
-            &[
-                "--state-dir",
-                state.to_str().unwrap(),
-                "--output",
-                clean.to_str().unwrap(),
-            ],
-        ))
-        .output()
-        .unwrap();
-    assert_eq!(
-        r.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&r.stderr)
-    );
+    durable_replay(dir.path(), &state, &clean);
     assert_eq!(
         std::fs::read(&clean).unwrap(),
         std::fs::read(&reference).unwrap()
@@ -199,33 +210,10 @@ fn kill_9_at_random_moments_loses_nothing_and_changes_no_result() {
 
 #[test]
 fn inspect_shows_watermarks_devices_and_outbox() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("c.toml"), CONFIG).unwrap();
-    std::fs::write(
-        dir.path().join("capture.jsonl"),
-        common::synthetic_capture(6, 120),
-    )
-    .unwrap();
+    let dir = setup(6, 120);
     let state = dir.path().join("state");
     let out = dir.path().join("out.jsonl");
-    let r = tidemark()
-        .args(replay_args(
-            dir.path(),
-            &[
-                "--state-dir",
-                state.to_str().unwrap(),
-                "--output",
-                out.to_str().unwrap(),
-            ],
-        ))
-        .output()
-        .unwrap();
-    assert_eq!(
-        r.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&r.stderr)
-    );
+    durable_replay(dir.path(), &state, &out);
     let r = tidemark()
         .args(["inspect", "--state-dir", state.to_str().unwrap(), "--json"])
         .output()
@@ -268,13 +256,7 @@ fn inspect_shows_watermarks_devices_and_outbox() {
 
 #[test]
 fn corrupt_or_foreign_state_file_is_a_clear_error_and_is_left_alone() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("c.toml"), CONFIG).unwrap();
-    std::fs::write(
-        dir.path().join("capture.jsonl"),
-        common::synthetic_capture(2, 10),
-    )
-    .unwrap();
+    let dir = setup(2, 10);
     let state = dir.path().join("state");
     std::fs::create_dir_all(&state).unwrap();
     let file = state.join("tidemark.redb");
