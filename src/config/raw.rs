@@ -1,0 +1,374 @@
+//! The configuration as written: embedded defaults and the serde structs that
+//! mirror the TOML file key for key (`deny_unknown_fields`, a `///` per key).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// SPEC defaults; the bottom layer of every configuration.
+pub const DEFAULTS: &str = r#"
+[gateway]
+state_dir = "/var/lib/tidemark"
+commit_interval_ms = 50
+tick_interval_ms = 200
+
+[broker]
+embedded = false
+listen = "127.0.0.1:1883"
+
+[source]
+url = "mqtt://127.0.0.1:1883"
+protocol = "v5"
+client_id = ""
+username = ""
+password_file = ""
+ca_file = ""
+qos = 1
+topics = ["sensors/+/+/+"]
+topic_pattern = "sensors/{group}/{device}/{kind}"
+
+[payload]
+format = "auto"
+timestamp_field = "ts"
+timestamp_unit = "auto"
+seq_field = "seq"
+
+[time]
+policy = "calibrated"
+min_valid_epoch_ms = 1577836800000
+invalid = "arrival"
+max_skew_ms = 300000
+skew_window = 32
+max_future_ms = 5000
+max_age_ms = 86400000
+
+[group_defaults]
+out_of_orderness_ms = 2000
+idle_timeout_ms = 30000
+heartbeat_timeout_ms = 60000
+allowed_lateness_ms = 30000
+
+[sink]
+url = "mqtt://127.0.0.1:1883"
+client_id = ""
+username = ""
+password_file = ""
+ca_file = ""
+qos = 1
+topic_prefix = "tidemark/{gateway}"
+format = "json"
+outbox_max_messages = 1000000
+
+[metrics]
+interval_s = 10
+
+[log]
+level = "info"
+format = "text"
+"#;
+
+/// Upper bound of `time.skew_window` (buckets kept inline per device).
+pub const MAX_SKEW_WINDOW: u64 = 64;
+
+/// The whole file as written by the user, after layering.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// Identity and local state of this gateway.
+    pub gateway: RawGateway,
+    /// Optional embedded MQTT broker.
+    pub broker: RawBroker,
+    /// The site broker the sensors publish to.
+    pub source: RawSource,
+    /// How sensor payloads are decoded.
+    pub payload: RawPayload,
+    /// How event time is derived and sanity-checked.
+    pub time: RawTime,
+    /// Watermark and window settings applied to every group.
+    pub group_defaults: RawGroupDefaults,
+    /// Per-group overrides of `group_defaults`, keyed by group name.
+    #[serde(default)]
+    pub groups: BTreeMap<String, RawGroupOverride>,
+    /// The upstream broker results are published to.
+    pub sink: RawSink,
+    /// Periodic gateway metrics.
+    pub metrics: RawMetrics,
+    /// Logging.
+    pub log: RawLog,
+}
+
+/// `[gateway]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawGateway {
+    /// Required: `[A-Za-z0-9_-]{1,64}`; appears in topics and client ids.
+    pub id: Option<String>,
+    /// Directory of the redb database (`state_dir/tidemark.redb`).
+    pub state_dir: PathBuf,
+    /// Group-commit period of the state store.
+    pub commit_interval_ms: u64,
+    /// Processing-time tick: idleness, watermarks, firing.
+    pub tick_interval_ms: u64,
+}
+
+/// `[broker]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBroker {
+    /// Run an MQTT broker inside the gateway so sensors may connect to it.
+    pub embedded: bool,
+    /// Listen address of the embedded broker.
+    pub listen: String,
+}
+
+/// `[source]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSource {
+    /// `mqtt://host[:port]` or `mqtts://host[:port]`.
+    pub url: String,
+    /// MQTT protocol version.
+    pub protocol: Protocol,
+    /// Fixed client id so the broker keeps the session; default `tidemark-{id}-in`.
+    pub client_id: String,
+    /// Optional user name.
+    pub username: String,
+    /// The password is read from this file, never from the main config.
+    pub password_file: String,
+    /// Extra CA certificate (PEM) for mqtts; system roots otherwise.
+    pub ca_file: String,
+    /// Subscription QoS; 1 acknowledges only after the state is committed.
+    pub qos: u8,
+    /// Topic filters to subscribe to.
+    pub topics: Vec<String>,
+    /// Where group, device and kind sit in a topic.
+    pub topic_pattern: String,
+}
+
+/// `[payload]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPayload {
+    /// Payload encoding.
+    pub format: PayloadFormat,
+    /// Field holding the device timestamp.
+    pub timestamp_field: String,
+    /// Unit of numeric timestamps.
+    pub timestamp_unit: TimestampUnit,
+    /// Optional per-device sequence number field ("" disables duplicate suppression).
+    pub seq_field: String,
+}
+
+/// `[time]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTime {
+    /// Where event time comes from.
+    pub policy: TimePolicy,
+    /// Device clocks below this epoch (an RTC reset) are invalid.
+    pub min_valid_epoch_ms: i64,
+    /// What to do with a missing or invalid device timestamp.
+    pub invalid: InvalidPolicy,
+    /// Estimated device offsets beyond this distrust the device clock.
+    pub max_skew_ms: u64,
+    /// One-second buckets kept per device by the offset estimator.
+    pub skew_window: u64,
+    /// Event times later than now + this are rejected.
+    pub max_future_ms: u64,
+    /// Event times earlier than now - this are rejected.
+    pub max_age_ms: u64,
+}
+
+/// `[group_defaults]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawGroupDefaults {
+    /// Bounded disorder tolerated before the watermark passes an event.
+    pub out_of_orderness_ms: u64,
+    /// A device silent this long no longer holds its group back.
+    pub idle_timeout_ms: u64,
+    /// A device whose last event is this far behind the watermark is offline.
+    pub heartbeat_timeout_ms: u64,
+    /// How long after firing a window still accepts events (as revisions).
+    pub allowed_lateness_ms: u64,
+    /// Window shape.
+    #[serde(default = "default_window")]
+    pub window: RawWindow,
+}
+
+/// `[groups.NAME]`: any key of `[group_defaults]`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawGroupOverride {
+    /// Overrides `group_defaults.out_of_orderness_ms`.
+    pub out_of_orderness_ms: Option<u64>,
+    /// Overrides `group_defaults.idle_timeout_ms`.
+    pub idle_timeout_ms: Option<u64>,
+    /// Overrides `group_defaults.heartbeat_timeout_ms`.
+    pub heartbeat_timeout_ms: Option<u64>,
+    /// Overrides `group_defaults.allowed_lateness_ms`.
+    pub allowed_lateness_ms: Option<u64>,
+    /// Overrides `group_defaults.window` as a whole.
+    pub window: Option<RawWindow>,
+}
+
+/// `window = { kind = "...", ... }`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawWindow {
+    /// `tumbling`, `hopping` or `session`.
+    pub kind: WindowKind,
+    /// Window length (tumbling, hopping).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size_ms: Option<u64>,
+    /// Distance between hopping window starts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slide_ms: Option<u64>,
+    /// Inactivity gap closing a session.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gap_ms: Option<u64>,
+}
+
+fn default_window() -> RawWindow {
+    RawWindow {
+        kind: WindowKind::Tumbling,
+        size_ms: Some(60_000),
+        slide_ms: None,
+        gap_ms: None,
+    }
+}
+
+/// `[sink]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSink {
+    /// `mqtt://host[:port]` or `mqtts://host[:port]`.
+    pub url: String,
+    /// Fixed client id; default `tidemark-{id}-out`.
+    pub client_id: String,
+    /// Optional user name.
+    pub username: String,
+    /// The password is read from this file.
+    pub password_file: String,
+    /// Extra CA certificate (PEM) for mqtts.
+    pub ca_file: String,
+    /// Publish QoS; 1 keeps outputs in the outbox until acknowledged.
+    pub qos: u8,
+    /// Prefix of every output topic; `{gateway}` is replaced by the id.
+    pub topic_prefix: String,
+    /// Output encoding.
+    pub format: SinkFormat,
+    /// Store-and-forward bound; beyond it the oldest outputs are dropped and counted.
+    pub outbox_max_messages: u64,
+}
+
+/// `[metrics]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMetrics {
+    /// Period of `{prefix}/metrics`.
+    pub interval_s: u64,
+}
+
+/// `[log]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLog {
+    /// Filter directive (`info`, `tidemark=debug`...); `RUST_LOG` wins.
+    pub level: String,
+    /// Log line format.
+    pub format: LogFormat,
+}
+
+/// MQTT protocol version of the source connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// MQTT 5.
+    V5,
+    /// MQTT 3.1.1.
+    V311,
+}
+
+/// Payload encoding of sensor messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PayloadFormat {
+    /// JSON object.
+    Json,
+    /// CBOR map.
+    Cbor,
+    /// CBOR if the first byte is a CBOR map header, else JSON.
+    Auto,
+}
+
+/// Unit of numeric device timestamps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TimestampUnit {
+    /// Seconds.
+    S,
+    /// Milliseconds.
+    Ms,
+    /// Microseconds.
+    Us,
+    /// Nanoseconds.
+    Ns,
+    /// By magnitude.
+    Auto,
+}
+
+/// Source of event time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TimePolicy {
+    /// Device time corrected by the estimated clock offset.
+    Calibrated,
+    /// Device time as sent.
+    Device,
+    /// Gateway arrival time.
+    Arrival,
+}
+
+/// Handling of missing or invalid device timestamps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InvalidPolicy {
+    /// Use arrival time.
+    Arrival,
+    /// Reject (`invalid_timestamp`).
+    Reject,
+}
+
+/// Window kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WindowKind {
+    /// Fixed, epoch-aligned, non-overlapping.
+    Tumbling,
+    /// Fixed size, starting every `slide_ms`.
+    Hopping,
+    /// Closed by an inactivity gap.
+    Session,
+}
+
+/// Output encoding upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SinkFormat {
+    /// JSON.
+    Json,
+    /// CBOR.
+    Cbor,
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable text.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
