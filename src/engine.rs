@@ -16,6 +16,7 @@ use crate::output::{
 };
 use crate::time::seq::SeqWindow;
 use crate::time::skew::SkewEstimator;
+use crate::time::watermark;
 use crate::time::window::{self, MetricIdx, Window};
 use crate::topic::TopicPattern;
 
@@ -634,29 +635,23 @@ impl Engine {
         }
     }
 
-    /// SPEC §5: min over non-idle members, or processing-time advance when all are idle.
+    /// SPEC §5, via the pure fold in [`watermark`].
     fn group_watermark(&self, gi: usize, now: Now) -> Option<Millis> {
         let g = &self.groups[gi];
-        let c = &g.cfg;
-        let active = g
-            .members
-            .iter()
-            .map(|&d| &self.devices[d as usize].state)
-            .filter(|d| now.mono.saturating_sub(d.last_arrival) < c.idle_timeout_ms)
-            .filter_map(|d| d.max_event)
-            .min();
-        let candidate = match (active, g.state.max_event) {
-            (Some(m), _) => Some(m - c.out_of_orderness_ms),
-            (None, Some(max)) => Some(
-                max.saturating_add(now.mono.saturating_sub(g.state.last_arrival))
-                    .saturating_sub(c.idle_timeout_ms + c.out_of_orderness_ms),
-            ),
-            (None, None) => None,
+        let members = g.members.iter().map(|&d| {
+            let d = &self.devices[d as usize].state;
+            watermark::Member {
+                max_event: d.max_event,
+                last_arrival: d.last_arrival,
+            }
+        });
+        let clock = watermark::GroupClock {
+            max_event: g.state.max_event,
+            last_arrival: g.state.last_arrival,
+            idle_timeout_ms: g.cfg.idle_timeout_ms,
+            out_of_orderness_ms: g.cfg.out_of_orderness_ms,
         };
-        match (g.state.wm, candidate) {
-            (Some(p), Some(c)) => Some(p.max(c)),
-            (p, c) => p.or(c),
-        }
+        watermark::fold(g.state.wm, members, clock, now.mono)
     }
 
     fn close_device(&mut self, gi: usize, di: usize, wm: Millis, now: Now, out: &mut Vec<Output>) {

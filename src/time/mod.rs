@@ -1,6 +1,7 @@
 //! The pure event-time building blocks: clock-offset estimation, duplicate
-//! suppression and windows. No I/O, no clock reads: time is passed in.
+//! suppression, the group watermark fold and windows. No I/O, no clock reads: time is passed in.
 
 pub mod seq;
 pub mod skew;
+pub mod watermark;
 pub mod window;
