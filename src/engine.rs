@@ -37,6 +37,10 @@ impl Now {
     }
 }
 
+/// Devices tracked at most (memory bound on a small board against runaway or
+/// hostile topics); a message from a device beyond it is rejected `bad_topic`.
+pub const MAX_DEVICES: usize = 100_000;
+
 /// Distinct metric names remembered; beyond this a new name is a decode error.
 pub const MAX_METRIC_NAMES: usize = 4096;
 
@@ -430,6 +434,14 @@ impl Engine {
                 };
                 let _ = metrics.push((m, *v));
             }
+        }
+        if self.devices.len() >= MAX_DEVICES
+            && !self
+                .device_index
+                .contains_key(&(parts.group.clone(), parts.device.clone()))
+        {
+            let detail = format!("device limit of {MAX_DEVICES} reached; new device not tracked");
+            return self.reject(out, Reason::BadTopic, topic, ids, now, detail);
         }
         let di = self.device_slot(&parts.group, &parts.device);
         if let Some(seq) = decoded.seq

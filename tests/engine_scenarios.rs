@@ -458,3 +458,36 @@ fn implausible_gateway_clock_holds_processing_time() {
     assert!(!sim.engine.clock_held());
     assert!(sim.engine.watermark("g").is_some());
 }
+
+#[test]
+fn devices_beyond_the_limit_are_rejected_visibly_and_known_ones_keep_working() {
+    use tidemark::engine::MAX_DEVICES;
+    let mut sim = Sim::new("[time]\npolicy = \"arrival\"\n", T0);
+    let payload = b"{\"temp\": 1}";
+    for d in 0..MAX_DEVICES {
+        sim.engine.on_message(
+            &format!("sensors/g/d{d}/reading"),
+            payload,
+            Now::at(T0 + 1),
+            &mut sim.out,
+        );
+    }
+    sim.out.clear();
+    sim.engine.on_message(
+        "sensors/g/one-too-many/reading",
+        payload,
+        Now::at(T0 + 2),
+        &mut sim.out,
+    );
+    sim.engine.on_message(
+        "sensors/g/d7/reading",
+        payload,
+        Now::at(T0 + 3),
+        &mut sim.out,
+    );
+    let r = sim.rejected();
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].reason, Reason::BadTopic);
+    assert!(r[0].detail.contains("device limit"));
+    assert_eq!(sim.engine.counters().accepted, MAX_DEVICES as u64 + 1);
+}
