@@ -710,39 +710,6 @@ impl Engine {
             self.mark_device(di);
         }
     }
-
-    /// A snapshot for `P/metrics` (without counters of the outbox, which the runtime adds).
-    pub fn group_metrics(&self, now: Now) -> serde_json::Map<String, serde_json::Value> {
-        let mut m = serde_json::Map::new();
-        for &gi in &self.group_order {
-            let g = &self.groups[gi as usize];
-            let (mut active, mut idle, mut offline) = (0u64, 0u64, 0u64);
-            for &d in &g.members {
-                let d = &self.devices[d as usize].state;
-                if d.offline {
-                    offline += 1;
-                }
-                if now.mono.saturating_sub(d.last_arrival) < g.cfg.idle_timeout_ms
-                    && d.max_event.is_some()
-                {
-                    active += 1;
-                } else {
-                    idle += 1;
-                }
-            }
-            m.insert(
-                g.state.name.to_string(),
-                serde_json::json!({
-                    "watermark": g.state.wm,
-                    "lag_ms": g.state.wm.map(|w| now.wall - w),
-                    "devices_active": active,
-                    "devices_idle": idle,
-                    "devices_offline": offline,
-                }),
-            );
-        }
-        m
-    }
 }
 
 fn window_result(

@@ -259,3 +259,81 @@ impl Serialize for PayloadRef<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn build_window() -> Output {
+        let mut metrics = BTreeMap::new();
+        metrics.insert(
+            MetricName::try_from("temp").unwrap(),
+            MetricOut {
+                count: 2,
+                sum: 43.0,
+                min: 21.0,
+                max: 22.0,
+                mean: 21.5,
+                first: 21.0,
+                last: 22.0,
+            },
+        );
+        Output::Window(WindowResult {
+            id: "g/d/60000/1".into(),
+            gateway: Id::try_from("gw").unwrap(),
+            group: Id::try_from("g").unwrap(),
+            device: Id::try_from("d").unwrap(),
+            start: 60_000,
+            end: 120_000,
+            revision: 1,
+            count: 2,
+            heartbeats: 0,
+            metrics,
+        })
+    }
+
+    #[test]
+    fn window_result_has_the_contract_topic_and_fields_in_both_formats() {
+        let o = build_window();
+        assert_eq!(o.topic("tidemark/gw"), "tidemark/gw/windows/g/d");
+        assert!(!o.retain());
+        let json: serde_json::Value = serde_json::from_slice(&o.encode(SinkFormat::Json)).unwrap();
+        let cbor: serde_json::Value =
+            ciborium::de::from_reader(&o.encode(SinkFormat::Cbor)[..]).unwrap();
+        assert_eq!(json, cbor);
+        assert_eq!(json["id"], "g/d/60000/1");
+        assert_eq!(json["metrics"]["temp"]["mean"], 21.5);
+        let keys: Vec<&str> = json
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        for k in [
+            "id",
+            "gateway",
+            "group",
+            "device",
+            "start",
+            "end",
+            "revision",
+            "count",
+            "heartbeats",
+            "metrics",
+        ] {
+            assert!(keys.contains(&k), "{k} missing");
+        }
+    }
+
+    #[test]
+    fn status_is_a_retained_bare_string() {
+        let o = Output::Status {
+            group: Id::try_from("g").unwrap(),
+            device: Id::try_from("d").unwrap(),
+            online: false,
+        };
+        assert_eq!(o.topic("p"), "p/status/g/d");
+        assert!(o.retain());
+        assert_eq!(o.encode(SinkFormat::Json), b"\"offline\"");
+    }
+}
