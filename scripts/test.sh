@@ -2,4 +2,4 @@
 # The project's test command (README, CI). Installs what the tests need, then runs them all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo test --locked --all-targets -- --include-ignored
+cargo test --locked -- --include-ignored
