@@ -491,3 +491,49 @@ fn devices_beyond_the_limit_are_rejected_visibly_and_known_ones_keep_working() {
     assert!(r[0].detail.contains("device limit"));
     assert_eq!(sim.engine.counters().accepted, MAX_DEVICES as u64 + 1);
 }
+
+#[test]
+fn corrected_clock_raises_clock_ok_once_and_forward_step_is_distrusted() {
+    let mut sim = Sim::new("", T0);
+    // 17 minutes fast from the start: distrusted, arrival time used.
+    for k in 0..30 {
+        let t = T0 + k * 1000 + 500;
+        sim.reading(t + 20, "g", "d", t + 17 * MIN, 1.0);
+    }
+    // NTP fixes the device clock.
+    for k in 30..60 {
+        let t = T0 + k * 1000 + 500;
+        sim.reading(t + 20, "g", "d", t, 1.0);
+    }
+    // Later its clock jumps 17 minutes ahead again.
+    for k in 60..120 {
+        let t = T0 + k * 1000 + 500;
+        sim.reading(t + 20, "g", "d", t + 17 * MIN, 1.0);
+    }
+    sim.advance(T0 + 5 * MIN);
+    let skew = sim.alerts(AlertType::ClockSkew);
+    let ok = sim.alerts(AlertType::ClockOk);
+    assert_eq!(skew.len(), 2, "distrusted at first and after the jump");
+    assert_eq!(ok.len(), 1);
+    assert!(
+        ok[0].at - (T0 + 30_520) <= 4_000,
+        "clock_ok after {} ms",
+        ok[0].at - (T0 + 30_520)
+    );
+    assert_eq!(ok[0].offset_ms, Some(20));
+    assert!(skew[1].at - (T0 + 60_520) <= 4_000);
+    // While the jump is being confirmed its readings would be 17 minutes ahead: rejected, not misplaced.
+    let future = sim
+        .rejected()
+        .iter()
+        .filter(|r| r.reason == Reason::Future)
+        .count();
+    assert!(future <= 4, "{future} rejected as future");
+    let counted: u64 = counts_by_start(&sim, "d").iter().map(|c| c.1).sum();
+    assert_eq!(
+        counted + future as u64,
+        120,
+        "every reading is in a window or rejected"
+    );
+    assert_eq!(counts_by_start(&sim, "d")[0], (0, 60));
+}
