@@ -64,6 +64,21 @@ fn durable_replay(dir: &Path, state: &Path, out: &Path) {
     );
 }
 
+/// `tidemark inspect --json` of a state dir, which must succeed.
+fn inspect_json(state: &Path) -> serde_json::Value {
+    let r = tidemark()
+        .args(["inspect", "--json", "--state-dir", state.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(
+        r.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    serde_json::from_slice(&r.stdout).unwrap()
+}
+
 /// Window results by id, and every other output line.
 fn parse(text: &str) -> (BTreeMap<String, String>, BTreeSet<String>) {
     let mut windows = BTreeMap::new();
@@ -173,17 +188,7 @@ fn kill_9_at_random_moments_loses_nothing_and_changes_no_result() {
                     // Inspect works on a crashed state without touching it.
                     let file = state.join("tidemark.redb");
                     let before = std::fs::read(&file).unwrap();
-                    let r = tidemark()
-                        .args(["inspect", "--json", "--state-dir", state.to_str().unwrap()])
-                        .output()
-                        .unwrap();
-                    assert_eq!(
-                        r.status.code(),
-                        Some(0),
-                        "{}",
-                        String::from_utf8_lossy(&r.stderr)
-                    );
-                    let v: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+                    let v = inspect_json(&state);
                     assert!(v["counters"]["received"].as_u64().unwrap() > 0);
                     assert!(
                         std::fs::read(&file).unwrap() == before,
@@ -214,17 +219,7 @@ fn inspect_shows_watermarks_devices_and_outbox() {
     let state = dir.path().join("state");
     let out = dir.path().join("out.jsonl");
     durable_replay(dir.path(), &state, &out);
-    let r = tidemark()
-        .args(["inspect", "--state-dir", state.to_str().unwrap(), "--json"])
-        .output()
-        .unwrap();
-    assert_eq!(
-        r.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&r.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+    let v = inspect_json(&state);
     let groups: Vec<&str> = v["groups"]
         .as_array()
         .unwrap()
