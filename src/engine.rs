@@ -4,7 +4,7 @@
 //! mark the state they changed; they never touch a socket, a file or a clock.
 //! `run`, `replay` and the tests drive this same code.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -141,7 +141,9 @@ pub struct Engine {
     pattern: TopicPattern,
     decoder: Decoder,
     time: TimeConfig,
-    cfg: Config,
+    /// Settings of groups without an override, and the overrides.
+    group_defaults: GroupConfig,
+    group_overrides: BTreeMap<String, GroupConfig>,
     groups: Vec<GroupSlot>,
     group_index: HashMap<Id, u32>,
     /// Group indexes sorted by name.
@@ -168,7 +170,8 @@ impl Engine {
             pattern: cfg.topic_pattern.clone(),
             decoder: Decoder::new(&cfg.payload),
             time: cfg.time.clone(),
-            cfg: cfg.clone(),
+            group_defaults: cfg.group_defaults.clone(),
+            group_overrides: cfg.groups.clone(),
             groups: Vec::new(),
             group_index: HashMap::new(),
             group_order: Vec::new(),
@@ -332,7 +335,11 @@ impl Engine {
                 max_event: None,
                 last_arrival: 0,
             },
-            cfg: self.cfg.group(name).clone(),
+            cfg: self
+                .group_overrides
+                .get(name.as_str())
+                .unwrap_or(&self.group_defaults)
+                .clone(),
             members: Vec::new(),
             touched: false,
             dirty: false,
@@ -423,18 +430,6 @@ impl Engine {
         if let Err(e) = self.decoder.decode_into(payload, decoded) {
             return self.reject(out, Reason::DecodeError, topic, ids, now, e.0);
         }
-        let heartbeat = parts.kind == Kind::Heartbeat;
-        let mut metrics: heapless::Vec<(MetricIdx, f64), { crate::codec::MAX_METRICS }> =
-            heapless::Vec::new();
-        if !heartbeat {
-            for (name, v) in &decoded.metrics {
-                let Some(m) = self.intern(name) else {
-                    let detail = format!("more than {MAX_METRIC_NAMES} distinct metric names");
-                    return self.reject(out, Reason::DecodeError, topic, ids, now, detail);
-                };
-                let _ = metrics.push((m, *v));
-            }
-        }
         if self.devices.len() >= MAX_DEVICES
             && !self
                 .device_index
@@ -477,6 +472,19 @@ impl Engine {
                 now.wall.saturating_sub(event)
             );
             return self.reject(out, Reason::TooOld, topic, ids, now, detail);
+        }
+        // Names are interned only for events that reach the windows.
+        let heartbeat = parts.kind == Kind::Heartbeat;
+        let mut metrics: heapless::Vec<(MetricIdx, f64), { crate::codec::MAX_METRICS }> =
+            heapless::Vec::new();
+        if !heartbeat {
+            for (name, v) in &decoded.metrics {
+                let Some(m) = self.intern(name) else {
+                    let detail = format!("more than {MAX_METRIC_NAMES} distinct metric names");
+                    return self.reject(out, Reason::DecodeError, topic, ids, now, detail);
+                };
+                let _ = metrics.push((m, *v));
+            }
         }
         let gi = self.devices[di].group as usize;
         let (wm, spec, lateness) = {

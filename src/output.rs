@@ -217,12 +217,6 @@ impl Output {
         PayloadRef(self)
     }
 
-    /// The payload as a JSON value.
-    pub fn json(&self) -> serde_json::Value {
-        // Every payload is plain data (strings, integers, finite floats).
-        serde_json::to_value(self.payload()).unwrap_or(serde_json::Value::Null)
-    }
-
     /// The payload bytes in the sink format.
     pub fn encode(&self, format: SinkFormat) -> Vec<u8> {
         match format {

@@ -42,9 +42,9 @@ fn setup(devices: usize, seconds: i64) -> tempfile::TempDir {
     dir
 }
 
-/// Runs `replay --state-dir state --output out` to completion.
-fn durable_replay(dir: &Path, state: &Path, out: &Path) {
-    let r = tidemark()
+/// Runs `replay --state-dir state --output out`.
+fn durable_replay_output(dir: &Path, state: &Path, out: &Path) -> std::process::Output {
+    tidemark()
         .args(replay_args(
             dir,
             &[
@@ -55,7 +55,12 @@ fn durable_replay(dir: &Path, state: &Path, out: &Path) {
             ],
         ))
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+/// Runs `replay --state-dir state --output out` to completion.
+fn durable_replay(dir: &Path, state: &Path, out: &Path) {
+    let r = durable_replay_output(dir, state, out);
     assert_eq!(
         r.status.code(),
         Some(0),
@@ -258,18 +263,7 @@ fn corrupt_or_foreign_state_file_is_a_clear_error_and_is_left_alone() {
     let garbage = vec![0x5a; 8192];
     std::fs::write(&file, &garbage).unwrap();
     let out = dir.path().join("out.jsonl");
-    let r = tidemark()
-        .args(replay_args(
-            dir.path(),
-            &[
-                "--state-dir",
-                state.to_str().unwrap(),
-                "--output",
-                out.to_str().unwrap(),
-            ],
-        ))
-        .output()
-        .unwrap();
+    let r = durable_replay_output(dir.path(), &state, &out);
     assert_eq!(r.status.code(), Some(1));
     let err = String::from_utf8_lossy(&r.stderr);
     assert!(err.contains(file.to_str().unwrap()), "{err}");

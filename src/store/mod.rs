@@ -551,6 +551,38 @@ mod tests {
     }
 
     #[test]
+    fn revision_pending_at_commit_is_emitted_after_restore_without_watermark_advance() {
+        let cfg = build_config();
+        let (mut store, _) = Store::in_memory(1000).unwrap();
+        let mut a = Engine::new(&cfg);
+        a.restart_idleness(Now::at(T0));
+        let mut out = Vec::new();
+        feed(&mut a, 0, 70, &mut out);
+        // A late reading within lateness revises the fired first window; commit before the tick.
+        let late = format!(r#"{{"ts": {}, "temp": 9}}"#, T0 + 5_000);
+        let at = T0 + 69_600;
+        a.on_message(
+            "sensors/g0/d0/reading",
+            late.as_bytes(),
+            Now::at(at),
+            &mut out,
+        );
+        store.commit(&mut a, &[], &[], None).unwrap();
+        let snap = read_snapshot(&store.db, store.path()).unwrap();
+        let mut b = Engine::new(&cfg);
+        b.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
+        // Same instant as the last tick: the watermark does not move.
+        let (mut out_a, mut out_b) = (Vec::new(), Vec::new());
+        a.on_tick(Now::at(T0 + 69_500), &mut out_a);
+        b.on_tick(Now::at(T0 + 69_500), &mut out_b);
+        assert!(
+            matches!(&out_a[..], [Output::Window(w)] if w.revision == 1),
+            "{out_a:?}"
+        );
+        assert_eq!(out_a, out_b);
+    }
+
+    #[test]
     fn outbox_is_fifo_bounded_and_counts_what_it_drops() {
         let cfg = build_config();
         let mut e = Engine::new(&cfg);

@@ -68,6 +68,8 @@ pub struct SkewEstimator {
     /// Oldest first; at most `skew_window` entries.
     buckets: heapless::Deque<Bucket, MAX_BUCKETS>,
     candidate: Option<Candidate>,
+    /// Minimum over `buckets`, kept with them (read on every message).
+    est: Option<Millis>,
 }
 
 impl Default for SkewEstimator {
@@ -75,6 +77,7 @@ impl Default for SkewEstimator {
         Self {
             buckets: heapless::Deque::new(),
             candidate: None,
+            est: None,
         }
     }
 }
@@ -82,7 +85,7 @@ impl Default for SkewEstimator {
 impl SkewEstimator {
     /// Current estimate (arrival − device time), if any sample was taken.
     pub fn estimate(&self) -> Option<Millis> {
-        self.buckets.iter().map(|b| b.min).min()
+        self.est
     }
 
     /// Feeds one sample; `window` is `time.skew_window` (1..=64).
@@ -132,23 +135,18 @@ impl SkewEstimator {
 
     fn put(&mut self, arrival: Millis, offset: Millis, window: usize) {
         let sec = arrival.div_euclid(1000);
-        if let Some(last) = self.buckets.back_mut() {
-            if last.sec == sec {
-                last.min = last.min.min(offset);
-                return;
-            }
-            if sec < last.sec {
-                // Arrival time never runs backwards for the gateway's monotonic feed,
-                // but a stepped wall clock may: fold into the newest bucket.
-                last.min = last.min.min(offset);
-                return;
+        match self.buckets.back_mut() {
+            // Same second, or a stepped wall clock running backwards: fold into the newest bucket.
+            Some(last) if sec <= last.sec => last.min = last.min.min(offset),
+            _ => {
+                while self.buckets.len() >= window.clamp(1, MAX_BUCKETS) {
+                    self.buckets.pop_front();
+                }
+                // Capacity is MAX_BUCKETS >= window, so this cannot fail after the pops above.
+                let _ = self.buckets.push_back(Bucket { sec, min: offset });
             }
         }
-        while self.buckets.len() >= window.clamp(1, MAX_BUCKETS) {
-            self.buckets.pop_front();
-        }
-        // Capacity is MAX_BUCKETS >= window, so this cannot fail after the pops above.
-        let _ = self.buckets.push_back(Bucket { sec, min: offset });
+        self.est = self.buckets.iter().map(|b| b.min).min();
     }
 }
 
