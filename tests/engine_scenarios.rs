@@ -537,3 +537,32 @@ fn corrected_clock_raises_clock_ok_once_and_forward_step_is_distrusted() {
     );
     assert_eq!(counts_by_start(&sim, "d")[0], (0, 60));
 }
+
+#[test]
+fn rejected_and_duplicate_messages_do_not_use_up_metric_names() {
+    let mut sim = Sim::new("[time]\npolicy = \"device\"\n", T0);
+    sim.send(
+        T0 + 10,
+        "sensors/g/d/reading",
+        &format!(r#"{{"ts": {}, "seq": 1, "a": 1}}"#, T0 + 3_600_000),
+    );
+    sim.send(
+        T0 + 20,
+        "sensors/g/d/reading",
+        &format!(r#"{{"ts": {T0}, "seq": 1, "b": 1}}"#),
+    );
+    sim.send(
+        T0 + 30,
+        "sensors/g/d/reading",
+        &format!(r#"{{"ts": {T0}, "seq": 2, "c": 1}}"#),
+    );
+    assert_eq!(sim.rejected().len(), 1);
+    assert_eq!(sim.engine.counters().duplicates, 1);
+    let names: Vec<&str> = sim
+        .engine
+        .metric_names()
+        .iter()
+        .map(|n| n.as_str())
+        .collect();
+    assert_eq!(names, vec!["c"]);
+}
