@@ -153,24 +153,38 @@ fn kill_9_at_random_moments_loses_nothing_and_changes_no_result() {
             crashed.to_str().unwrap(),
         ],
     );
+    // Kill moments are relative to measured progress, not wall time: each run is killed once
+    // its output has grown by a random share of the whole (1/60 .. 1/20), so a slow or busy
+    // machine proves the same thing and every run moves the replay forward.
+    let total = std::fs::metadata(&reference).unwrap().len();
     let mut rng: u64 = 0x2545_F491_4F6C_DD1D;
     let mut kills = 0;
     let mut runs = 0;
     loop {
         runs += 1;
-        assert!(runs < 200, "replay never completed");
+        assert!(runs < 400, "replay made no progress");
+        let start_len = std::fs::metadata(&crashed).map_or(0, |m| m.len());
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let grow = total / 60 + rng % (total / 20 - total / 60);
         let mut child = tidemark()
             .args(&args)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        let wait = Duration::from_millis(50 + rng % 400);
-        std::thread::sleep(wait);
-        match child.try_wait().unwrap() {
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            let len = std::fs::metadata(&crashed).map_or(0, |m| m.len());
+            if len >= start_len + grow {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        match status {
             Some(status) => {
                 let mut err = String::new();
                 std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
@@ -178,10 +192,7 @@ fn kill_9_at_random_moments_loses_nothing_and_changes_no_result() {
                 if kills >= 20 {
                     break;
                 }
-                // Finished before the kill: start over to get more crash rounds.
-                if kills < 20 && runs > 150 {
-                    break;
-                }
+                // Finished before enough kills: start over to get more crash rounds.
                 std::fs::remove_dir_all(&state).unwrap();
                 std::fs::remove_file(&crashed).unwrap();
             }

@@ -5,50 +5,75 @@
 //! minimum over the last `skew_window` buckets (the least-delayed sample is
 //! closest to the true offset).
 //!
-//! Design: a sample that diverges from an established estimate by more than
-//! [`STEP_THRESHOLD_MS`] does not enter the buckets. It becomes a step
-//! *candidate*; the estimator is reset to the candidate's minimum only when
-//! that minimum has been stable (not fallen by more than [`STABLE_MS`]) for
-//! [`STEP_CONFIRM_MS`] of arrival time and [`STEP_MIN_SAMPLES`] samples. After
-//! a real clock step the minimum settles at once (network jitter only adds
-//! delay); while a buffered backlog drains, each message is less delayed than
-//! the one before, so the minimum keeps falling and the burst is never taken
-//! for a step — and live samples, back near the estimate, cancel the
-//! candidate. The same rule keeps one hostile far-future timestamp from
-//! dragging the minimum down.
+//! Design: the min filter is exact for every sample at or above the estimate
+//! (queueing only adds delay, so such samples can never pull the estimate
+//! away from the least-delayed one). A step detector runs beside it and
+//! judges divergence on the device's own evidence:
+//! - jitter `J` = the largest excess over the estimate among the ordinary
+//!   (non-candidate) samples of the window — the delay spread the link shows,
+//!   learnt over the first 16 buckets, during which every sample is taken;
+//! - a sample more than `max(1 s, 2·J)` away from the estimate is a step
+//!   candidate (samples far *below* are also held out of the buckets once the
+//!   estimator is established, so one hostile far-future timestamp cannot drag
+//!   the minimum);
+//! - divergent samples stay out of the buckets; a step is confirmed (fast)
+//!   when every sample for [`STEP_CONFIRM_MS`] of arrival time and at least
+//!   [`STEP_MIN_SAMPLES`] samples diverged the same way and stayed within
+//!   `max(J, 20 ms)` of each other. After a real step the device's delays keep
+//!   their usual spread; a burst of delayed messages (retries) spreads far
+//!   wider than the calm link it interrupts, and a draining backlog keeps
+//!   falling, so neither confirms;
+//! - (slow) a divergence whose minimum has not fallen by more than that
+//!   tolerance for `skew_window` seconds is adopted whatever its spread — the
+//!   time the min filter itself would take to forget the old offset.
+//!
+//! A step no larger than the threshold is taken as ordinary samples and
+//! adopted by the min filter once the pre-step buckets age out.
 
 use serde::{Deserialize, Serialize};
 
 use crate::model::Millis;
 
-/// Divergence from the estimate that makes a sample a step candidate.
-pub const STEP_THRESHOLD_MS: i64 = 1_000;
-/// Arrival time over which the divergent minimum must be stable before a step is accepted.
+/// Floor of the divergence threshold.
+pub const MIN_THRESHOLD_MS: i64 = 1_000;
+/// Divergence threshold in multiples of the observed jitter.
+pub const JITTER_FACTOR: i64 = 2;
+/// Arrival time over which every sample must diverge before a step is accepted.
 pub const STEP_CONFIRM_MS: i64 = 3_000;
-/// A candidate minimum falling by more than this is still settling (a draining backlog).
-pub const STABLE_MS: i64 = 200;
 /// Divergent samples needed (besides the time span) to accept a step.
-pub const STEP_MIN_SAMPLES: u32 = 3;
-/// An estimate built from fewer buckets than this follows lower samples at once.
-const ESTABLISHED_BUCKETS: usize = 3;
+pub const STEP_MIN_SAMPLES: u32 = 4;
+/// Floor of the spread tolerated among a step's samples (timestamp resolution).
+pub const MIN_SPREAD_MS: i64 = 20;
+/// Below this many buckets the estimator takes every sample (it follows lower
+/// ones at once and learns the link's jitter); longer than a retry burst lasts.
+const ESTABLISHED_BUCKETS: usize = 16;
 /// Bucket capacity (the largest allowed `skew_window`).
 pub const MAX_BUCKETS: usize = 64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 struct Bucket {
     sec: i64,
-    min: Millis,
+    /// Smallest ordinary sample of the second; None when every sample of it was held out.
+    min: Option<Millis>,
+    /// Largest ordinary sample; absent in state written before it existed.
+    #[serde(default)]
+    hi: Option<Millis>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 struct Candidate {
-    /// Smallest divergent offset so far.
-    min: Millis,
-    /// `min` when it last fell by more than the threshold, and when.
-    anchor: Millis,
-    anchor_at: Millis,
-    /// Divergent samples since the anchor.
+    /// Divergence above the estimate (a clock stepped back) or below it.
+    up: bool,
+    /// Smallest divergent offset of the candidacy, and when it last fell by more than the tolerance.
+    lo: Millis,
+    settled_at: Millis,
+    /// Divergent samples of the candidacy.
     samples: u32,
+    /// The current tight run: its extremes, start and length.
+    run_lo: Millis,
+    run_hi: Millis,
+    run_since: Millis,
+    run_samples: u32,
 }
 
 /// What the estimator concluded from one sample.
@@ -67,17 +92,23 @@ pub enum Sample {
 pub struct SkewEstimator {
     /// Oldest first; at most `skew_window` entries.
     buckets: heapless::Deque<Bucket, MAX_BUCKETS>,
-    candidate: Option<Candidate>,
+    /// Step candidate (renamed from an earlier format; an old one is dropped).
+    #[serde(default)]
+    step: Option<Candidate>,
     /// Minimum over `buckets`, kept with them (read on every message).
     est: Option<Millis>,
+    /// Largest ordinary sample over `buckets`.
+    #[serde(default)]
+    hi: Option<Millis>,
 }
 
 impl Default for SkewEstimator {
     fn default() -> Self {
         Self {
             buckets: heapless::Deque::new(),
-            candidate: None,
+            step: None,
             est: None,
+            hi: None,
         }
     }
 }
@@ -88,65 +119,140 @@ impl SkewEstimator {
         self.est
     }
 
+    /// Delay spread the device has shown: largest excess of an ordinary sample over the estimate.
+    pub fn jitter(&self) -> Millis {
+        match (self.hi, self.est) {
+            (Some(h), Some(e)) => h.saturating_sub(e).max(0),
+            _ => 0,
+        }
+    }
+
+    /// Divergence from the estimate that makes a sample a step candidate.
+    pub fn threshold(&self) -> Millis {
+        MIN_THRESHOLD_MS.max(self.jitter().saturating_mul(JITTER_FACTOR))
+    }
+
     /// Feeds one sample; `window` is `time.skew_window` (1..=64).
     pub fn observe(&mut self, arrival: Millis, device_ts: Millis, window: usize) -> Sample {
         let offset = arrival.saturating_sub(device_ts);
-        let Some(est) = self.estimate() else {
-            self.put(arrival, offset, window);
+        let Some(est) = self.est else {
+            self.put(arrival, Some(offset), window);
             return Sample::Taken;
         };
-        let established = self.buckets.len() >= ESTABLISHED_BUCKETS.min(window);
-        let divergent =
-            offset > est + STEP_THRESHOLD_MS || (established && offset < est - STEP_THRESHOLD_MS);
-        if !divergent {
-            self.candidate = None;
-            self.put(arrival, offset, window);
+        // A young estimator takes every sample: it is still learning the link's jitter.
+        if self.buckets.len() < ESTABLISHED_BUCKETS.min(window) {
+            self.step = None;
+            self.put(arrival, Some(offset), window);
             return Sample::Taken;
         }
-        let c = match self.candidate {
-            Some(mut c) => {
-                c.min = c.min.min(offset);
-                if c.min < c.anchor - STABLE_MS {
-                    // Still falling (a draining backlog): not settled yet.
-                    c.anchor = c.min;
-                    c.anchor_at = arrival;
-                    c.samples = 1;
-                } else {
-                    c.samples += 1;
-                }
-                c
-            }
-            None => Candidate {
-                min: offset,
-                anchor: offset,
-                anchor_at: arrival,
-                samples: 1,
-            },
+        let threshold = self.threshold();
+        let up = offset > est.saturating_add(threshold);
+        let down = offset < est.saturating_sub(threshold);
+        if !(up || down) {
+            self.step = None;
+            self.put(arrival, Some(offset), window);
+            return Sample::Taken;
+        }
+        let tolerance = self.jitter().max(MIN_SPREAD_MS);
+        let c = match self.step {
+            Some(c) if c.up == up => c.next(offset, arrival, tolerance),
+            _ => Candidate::start(up, offset, arrival),
         };
-        if c.samples >= STEP_MIN_SAMPLES && arrival - c.anchor_at >= STEP_CONFIRM_MS {
+        if c.confirmed(arrival, window) {
             self.buckets.clear();
-            self.candidate = None;
-            self.put(arrival, c.min, window);
+            self.step = None;
+            self.put(arrival, Some(c.lo), window);
+            if let Some(b) = self.buckets.back_mut() {
+                b.hi = Some(c.run_hi);
+            }
+            self.hi = Some(c.run_hi);
             return Sample::Reset;
         }
-        self.candidate = Some(c);
+        self.step = Some(c);
+        // Held out, but its second still counts, so the window spans what the min filter's would.
+        self.put(arrival, None, window);
         Sample::Divergent
     }
 
-    fn put(&mut self, arrival: Millis, offset: Millis, window: usize) {
+    fn put(&mut self, arrival: Millis, offset: Option<Millis>, window: usize) {
         let sec = arrival.div_euclid(1000);
         match self.buckets.back_mut() {
             // Same second, or a stepped wall clock running backwards: fold into the newest bucket.
-            Some(last) if sec <= last.sec => last.min = last.min.min(offset),
+            Some(last) if sec <= last.sec => {
+                last.min = min_some(last.min, offset);
+                last.hi = last.hi.max(offset);
+            }
             _ => {
                 while self.buckets.len() >= window.clamp(1, MAX_BUCKETS) {
                     self.buckets.pop_front();
                 }
                 // Capacity is MAX_BUCKETS >= window, so this cannot fail after the pops above.
-                let _ = self.buckets.push_back(Bucket { sec, min: offset });
+                let _ = self.buckets.push_back(Bucket {
+                    sec,
+                    min: offset,
+                    hi: offset,
+                });
             }
         }
-        self.est = self.buckets.iter().map(|b| b.min).min();
+        // A window of held-out samples only (a long unconfirmed divergence) keeps the estimate.
+        if let Some(m) = self.buckets.iter().filter_map(|b| b.min).min() {
+            self.est = Some(m);
+        }
+        self.hi = self.buckets.iter().filter_map(|b| b.hi).max();
+    }
+}
+
+fn min_some(a: Option<Millis>, b: Option<Millis>) -> Option<Millis> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, None) | (None, x) => x,
+    }
+}
+
+impl Candidate {
+    fn start(up: bool, offset: Millis, arrival: Millis) -> Self {
+        Self {
+            up,
+            lo: offset,
+            settled_at: arrival,
+            samples: 1,
+            run_lo: offset,
+            run_hi: offset,
+            run_since: arrival,
+            run_samples: 1,
+        }
+    }
+
+    fn next(self, offset: Millis, arrival: Millis, tolerance: Millis) -> Self {
+        let mut c = self;
+        c.samples = c.samples.saturating_add(1);
+        if offset < c.lo.saturating_sub(tolerance) {
+            // Still falling (a draining backlog): not settled.
+            c.settled_at = arrival;
+        }
+        c.lo = c.lo.min(offset);
+        let (lo, hi) = (c.run_lo.min(offset), c.run_hi.max(offset));
+        if hi.saturating_sub(lo) > tolerance {
+            // Wider than the link's own jitter (a burst, a backlog): a new run starts here.
+            (c.run_lo, c.run_hi, c.run_since, c.run_samples) = (offset, offset, arrival, 1);
+        } else {
+            (c.run_lo, c.run_hi) = (lo, hi);
+            c.run_samples += 1;
+        }
+        c
+    }
+
+    /// Fast: a tight run long enough. Slow: the candidacy's minimum has stayed put
+    /// for as long as the min filter's own horizon (whatever the spread).
+    fn confirmed(&self, arrival: Millis, window: usize) -> bool {
+        let fast = self.run_samples >= STEP_MIN_SAMPLES
+            && arrival.saturating_sub(self.run_since) >= STEP_CONFIRM_MS;
+        let horizon = i64::try_from(window)
+            .unwrap_or(i64::MAX)
+            .saturating_mul(1000);
+        let slow =
+            self.samples >= STEP_MIN_SAMPLES && arrival.saturating_sub(self.settled_at) >= horizon;
+        fast || slow
     }
 }
 
@@ -217,16 +323,20 @@ mod tests {
     }
 
     #[test]
-    fn step_with_a_second_and_a_half_of_jitter_is_still_recovered() {
+    fn step_on_a_link_with_a_second_and_a_half_of_jitter_is_still_recovered() {
+        let delay = |k: i64| 10 + ((k + 3) * 7919) % 1_500;
         let mut e = SkewEstimator::default();
-        feed(&mut e, T0, T0 + 60_000, 1_000, 0, 10);
+        for k in 0..120i64 {
+            let t = T0 + k * 500;
+            e.observe(t + delay(k), t, 32);
+        }
+        assert!(e.jitter() > 1_000, "jitter {}", e.jitter());
         let step = 17 * 60_000;
         let mut reset = None;
-        for k in 0..20i64 {
-            let t = T0 + 60_000 + k * 500;
-            let delay = 10 + ((k + 3) * 7919) % 1_500;
-            if e.observe(t + delay, t - step, 32) == Sample::Reset {
-                reset = Some(k);
+        for k in 120..160i64 {
+            let t = T0 + k * 500;
+            if e.observe(t + delay(k), t - step, 32) == Sample::Reset {
+                reset = Some(k - 120);
                 break;
             }
         }
@@ -234,6 +344,28 @@ mod tests {
         assert!(
             e.estimate()
                 .is_some_and(|o| (step..step + 1_500).contains(&o))
+        );
+    }
+
+    #[test]
+    fn step_whose_jitter_outgrows_the_old_link_is_adopted_over_the_filter_horizon() {
+        let mut e = SkewEstimator::default();
+        feed(&mut e, T0, T0 + 60_000, 1_000, 0, 10);
+        let step = 17 * 60_000;
+        let mut reset = None;
+        for k in 0..120i64 {
+            let t = T0 + 60_000 + k * 500;
+            let delay = 10 + ((k + 3) * 7919) % 1_500;
+            if e.observe(t + delay, t - step, 32) == Sample::Reset {
+                reset = Some(k * 500);
+                break;
+            }
+        }
+        // The candidates' minimum settles (within 20 ms) after ~20 s, then the 32 s horizon runs.
+        assert!(reset.is_some_and(|ms| ms <= 60_000), "{reset:?}");
+        assert!(
+            e.estimate()
+                .is_some_and(|o| (step..step + 100).contains(&o))
         );
     }
 
