@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use tidemark::config;
 use tidemark::engine::{Engine, Now};
-use tidemark::store::{OutboxEntry, Store};
+use tidemark::store::{Batch, OutboxEntry, Store};
 
 const T0: i64 = 1_764_480_000_000;
 const DEVICES: usize = 10_000;
@@ -59,7 +59,12 @@ fn main() {
         let mut out = Vec::new();
         // Warm up: every device known and persisted once.
         feed(&mut e, 0, DEVICES, &mut out);
-        store.commit(&mut e, &[], &[], None).unwrap();
+        store
+            .commit(&Batch {
+                changes: e.take_changes(),
+                ..Batch::default()
+            })
+            .unwrap();
         let rounds = 5;
         let mut total = 0.0;
         let mut devices = 0;
@@ -77,7 +82,13 @@ fn main() {
                 })
                 .collect();
             let start = Instant::now();
-            let s = store.commit(&mut e, &entries, &[], None).unwrap();
+            // The cut of a batch (the engine's share) counts with the commit.
+            let batch = Batch {
+                changes: e.take_changes(),
+                outputs: entries,
+                ..Batch::default()
+            };
+            let s = store.commit(&batch).unwrap();
             total += start.elapsed().as_secs_f64() * 1000.0;
             devices += s.devices;
             outputs += s.outputs;
@@ -100,7 +111,12 @@ fn main() {
         let mut e = engine(HOPPING);
         let mut out = Vec::new();
         feed(&mut e, 0, DEVICES, &mut out);
-        store.commit(&mut e, &[], &[], None).unwrap();
+        store
+            .commit(&Batch {
+                changes: e.take_changes(),
+                ..Batch::default()
+            })
+            .unwrap();
     }
     // Measured in a fresh process, so RSS is the restored engine's alone.
     let out = std::process::Command::new(std::env::current_exe().unwrap())

@@ -124,15 +124,18 @@ struct DeviceSlot {
     dirty: bool,
 }
 
-/// Indexes of state changed since the last [`Engine::take_dirty`].
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Dirty {
+/// The state changed since the last [`Engine::take_changes`], as values: the
+/// store commits them on its own thread while the engine keeps working.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Changes {
     /// Changed groups.
-    pub groups: Vec<u32>,
+    pub groups: Vec<Group>,
     /// Changed devices.
-    pub devices: Vec<u32>,
-    /// New metric names from this index on.
-    pub metric_names_from: usize,
+    pub devices: Vec<Device>,
+    /// New metric names with their indexes.
+    pub metric_names: Vec<(u16, MetricName)>,
+    /// Counters at this point.
+    pub counters: Counters,
 }
 
 /// The engine.
@@ -279,31 +282,35 @@ impl Engine {
         &self.metric_names
     }
 
-    /// Group/device states changed since the last call, for the store.
-    pub fn take_dirty(&mut self) -> Dirty {
-        for &g in &self.dirty_groups {
-            self.groups[g as usize].dirty = false;
+    /// State changed since the last call, for the store.
+    pub fn take_changes(&mut self) -> Changes {
+        let mut c = Changes {
+            groups: Vec::with_capacity(self.dirty_groups.len()),
+            devices: Vec::with_capacity(self.dirty_devices.len()),
+            metric_names: Vec::new(),
+            counters: self.counters.clone(),
+        };
+        for g in self.dirty_groups.drain(..) {
+            let slot = &mut self.groups[g as usize];
+            slot.dirty = false;
+            c.groups.push(slot.state.clone());
         }
-        for &d in &self.dirty_devices {
-            self.devices[d as usize].dirty = false;
+        for d in self.dirty_devices.drain(..) {
+            let slot = &mut self.devices[d as usize];
+            slot.dirty = false;
+            c.devices.push(slot.state.clone());
         }
-        let from = self.persisted_names;
+        for (i, n) in self
+            .metric_names
+            .iter()
+            .enumerate()
+            .skip(self.persisted_names)
+        {
+            c.metric_names
+                .push((u16::try_from(i).unwrap_or(u16::MAX), n.clone()));
+        }
         self.persisted_names = self.metric_names.len();
-        Dirty {
-            groups: std::mem::take(&mut self.dirty_groups),
-            devices: std::mem::take(&mut self.dirty_devices),
-            metric_names_from: from,
-        }
-    }
-
-    /// State of a group by index (store).
-    pub fn group_at(&self, i: u32) -> &Group {
-        &self.groups[i as usize].state
-    }
-
-    /// State of a device by index (store).
-    pub fn device_at(&self, i: u32) -> &Device {
-        &self.devices[i as usize].state
+        c
     }
 
     fn mark_device(&mut self, di: usize) {

@@ -6,6 +6,8 @@
 //!   [`codec`]: JSON/CBOR payload decoding. All pure; bad input is a value.
 //! - [`time`]: clock-offset estimation, duplicate suppression, windows (pure).
 //! - [`engine`]: ties them together per SPEC §4–§7; returns [`output::Output`]s.
+//! - [`driver`]: the clock-free driving loop (ticks, commit cadence, batches) that
+//!   `run`, `replay` and the tests share.
 //! - [`replay`]: drives the engine from a recorded capture on a virtual clock.
 //! - [`store`]: redb state and outbox: group commit, restore, inspect.
 #![deny(clippy::all)]
@@ -13,6 +15,7 @@
 
 pub mod codec;
 pub mod config;
+pub mod driver;
 pub mod engine;
 pub mod model;
 pub mod output;

@@ -15,11 +15,12 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::config::Config;
+use crate::config::{Config, SinkFormat};
+use crate::driver::Driver;
 use crate::engine::{Engine, Now};
 use crate::model::Millis;
-use crate::output::{Output, PayloadRef};
-use crate::store::{OutboxEntry, Store, StoreError};
+use crate::output::PayloadRef;
+use crate::store::{Batch, Store, StoreError};
 
 /// One capture line. Unknown fields (e.g. `qos` from another recorder) are ignored.
 #[derive(Debug, Deserialize)]
@@ -98,61 +99,6 @@ pub struct Summary {
     pub outputs: u64,
     /// Store commits (durable mode).
     pub commits: u64,
-}
-
-/// Drives an engine on a virtual clock; outputs collect in `outputs`.
-pub struct Replayer {
-    engine: Engine,
-    tick_ms: Millis,
-    next_tick: Option<Millis>,
-    /// Outputs not yet taken, in emission order.
-    pub outputs: Vec<Output>,
-}
-
-impl Replayer {
-    /// A replayer starting fresh (`next_tick` None) or resuming a virtual clock.
-    pub fn new(engine: Engine, tick_ms: Millis, next_tick: Option<Millis>) -> Self {
-        Self {
-            engine,
-            tick_ms,
-            next_tick,
-            outputs: Vec::new(),
-        }
-    }
-
-    /// Feeds one record: first every tick due at or before its arrival, then the record.
-    pub fn record(&mut self, arrival: Millis, topic: &str, payload: &[u8]) {
-        if self.next_tick.is_none() {
-            self.engine.restart_idleness(Now::at(arrival));
-            self.next_tick = Some(arrival + self.tick_ms);
-        }
-        self.ticks_until(arrival);
-        self.engine
-            .on_message(topic, payload, Now::at(arrival), &mut self.outputs);
-    }
-
-    /// Runs every tick due at or before `t`.
-    pub fn ticks_until(&mut self, t: Millis) {
-        while let Some(tick) = self.next_tick.filter(|&n| n <= t) {
-            self.engine.on_tick(Now::at(tick), &mut self.outputs);
-            self.next_tick = Some(tick + self.tick_ms);
-        }
-    }
-
-    /// The next virtual tick.
-    pub fn next_tick(&self) -> Option<Millis> {
-        self.next_tick
-    }
-
-    /// The engine.
-    pub fn engine(&self) -> &Engine {
-        &self.engine
-    }
-
-    /// The engine, mutably (store commits).
-    pub fn engine_mut(&mut self) -> &mut Engine {
-        &mut self.engine
-    }
 }
 
 /// Decodes a record's payload bytes.
@@ -247,10 +193,6 @@ pub fn run(cfg: &Config, opts: &Options<'_>) -> Result<(Engine, Summary), Replay
     }
 }
 
-fn tick_ms(cfg: &Config) -> Millis {
-    Millis::try_from(cfg.tick_interval_ms).unwrap_or(Millis::MAX)
-}
-
 /// In-memory replay into any writer.
 pub fn run_memory<R: BufRead, W: Write>(
     cfg: &Config,
@@ -258,7 +200,7 @@ pub fn run_memory<R: BufRead, W: Write>(
     mut out: W,
     drain_ms: Millis,
 ) -> Result<(Engine, Summary), ReplayError> {
-    let mut rp = Replayer::new(Engine::new(cfg), tick_ms(cfg), None);
+    let mut rp = Driver::new(Engine::new(cfg), cfg, SinkFormat::Json, None);
     let mut input = Input {
         r: input,
         line: String::new(),
@@ -268,7 +210,7 @@ pub fn run_memory<R: BufRead, W: Write>(
     let mut summary = Summary::default();
     let mut last = None;
     let mut line = Vec::new();
-    let mut write = |rp: &mut Replayer, summary: &mut Summary| -> Result<(), ReplayError> {
+    let mut write = |rp: &mut Driver, summary: &mut Summary| -> Result<(), ReplayError> {
         for o in rp.outputs.drain(..) {
             line.clear();
             let topic = o.topic(&cfg.topic_prefix);
@@ -288,17 +230,17 @@ pub fn run_memory<R: BufRead, W: Write>(
         Ok(())
     };
     while let Some((arrival, topic, payload)) = input.next()? {
-        rp.record(arrival, &topic, &payload);
+        rp.message(Now::at(arrival), &topic, &payload);
         summary.records += 1;
         last = Some(last.map_or(arrival, |l: Millis| l.max(arrival)));
         write(&mut rp, &mut summary)?;
     }
     if let Some(last) = last {
-        rp.ticks_until(last.saturating_add(drain_ms));
+        rp.ticks_until(Now::at(last.saturating_add(drain_ms)));
         write(&mut rp, &mut summary)?;
     }
     out.flush().map_err(io("writing output"))?;
-    Ok((rp.engine, summary))
+    Ok((rp.into_engine(), summary))
 }
 
 /// Replay position committed with the state.
@@ -346,8 +288,7 @@ fn trim_partial_line(f: &mut File) -> std::io::Result<()> {
     Ok(())
 }
 
-struct Durable<'a> {
-    cfg: &'a Config,
+struct Durable {
     store: Store,
     /// The output file; standard output when None.
     out: Option<File>,
@@ -358,7 +299,7 @@ struct Durable<'a> {
     commit_ms: Millis,
 }
 
-impl Durable<'_> {
+impl Durable {
     /// Writes every outbox entry after the delivered mark to the output file and flushes it.
     fn deliver(&mut self) -> Result<(), ReplayError> {
         let mut buf = Vec::new();
@@ -398,28 +339,16 @@ impl Durable<'_> {
         Ok(())
     }
 
-    fn commit(&mut self, rp: &mut Replayer, now: Millis) -> Result<(), ReplayError> {
-        let entries: Vec<OutboxEntry> = rp
-            .outputs
-            .drain(..)
-            .map(|o| OutboxEntry {
-                topic: o.topic(&self.cfg.topic_prefix),
-                payload: serde_json::to_vec(&PayloadRef::from(&o)).unwrap_or_default(),
-                retain: o.retain(),
-                at: now,
-            })
-            .collect();
+    fn commit(&mut self, rp: &mut Driver, now: Millis) -> Result<(), ReplayError> {
         self.pos.next_tick = rp.next_tick();
         self.pos.last_commit = Some(now);
         let mut pos = Vec::new();
         ciborium::ser::into_writer(&self.pos, &mut pos)
             .map_err(|e| io("encoding position")(std::io::Error::other(e)))?;
-        self.store.commit(
-            rp.engine_mut(),
-            &entries,
-            &[(K_REPLAY, &pos)],
-            self.delivered,
-        )?;
+        let mut batch = rp.take_batch(Now::at(now));
+        batch.meta.push((K_REPLAY, pos));
+        batch.delivered = self.delivered;
+        self.store.commit(&batch)?;
         self.summary.commits += 1;
         self.deliver()
     }
@@ -463,7 +392,6 @@ fn run_durable(
         None => None,
     };
     let mut d = Durable {
-        cfg,
         store,
         out,
         pos,
@@ -484,9 +412,9 @@ fn run_durable(
         offset: d.pos.offset,
         line_no: 0,
     };
-    let mut rp = Replayer::new(engine, tick_ms(cfg), d.pos.next_tick);
+    let mut rp = Driver::new(engine, cfg, SinkFormat::Json, d.pos.next_tick);
     while let Some((arrival, topic, payload)) = input.next()? {
-        rp.record(arrival, &topic, &payload);
+        rp.message(Now::at(arrival), &topic, &payload);
         d.summary.records += 1;
         d.pos.offset = input.offset;
         d.pos.last_arrival = Some(d.pos.last_arrival.map_or(arrival, |l| l.max(arrival)));
@@ -498,7 +426,7 @@ fn run_durable(
         let end = last.saturating_add(drain_ms);
         while let Some(t) = rp.next_tick().filter(|&t| t <= end) {
             let step = (t + d.commit_ms).min(end);
-            rp.ticks_until(step);
+            rp.ticks_until(Now::at(step));
             if d.due(step) || rp.next_tick().is_none_or(|n| n > end) {
                 d.commit(&mut rp, step)?;
             }
@@ -507,6 +435,11 @@ fn run_durable(
     // Final commit: remaining outputs, and the delivered ones leave the outbox.
     let now = d.pos.last_commit.unwrap_or(0);
     d.commit(&mut rp, now)?;
-    d.store.commit(rp.engine_mut(), &[], &[], d.delivered)?;
-    Ok((rp.engine, d.summary))
+    let last = Batch {
+        changes: rp.engine_mut().take_changes(),
+        delivered: d.delivered,
+        ..Batch::default()
+    };
+    d.store.commit(&last)?;
+    Ok((rp.into_engine(), d.summary))
 }

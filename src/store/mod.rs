@@ -14,7 +14,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use serde::{Deserialize, Serialize};
 
 use crate::codec::MetricName;
-use crate::engine::{Counters, Device, Engine, Group};
+use crate::engine::{Changes, Counters, Device, Group};
 use crate::model::Millis;
 use schema::{
     DEVICES, GROUPS, K_COUNTERS, K_OUTBOX, K_SCHEMA, META, METRIC_NAMES, OUTBOX, SCHEMA_VERSION,
@@ -132,6 +132,22 @@ pub struct CommitStats {
     pub outputs: usize,
     /// Oldest outputs dropped to respect the bound.
     pub dropped: u64,
+    /// Outbox sequence number of the batch's first output (the rest follow).
+    pub first_seq: u64,
+}
+
+/// One commit, as a value: what the engine changed, the outputs it produced,
+/// caller positions, and the outbox entries delivered up to a sequence number.
+#[derive(Debug, Default)]
+pub struct Batch {
+    /// Engine state changed since the previous batch.
+    pub changes: Changes,
+    /// Outputs to append to the outbox.
+    pub outputs: Vec<OutboxEntry>,
+    /// `META` entries written with the state (e.g. an input position).
+    pub meta: Vec<(&'static str, Vec<u8>)>,
+    /// Outbox entries up to this sequence number (inclusive) were delivered.
+    pub delivered: Option<u64>,
 }
 
 /// The state store.
@@ -251,52 +267,40 @@ impl Store {
         self.outbox.dropped
     }
 
-    /// Writes, in ONE transaction: the engine state changed since the last
-    /// commit, `outputs` appended to the outbox, `meta` entries, and the
-    /// removal of delivered outbox entries up to `delivered` (inclusive).
-    pub fn commit(
-        &mut self,
-        engine: &mut Engine,
-        outputs: &[OutboxEntry],
-        meta: &[(&str, &[u8])],
-        delivered: Option<u64>,
-    ) -> Result<CommitStats, StoreError> {
-        let dirty = engine.take_dirty();
+    /// Writes one [`Batch`] in ONE transaction: the engine state changed
+    /// since the last commit, its outputs appended to the outbox, meta
+    /// entries, and the removal of delivered outbox entries.
+    pub fn commit(&mut self, batch: &Batch) -> Result<CommitStats, StoreError> {
+        let ch = &batch.changes;
         let mut stats = CommitStats {
-            devices: dirty.devices.len(),
-            groups: dirty.groups.len(),
-            outputs: outputs.len(),
+            devices: ch.devices.len(),
+            groups: ch.groups.len(),
+            outputs: batch.outputs.len(),
             dropped: 0,
+            first_seq: self.outbox.next_seq,
         };
         let mut txn = self.db.begin_write()?;
         txn.set_durability(redb::Durability::Immediate)?;
         {
             let mut devices = txn.open_table(DEVICES)?;
-            for &i in &dirty.devices {
-                let d = engine.device_at(i);
+            for d in &ch.devices {
                 cbor(d, &mut self.buf);
                 devices.insert((d.group.as_str(), d.id.as_str()), self.buf.as_slice())?;
             }
             let mut groups = txn.open_table(GROUPS)?;
-            for &i in &dirty.groups {
-                let g = engine.group_at(i);
+            for g in &ch.groups {
                 cbor(g, &mut self.buf);
                 groups.insert(g.name.as_str(), self.buf.as_slice())?;
             }
             let mut names = txn.open_table(METRIC_NAMES)?;
-            for (i, n) in engine
-                .metric_names()
-                .iter()
-                .enumerate()
-                .skip(dirty.metric_names_from)
-            {
-                names.insert(u16::try_from(i).unwrap_or(u16::MAX), n.as_str())?;
+            for (i, n) in &ch.metric_names {
+                names.insert(*i, n.as_str())?;
             }
             let mut outbox = txn.open_table(OUTBOX)?;
-            if let Some(upto) = delivered {
+            if let Some(upto) = batch.delivered {
                 outbox.retain_in(..=upto, |_, _| false)?;
             }
-            for o in outputs {
+            for o in &batch.outputs {
                 cbor(o, &mut self.buf);
                 outbox.insert(self.outbox.next_seq, self.buf.as_slice())?;
                 self.outbox.next_seq += 1;
@@ -311,12 +315,12 @@ impl Store {
                 self.outbox.dropped += excess;
             }
             let mut m = txn.open_table(META)?;
-            cbor(engine.counters(), &mut self.buf);
+            cbor(&ch.counters, &mut self.buf);
             m.insert(K_COUNTERS, self.buf.as_slice())?;
             cbor(&self.outbox, &mut self.buf);
             m.insert(K_OUTBOX, self.buf.as_slice())?;
-            for (k, v) in meta {
-                m.insert(*k, *v)?;
+            for (k, v) in &batch.meta {
+                m.insert(*k, v.as_slice())?;
             }
         }
         txn.commit()?;
@@ -491,7 +495,7 @@ fn read_inspect<D: ReadableDatabase>(db: &D, path: &Path) -> Result<Inspect, Sto
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::Now;
+    use crate::engine::{Engine, Now};
     use crate::output::Output;
     use std::collections::BTreeMap as Map;
 
@@ -499,6 +503,13 @@ mod tests {
 
     fn build_config() -> crate::config::Config {
         crate::config::load_str("[gateway]\nid = \"gw\"\n", &Map::new()).unwrap()
+    }
+
+    fn batch_of(e: &mut Engine) -> Batch {
+        Batch {
+            changes: e.take_changes(),
+            ..Batch::default()
+        }
     }
 
     fn entry(i: u64) -> OutboxEntry {
@@ -535,7 +546,7 @@ mod tests {
         a.restart_idleness(Now::at(T0));
         let mut out = Vec::new();
         feed(&mut a, 0, 90, &mut out);
-        store.commit(&mut a, &[], &[], None).unwrap();
+        store.commit(&batch_of(&mut a)).unwrap();
         // Reopen the same database: read everything back.
         let snap = read_snapshot(&store.db, store.path()).unwrap();
         assert_eq!(snap.devices.len(), 4);
@@ -567,7 +578,7 @@ mod tests {
             Now::at(at),
             &mut out,
         );
-        store.commit(&mut a, &[], &[], None).unwrap();
+        store.commit(&batch_of(&mut a)).unwrap();
         let snap = read_snapshot(&store.db, store.path()).unwrap();
         let mut b = Engine::new(&cfg);
         b.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
@@ -588,7 +599,12 @@ mod tests {
         let mut e = Engine::new(&cfg);
         let (mut store, _) = Store::in_memory(5).unwrap();
         let batch: Vec<_> = (0..8).map(entry).collect();
-        let stats = store.commit(&mut e, &batch, &[], None).unwrap();
+        let stats = store
+            .commit(&Batch {
+                outputs: batch,
+                ..batch_of(&mut e)
+            })
+            .unwrap();
         assert_eq!(stats.dropped, 3);
         assert_eq!(store.outbox_depth().unwrap(), 5);
         assert_eq!(store.outbox_dropped(), 3);
@@ -597,7 +613,13 @@ mod tests {
         assert_eq!(topics, vec!["t/3", "t/4", "t/5", "t/6", "t/7"]);
         // Delivered entries leave the outbox only on a later commit.
         let upto = got[1].0;
-        store.commit(&mut e, &[entry(8)], &[], Some(upto)).unwrap();
+        store
+            .commit(&Batch {
+                outputs: vec![entry(8)],
+                delivered: Some(upto),
+                ..batch_of(&mut e)
+            })
+            .unwrap();
         let left: Vec<_> = store
             .outbox_after(None, 100)
             .unwrap()
