@@ -124,6 +124,21 @@ struct DeviceSlot {
     dirty: bool,
 }
 
+/// One group's liveness counts at an instant.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct GroupStats {
+    /// Group id.
+    pub name: Id,
+    /// Watermark.
+    pub watermark: Option<Millis>,
+    /// Devices heard from within `idle_timeout_ms`.
+    pub active: u64,
+    /// Devices silent for `idle_timeout_ms` and not offline.
+    pub idle: u64,
+    /// Devices offline.
+    pub offline: u64,
+}
+
 /// The state changed since the last [`Engine::take_changes`], as values: the
 /// store commits them on its own thread while the engine keeps working.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -280,6 +295,39 @@ impl Engine {
     /// Interned metric names.
     pub fn metric_names(&self) -> &[MetricName] {
         &self.metric_names
+    }
+
+    /// Whether any state changed since the last [`Engine::take_changes`].
+    pub fn has_changes(&self) -> bool {
+        !self.dirty_groups.is_empty()
+            || !self.dirty_devices.is_empty()
+            || self.persisted_names < self.metric_names.len()
+    }
+
+    /// Per-group liveness at `now` (metrics): devices active, idle and offline.
+    pub fn group_stats(&self, now: Now) -> Vec<GroupStats> {
+        self.group_order
+            .iter()
+            .map(|&gi| {
+                let g = &self.groups[gi as usize];
+                let mut st = GroupStats {
+                    name: g.state.name.clone(),
+                    watermark: g.state.wm,
+                    ..GroupStats::default()
+                };
+                for &di in &g.members {
+                    let d = &self.devices[di as usize].state;
+                    if d.offline {
+                        st.offline += 1;
+                    } else if now.mono.saturating_sub(d.last_arrival) >= g.cfg.idle_timeout_ms {
+                        st.idle += 1;
+                    } else {
+                        st.active += 1;
+                    }
+                }
+                st
+            })
+            .collect()
     }
 
     /// State changed since the last call, for the store.

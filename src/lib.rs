@@ -10,6 +10,7 @@
 //!   `run`, `replay` and the tests share.
 //! - [`replay`]: drives the engine from a recorded capture on a virtual clock.
 //! - [`store`]: redb state and outbox: group commit, restore, inspect.
+//! - [`run`]: the gateway over MQTT (tokio, rumqttc, the clocks): the only I/O runtime.
 #![deny(clippy::all)]
 #![warn(missing_docs)]
 
@@ -20,6 +21,7 @@ pub mod engine;
 pub mod model;
 pub mod output;
 pub mod replay;
+pub mod run;
 pub mod store;
 pub mod time;
 pub mod topic;

@@ -19,12 +19,21 @@ struct Cli {
     /// Log line format (overrides `[log] format`).
     #[arg(long, global = true, value_enum)]
     log_format: Option<LogFormat>,
+    /// Configuration file: `tidemark --config FILE` runs the gateway.
+    #[arg(long)]
+    config: Option<PathBuf>,
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the gateway until SIGTERM/SIGINT, then flush state and exit 0.
+    Run {
+        /// Configuration file (TOML).
+        #[arg(long)]
+        config: PathBuf,
+    },
     /// Validate a config and print the effective configuration (secrets masked).
     Check {
         /// Configuration file (TOML).
@@ -62,7 +71,32 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {
+    let command = match (cli.command, cli.config) {
+        (Some(c), None) => c,
+        (None, Some(config)) => Command::Run { config },
+        (Some(_), Some(_)) => {
+            eprintln!("error: --config goes after the subcommand (e.g. `tidemark run --config FILE`)");
+            return ExitCode::from(2);
+        }
+        (None, None) => {
+            eprintln!("error: a subcommand or --config FILE is required (see `tidemark --help`)");
+            return ExitCode::from(2);
+        }
+    };
+    match command {
+        Command::Run { config } => {
+            let Some(cfg) = load(&config) else {
+                return ExitCode::from(2);
+            };
+            init_logging(&cfg, cli.log_format);
+            match tidemark::run::run(&cfg) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("tidemark stopped: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
         Command::Check { config } => check(&config),
         Command::Replay {
             config,

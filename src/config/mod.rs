@@ -33,6 +33,8 @@ pub struct Config {
     pub source: Endpoint,
     /// Source MQTT protocol.
     pub source_protocol: Protocol,
+    /// v5 session expiry of the source session, seconds.
+    pub session_expiry_s: u32,
     /// Subscription filters.
     pub topics: Vec<String>,
     /// Parsed topic pattern.
@@ -80,6 +82,10 @@ pub struct Endpoint {
     pub password: Option<String>,
     /// Extra CA file.
     pub ca_file: Option<PathBuf>,
+    /// Client certificate and key (PEM) for mutual TLS.
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+    /// Keep-alive in seconds (0: off).
+    pub keep_alive_s: u16,
     /// QoS 0 or 1.
     pub qos: u8,
 }

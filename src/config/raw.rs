@@ -24,6 +24,10 @@ client_id = ""
 username = ""
 password_file = ""
 ca_file = ""
+cert_file = ""
+key_file = ""
+session_expiry_s = 604800
+keep_alive_s = 30
 qos = 1
 topics = ["sensors/+/+/+"]
 topic_pattern = "sensors/{group}/{device}/{kind}"
@@ -55,6 +59,9 @@ client_id = ""
 username = ""
 password_file = ""
 ca_file = ""
+cert_file = ""
+key_file = ""
+keep_alive_s = 30
 qos = 1
 topic_prefix = "tidemark/{gateway}"
 format = "json"
@@ -138,6 +145,14 @@ pub struct RawSource {
     pub password_file: String,
     /// Extra CA certificate (PEM) for mqtts; system roots otherwise.
     pub ca_file: String,
+    /// Client certificate (PEM) for mutual TLS, with `key_file`.
+    pub cert_file: String,
+    /// Private key (PEM) of `cert_file`.
+    pub key_file: String,
+    /// v5: how long the broker keeps the session (and its queue) while the gateway is away.
+    pub session_expiry_s: u64,
+    /// MQTT keep-alive; 0 disables it.
+    pub keep_alive_s: u64,
     /// Subscription QoS; 1 acknowledges only after the state is committed.
     pub qos: u8,
     /// Topic filters to subscribe to.
@@ -253,6 +268,12 @@ pub struct RawSink {
     pub password_file: String,
     /// Extra CA certificate (PEM) for mqtts.
     pub ca_file: String,
+    /// Client certificate (PEM) for mutual TLS, with `key_file`.
+    pub cert_file: String,
+    /// Private key (PEM) of `cert_file`.
+    pub key_file: String,
+    /// MQTT keep-alive; 0 disables it.
+    pub keep_alive_s: u64,
     /// Publish QoS; 1 keeps outputs in the outbox until acknowledged.
     pub qos: u8,
     /// Prefix of every output topic; `{gateway}` is replaced by the id.

@@ -119,9 +119,20 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         &format!("tidemark-{gid}-in"),
         &raw.source.username,
         &raw.source.password_file,
-        &raw.source.ca_file,
+        Tls {
+            ca_file: &raw.source.ca_file,
+            cert_file: &raw.source.cert_file,
+            key_file: &raw.source.key_file,
+        },
         raw.source.qos,
+        raw.source.keep_alive_s,
     );
+    if u32::try_from(raw.source.session_expiry_s).is_err() {
+        p.add(
+            "source.session_expiry_s",
+            format!("{} is above the MQTT limit of {}", raw.source.session_expiry_s, u32::MAX),
+        );
+    }
     if raw.source.topics.is_empty() {
         p.add("source.topics", "must name at least one topic filter");
     }
@@ -216,8 +227,13 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         &format!("tidemark-{gid}-out"),
         &raw.sink.username,
         &raw.sink.password_file,
-        &raw.sink.ca_file,
+        Tls {
+            ca_file: &raw.sink.ca_file,
+            cert_file: &raw.sink.cert_file,
+            key_file: &raw.sink.key_file,
+        },
         raw.sink.qos,
+        raw.sink.keep_alive_s,
     );
     let prefix = &raw.sink.topic_prefix;
     if prefix.is_empty() {
@@ -256,6 +272,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         embedded_broker,
         source,
         source_protocol: raw.source.protocol,
+        session_expiry_s: u32::try_from(raw.source.session_expiry_s).unwrap_or(u32::MAX),
         topics: raw.source.topics.clone(),
         topic_pattern,
         payload,
@@ -369,9 +386,11 @@ fn endpoint(
     default_client_id: &str,
     username: &str,
     password_file: &str,
-    ca_file: &str,
+    tls_files: Tls<'_>,
     qos: u8,
+    keep_alive_s: u64,
 ) -> Option<Endpoint> {
+    let ca_file = tls_files.ca_file;
     let before = p.0.len();
     let key = format!("{section}.url");
     let parsed = parse_url(url);
@@ -417,6 +436,31 @@ fn endpoint(
             );
         }
     }
+    let is_tls = matches!(parsed, Ok((true, _, _)));
+    let (cert, key) = (tls_files.cert_file, tls_files.key_file);
+    for (k, f) in [("cert_file", cert), ("key_file", key)] {
+        if f.is_empty() {
+            continue;
+        }
+        if let Err(e) = std::fs::metadata(f) {
+            p.add(&format!("{section}.{k}"), format!("cannot read {f:?}: {e}"));
+        } else if !is_tls && parsed.is_ok() {
+            p.add(&format!("{section}.{k}"), "set, but url is not mqtts://");
+        }
+    }
+    if cert.is_empty() != key.is_empty() {
+        let missing = if cert.is_empty() { "cert_file" } else { "key_file" };
+        p.add(
+            &format!("{section}.{missing}"),
+            "mutual TLS needs both cert_file and key_file",
+        );
+    }
+    if keep_alive_s > u64::from(u16::MAX) {
+        p.add(
+            &format!("{section}.keep_alive_s"),
+            format!("{keep_alive_s} is above the MQTT limit of {}", u16::MAX),
+        );
+    }
     let (tls, host, port) = parsed.ok()?;
     (p.0.len() == before).then(|| Endpoint {
         tls,
@@ -430,8 +474,17 @@ fn endpoint(
         username: (!username.is_empty()).then(|| username.to_string()),
         password,
         ca_file: (!ca_file.is_empty()).then(|| PathBuf::from(ca_file)),
+        client_cert: (!cert.is_empty()).then(|| (PathBuf::from(cert), PathBuf::from(key))),
+        keep_alive_s: u16::try_from(keep_alive_s).unwrap_or(u16::MAX),
         qos,
     })
+}
+
+/// The TLS files of one endpoint, as written.
+struct Tls<'a> {
+    ca_file: &'a str,
+    cert_file: &'a str,
+    key_file: &'a str,
 }
 
 /// Parses `mqtt://host[:port][/]` or `mqtts://...`.

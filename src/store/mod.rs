@@ -134,6 +134,8 @@ pub struct CommitStats {
     pub dropped: u64,
     /// Outbox sequence number of the batch's first output (the rest follow).
     pub first_seq: u64,
+    /// Entries in the outbox after the commit.
+    pub depth: u64,
 }
 
 /// One commit, as a value: what the engine changed, the outputs it produced,
@@ -152,7 +154,7 @@ pub struct Batch {
 
 /// The state store.
 pub struct Store {
-    db: Database,
+    db: std::sync::Arc<Database>,
     path: PathBuf,
     outbox: OutboxMeta,
     max_outbox: u64,
@@ -247,7 +249,7 @@ impl Store {
         };
         Ok((
             Self {
-                db,
+                db: std::sync::Arc::new(db),
                 path,
                 outbox,
                 max_outbox: max_outbox.max(1),
@@ -278,6 +280,7 @@ impl Store {
             outputs: batch.outputs.len(),
             dropped: 0,
             first_seq: self.outbox.next_seq,
+            depth: 0,
         };
         let mut txn = self.db.begin_write()?;
         txn.set_durability(redb::Durability::Immediate)?;
@@ -314,6 +317,7 @@ impl Store {
                 stats.dropped = excess;
                 self.outbox.dropped += excess;
             }
+            stats.depth = outbox.len()?;
             let mut m = txn.open_table(META)?;
             cbor(&ch.counters, &mut self.buf);
             m.insert(K_COUNTERS, self.buf.as_slice())?;
@@ -327,6 +331,38 @@ impl Store {
         Ok(stats)
     }
 
+    /// Up to `limit` outbox entries with sequence number > `after`, oldest first.
+    pub fn outbox_after(
+        &self,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<(u64, OutboxEntry)>, StoreError> {
+        self.reader().outbox_after(after, limit)
+    }
+
+    /// A read handle on the outbox for another thread (redb reads run beside the writer).
+    pub fn reader(&self) -> OutboxReader {
+        OutboxReader {
+            db: self.db.clone(),
+            path: self.path.clone(),
+        }
+    }
+
+    /// Entries in the outbox.
+    pub fn outbox_depth(&self) -> Result<u64, StoreError> {
+        let r = self.db.begin_read()?;
+        Ok(r.open_table(OUTBOX)?.len()?)
+    }
+}
+
+/// Reads the outbox beside the writer (the sink's backlog after a restart or an outage).
+#[derive(Clone)]
+pub struct OutboxReader {
+    db: std::sync::Arc<Database>,
+    path: PathBuf,
+}
+
+impl OutboxReader {
     /// Up to `limit` outbox entries with sequence number > `after`, oldest first.
     pub fn outbox_after(
         &self,
@@ -349,11 +385,6 @@ impl Store {
         Ok(out)
     }
 
-    /// Entries in the outbox.
-    pub fn outbox_depth(&self) -> Result<u64, StoreError> {
-        let r = self.db.begin_read()?;
-        Ok(r.open_table(OUTBOX)?.len()?)
-    }
 }
 
 fn corrupt<'a>(path: &'a Path, table: &'static str) -> impl Fn(String) -> StoreError + 'a {
@@ -548,7 +579,7 @@ mod tests {
         feed(&mut a, 0, 90, &mut out);
         store.commit(&batch_of(&mut a)).unwrap();
         // Reopen the same database: read everything back.
-        let snap = read_snapshot(&store.db, store.path()).unwrap();
+        let snap = read_snapshot(&*store.db, store.path()).unwrap();
         assert_eq!(snap.devices.len(), 4);
         assert_eq!(snap.counters, *a.counters());
         let mut b = Engine::new(&cfg);
@@ -579,7 +610,7 @@ mod tests {
             &mut out,
         );
         store.commit(&batch_of(&mut a)).unwrap();
-        let snap = read_snapshot(&store.db, store.path()).unwrap();
+        let snap = read_snapshot(&*store.db, store.path()).unwrap();
         let mut b = Engine::new(&cfg);
         b.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
         // Same instant as the last tick: the watermark does not move.
@@ -627,7 +658,7 @@ mod tests {
             .map(|(_, e)| e.topic)
             .collect();
         assert_eq!(left, vec!["t/5", "t/6", "t/7", "t/8"]);
-        let snap = read_snapshot(&store.db, store.path()).unwrap();
+        let snap = read_snapshot(&*store.db, store.path()).unwrap();
         assert_eq!((snap.outbox_depth, snap.outbox_dropped), (4, 3));
     }
 

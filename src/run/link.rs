@@ -1,0 +1,308 @@
+//! One MQTT connection over rumqttc, MQTT 5 or 3.1.1 behind one small
+//! interface: the source and the sink see connects, publishes and acks, not
+//! protocol versions.
+
+use std::time::Duration;
+
+use rumqttc::{TlsConfiguration, Transport};
+
+use crate::config::Endpoint;
+
+/// Largest packet taken from the source broker. Payloads above SPEC's 64 KiB
+/// are still received, so they can be rejected visibly and acknowledged
+/// (rumqttc would otherwise drop the connection and the broker redeliver forever).
+pub const MAX_INCOMING_PACKET: usize = 1024 * 1024;
+
+/// A received message whose acknowledgement is held until its commit.
+#[derive(Debug, Clone)]
+pub enum Held {
+    /// MQTT 3.1.1.
+    V4(Box<rumqttc::Publish>),
+    /// MQTT 5.
+    V5(Box<rumqttc::v5::mqttbytes::v5::Publish>),
+}
+
+/// What the event loop reported.
+#[derive(Debug)]
+pub enum Event {
+    /// Connected; whether the broker resumed our session.
+    Connected {
+        /// Session present flag of the CONNACK.
+        session_present: bool,
+    },
+    /// An application message.
+    Message {
+        /// Topic.
+        topic: String,
+        /// Payload.
+        payload: bytes::Bytes,
+        /// Held for a manual ack (QoS 1), None for QoS 0.
+        held: Option<Held>,
+    },
+    /// PUBACK of our oldest outstanding QoS 1 publish; false for a v5 negative reason code.
+    PubAck {
+        /// The broker took the message.
+        ok: bool,
+        /// Reason code text (v5 failures).
+        reason: String,
+    },
+    /// Nothing of interest (pings, our own outgoing packets, suback).
+    Other,
+}
+
+/// Options for building a link.
+pub struct LinkOptions<'a> {
+    /// The broker.
+    pub endpoint: &'a Endpoint,
+    /// MQTT 5 when true.
+    pub v5: bool,
+    /// Keep the session across connections (source) or start clean (sink).
+    pub persistent: bool,
+    /// v5 session expiry, seconds.
+    pub session_expiry_s: u32,
+    /// Acks are sent by the caller.
+    pub manual_acks: bool,
+    /// Last will: topic, payload, retained at QoS 1.
+    pub will: Option<(String, Vec<u8>)>,
+    /// Outgoing in-flight QoS 1 publishes at most.
+    pub inflight: u16,
+}
+
+/// The client half (requests); cheap to clone.
+#[derive(Clone)]
+pub enum Client {
+    /// MQTT 3.1.1.
+    V4(rumqttc::AsyncClient),
+    /// MQTT 5.
+    V5(rumqttc::v5::AsyncClient),
+}
+
+/// The event loop half; must be polled continuously.
+pub enum Loop {
+    /// MQTT 3.1.1.
+    V4(Box<rumqttc::EventLoop>),
+    /// MQTT 5.
+    V5(Box<rumqttc::v5::EventLoop>),
+}
+
+/// Errors of a link (all transient for the caller: it reconnects with backoff).
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    /// Connection-level failure.
+    #[error("{0}")]
+    Connection(String),
+    /// A request could not be queued.
+    #[error("request not queued: {0}")]
+    Request(String),
+    /// TLS material could not be read.
+    #[error("{0}")]
+    Tls(String),
+}
+
+fn tls(ep: &Endpoint) -> Result<Option<Transport>, LinkError> {
+    if !ep.tls {
+        return Ok(None);
+    }
+    let read = |p: &std::path::Path| {
+        std::fs::read(p).map_err(|e| LinkError::Tls(format!("reading {}: {e}", p.display())))
+    };
+    // No silent "insecure" mode: server certificates are always verified, against
+    // `ca_file` or the system roots.
+    let ca = match &ep.ca_file {
+        Some(p) => read(p)?,
+        None => read(std::path::Path::new("/etc/ssl/certs/ca-certificates.crt"))?,
+    };
+    let client_auth = match &ep.client_cert {
+        Some((c, k)) => Some((read(c)?, read(k)?)),
+        None => None,
+    };
+    Ok(Some(Transport::tls_with_config(TlsConfiguration::Simple {
+        ca,
+        alpn: None,
+        client_auth,
+    })))
+}
+
+/// Builds a client and its event loop (nothing is connected until the loop is polled).
+pub fn build(o: &LinkOptions<'_>) -> Result<(Client, Loop), LinkError> {
+    let ep = o.endpoint;
+    let transport = tls(ep)?;
+    let keep_alive = Duration::from_secs(u64::from(ep.keep_alive_s.max(5)));
+    let cap = usize::from(o.inflight).max(64) * 4;
+    if o.v5 {
+        use rumqttc::v5::mqttbytes::{QoS, v5::LastWill};
+        let mut m = rumqttc::v5::MqttOptions::new(&ep.client_id, &ep.host, ep.port);
+        m.set_keep_alive(keep_alive)
+            .set_clean_start(!o.persistent)
+            .set_manual_acks(o.manual_acks)
+            .set_receive_maximum(Some(u16::MAX))
+            .set_max_packet_size(Some(
+                u32::try_from(MAX_INCOMING_PACKET).unwrap_or(u32::MAX),
+            ))
+            .set_outgoing_inflight_upper_limit(o.inflight)
+            .set_request_channel_capacity(cap);
+        if o.persistent {
+            m.set_session_expiry_interval(Some(o.session_expiry_s));
+        }
+        if let (Some(u), p) = (&ep.username, &ep.password) {
+            m.set_credentials(u, p.clone().unwrap_or_default());
+        }
+        if let Some((topic, payload)) = &o.will {
+            m.set_last_will(LastWill::new(
+                topic.clone(),
+                payload.clone(),
+                QoS::AtLeastOnce,
+                true,
+                None,
+            ));
+        }
+        if let Some(t) = transport {
+            m.set_transport(t);
+        }
+        let (c, l) = rumqttc::v5::AsyncClient::new(m, cap);
+        Ok((Client::V5(c), Loop::V5(Box::new(l))))
+    } else {
+        use rumqttc::{LastWill, QoS};
+        let mut m = rumqttc::MqttOptions::new(&ep.client_id, &ep.host, ep.port);
+        m.set_keep_alive(keep_alive)
+            .set_clean_session(!o.persistent)
+            .set_manual_acks(o.manual_acks)
+            .set_max_packet_size(MAX_INCOMING_PACKET, MAX_INCOMING_PACKET)
+            .set_inflight(o.inflight)
+            .set_request_channel_capacity(cap);
+        if let (Some(u), p) = (&ep.username, &ep.password) {
+            m.set_credentials(u, p.clone().unwrap_or_default());
+        }
+        if let Some((topic, payload)) = &o.will {
+            m.set_last_will(LastWill::new(
+                topic.clone(),
+                payload.clone(),
+                QoS::AtLeastOnce,
+                true,
+            ));
+        }
+        if let Some(t) = transport {
+            m.set_transport(t);
+        }
+        let (c, l) = rumqttc::AsyncClient::new(m, cap);
+        Ok((Client::V4(c), Loop::V4(Box::new(l))))
+    }
+}
+
+fn req(e: impl std::fmt::Display) -> LinkError {
+    LinkError::Request(e.to_string())
+}
+
+impl Client {
+    /// Queues a subscription to every filter at `qos`.
+    pub fn subscribe(&self, filters: &[String], qos: u8) -> Result<(), LinkError> {
+        match self {
+            Client::V4(c) => {
+                let q = qos4(qos);
+                c.try_subscribe_many(filters.iter().map(|f| rumqttc::SubscribeFilter::new(f.clone(), q)))
+                    .map_err(req)
+            }
+            Client::V5(c) => {
+                let q = qos5(qos);
+                c.try_subscribe_many(
+                    filters
+                        .iter()
+                        .map(|f| rumqttc::v5::mqttbytes::v5::Filter::new(f.clone(), q)),
+                )
+                .map_err(req)
+            }
+        }
+    }
+
+    /// Queues a publish.
+    pub fn publish(&self, topic: &str, payload: Vec<u8>, qos: u8, retain: bool) -> Result<(), LinkError> {
+        match self {
+            Client::V4(c) => c.try_publish(topic, qos4(qos), retain, payload).map_err(req),
+            Client::V5(c) => c.try_publish(topic, qos5(qos), retain, payload).map_err(req),
+        }
+    }
+
+    /// Sends the ack of a held message (waits for room in the request channel).
+    pub async fn ack(&self, held: &Held) -> Result<(), LinkError> {
+        match (self, held) {
+            (Client::V4(c), Held::V4(p)) => c.ack(p).await.map_err(req),
+            (Client::V5(c), Held::V5(p)) => c.ack(p).await.map_err(req),
+            _ => Err(LinkError::Request("ack on a link of another protocol".into())),
+        }
+    }
+
+    /// Queues a clean disconnect.
+    pub fn disconnect(&self) -> Result<(), LinkError> {
+        match self {
+            Client::V4(c) => c.try_disconnect().map_err(req),
+            Client::V5(c) => c.try_disconnect().map_err(req),
+        }
+    }
+}
+
+fn qos4(q: u8) -> rumqttc::QoS {
+    if q == 0 {
+        rumqttc::QoS::AtMostOnce
+    } else {
+        rumqttc::QoS::AtLeastOnce
+    }
+}
+
+fn qos5(q: u8) -> rumqttc::v5::mqttbytes::QoS {
+    if q == 0 {
+        rumqttc::v5::mqttbytes::QoS::AtMostOnce
+    } else {
+        rumqttc::v5::mqttbytes::QoS::AtLeastOnce
+    }
+}
+
+impl Loop {
+    /// Polls once; reconnects on the next call after an error.
+    pub async fn poll(&mut self) -> Result<Event, LinkError> {
+        match self {
+            Loop::V4(l) => {
+                use rumqttc::{Event as E, Packet};
+                match l.poll().await {
+                    Ok(E::Incoming(Packet::ConnAck(c))) => Ok(Event::Connected {
+                        session_present: c.session_present,
+                    }),
+                    Ok(E::Incoming(Packet::Publish(p))) => Ok(Event::Message {
+                        topic: p.topic.clone(),
+                        payload: p.payload.clone(),
+                        held: (p.qos != rumqttc::QoS::AtMostOnce).then(|| Held::V4(Box::new(p))),
+                    }),
+                    Ok(E::Incoming(Packet::PubAck(_))) => Ok(Event::PubAck {
+                        ok: true,
+                        reason: String::new(),
+                    }),
+                    Ok(_) => Ok(Event::Other),
+                    Err(e) => Err(LinkError::Connection(e.to_string())),
+                }
+            }
+            Loop::V5(l) => {
+                use rumqttc::v5::Event as E;
+                use rumqttc::v5::mqttbytes::v5::{Packet, PubAckReason};
+                match l.poll().await {
+                    Ok(E::Incoming(Packet::ConnAck(c))) => Ok(Event::Connected {
+                        session_present: c.session_present,
+                    }),
+                    Ok(E::Incoming(Packet::Publish(p))) => Ok(Event::Message {
+                        topic: String::from_utf8_lossy(&p.topic).into_owned(),
+                        payload: p.payload.clone(),
+                        held: (p.qos != rumqttc::v5::mqttbytes::QoS::AtMostOnce)
+                            .then(|| Held::V5(Box::new(p))),
+                    }),
+                    Ok(E::Incoming(Packet::PubAck(a))) => Ok(Event::PubAck {
+                        ok: matches!(
+                            a.reason,
+                            PubAckReason::Success | PubAckReason::NoMatchingSubscribers
+                        ),
+                        reason: format!("{:?}", a.reason),
+                    }),
+                    Ok(_) => Ok(Event::Other),
+                    Err(e) => Err(LinkError::Connection(e.to_string())),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,329 @@
+//! `tidemark run`: the gateway over MQTT. The only module that imports tokio
+//! and rumqttc and reads the clocks. A task or thread per concern, fed by
+//! channels, in the shape of mini-redis's `server::run(listener, shutdown)`:
+//!
+//! ```text
+//! source task ─► core thread (engine) ─► store thread (redb) ─► ack task ─► source broker
+//!  (rumqttc)       ticks, batches          one txn per batch  └─► sink task ─► upstream broker
+//! ```
+//! Shutdown: stop forwarding input → the core processes what it has and cuts
+//! the last batch → the store commits it → its acks go out → the source
+//! disconnects → the sink drains for a few seconds, publishes `offline`, exits.
+
+pub mod clock;
+mod core;
+pub mod link;
+mod metrics;
+mod sink;
+mod source;
+mod storer;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::{mpsc, watch};
+
+use crate::config::{Config, Protocol, SinkFormat};
+use crate::driver::Driver;
+use crate::engine::Engine;
+use crate::store::{Batch, Store, StoreError};
+use clock::SystemClock;
+use core::Inbound;
+use link::{LinkError, LinkOptions};
+
+/// State shared between the tasks (counters and marks only).
+pub struct Shared {
+    /// One past the highest outbox sequence number acknowledged upstream (0: none yet).
+    pub delivered: AtomicU64,
+    /// Outbox entries after the last commit.
+    pub outbox_depth: AtomicU64,
+    /// Outputs dropped because the outbox was full.
+    pub outbox_dropped: AtomicU64,
+    /// Wall time of the oldest undelivered output (0: unknown or none).
+    pub outbox_oldest: AtomicI64,
+    /// The outbox bound (for logs).
+    pub outbox_max: u64,
+    /// The sink is connected.
+    pub sink_up: AtomicBool,
+    /// Source connection generation; ack tokens of an older one are dropped.
+    pub source_gen: AtomicU64,
+    /// Messages handed to the core in this process.
+    pub received: AtomicU64,
+    /// Output encoding.
+    pub format: SinkFormat,
+    /// `P/metrics` payloads to the sink.
+    pub metrics_tx: mpsc::UnboundedSender<Vec<u8>>,
+}
+
+/// A batch for the store thread and the acks it releases.
+pub struct StoreJob {
+    /// What to commit.
+    pub batch: Batch,
+    /// Acks of the messages the batch covers, in receive order.
+    pub acks: Vec<(u64, link::Held)>,
+    /// The final batch of a graceful stop.
+    pub last: bool,
+}
+
+/// Why the gateway stopped with exit code 1.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The state store failed (unreadable file, disk error).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A connection could not be set up (TLS material).
+    #[error(transparent)]
+    Link(#[from] LinkError),
+    /// The async runtime or a thread could not start.
+    #[error("runtime: {0}")]
+    Runtime(String),
+}
+
+#[derive(Serialize)]
+struct Status<'a> {
+    state: &'a str,
+    version: &'a str,
+}
+
+fn encode<T: Serialize>(v: &T, format: SinkFormat) -> Vec<u8> {
+    match format {
+        SinkFormat::Json => serde_json::to_vec(v).unwrap_or_default(),
+        SinkFormat::Cbor => {
+            let mut b = Vec::new();
+            let _ = ciborium::ser::into_writer(v, &mut b);
+            b
+        }
+    }
+}
+
+/// Runs the gateway until SIGTERM/SIGINT (then flushes and returns Ok).
+pub fn run(cfg: &Config) -> Result<(), RunError> {
+    let clock = SystemClock::new();
+    let (store, snap) = Store::open(&cfg.state_dir, cfg.outbox_max_messages)?;
+    tracing::info!(
+        state = %store.path().display(),
+        groups = snap.groups.len(),
+        devices = snap.devices.len(),
+        outbox_depth = snap.outbox_depth,
+        "state restored"
+    );
+    let mut engine = Engine::new(cfg);
+    let outbox_depth = snap.outbox_depth;
+    let outbox_dropped = snap.outbox_dropped;
+    engine.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
+    let driver = Driver::new(engine, cfg, cfg.sink_format, None);
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("tidemark-io")
+        .enable_all()
+        .build()
+        .map_err(|e| RunError::Runtime(e.to_string()))?;
+    rt.block_on(gateway(cfg, clock, store, driver, outbox_depth, outbox_dropped))
+}
+
+#[allow(clippy::too_many_lines)]
+async fn gateway(
+    cfg: &Config,
+    clock: SystemClock,
+    store: Store,
+    driver: Driver,
+    outbox_depth: u64,
+    outbox_dropped: u64,
+) -> Result<(), RunError> {
+    let (metrics_tx, metrics_rx) = mpsc::unbounded_channel();
+    let shared = Arc::new(Shared {
+        delivered: AtomicU64::new(0),
+        outbox_depth: AtomicU64::new(outbox_depth),
+        outbox_dropped: AtomicU64::new(outbox_dropped),
+        outbox_oldest: AtomicI64::new(0),
+        outbox_max: cfg.outbox_max_messages,
+        sink_up: AtomicBool::new(false),
+        source_gen: AtomicU64::new(0),
+        received: AtomicU64::new(0),
+        format: cfg.sink_format,
+        metrics_tx,
+    });
+    let seed = u64::try_from(clock.now().wall).unwrap_or(1) ^ u64::from(std::process::id());
+    let version = env!("CARGO_PKG_VERSION");
+    let status_topic = format!("{}/status", cfg.topic_prefix);
+    let offline = encode(
+        &Status {
+            state: "offline",
+            version,
+        },
+        cfg.sink_format,
+    );
+    let online = encode(
+        &Status {
+            state: "online",
+            version,
+        },
+        cfg.sink_format,
+    );
+
+    let (src_client, src_loop) = link::build(&LinkOptions {
+        endpoint: &cfg.source,
+        v5: cfg.source_protocol == Protocol::V5,
+        persistent: true,
+        session_expiry_s: cfg.session_expiry_s,
+        manual_acks: true,
+        will: None,
+        inflight: 100,
+    })?;
+    let sink_window: u16 = 100;
+    let (sink_client, sink_loop) = link::build(&LinkOptions {
+        endpoint: &cfg.sink,
+        v5: true,
+        persistent: false,
+        session_expiry_s: 0,
+        manual_acks: false,
+        will: Some((status_topic.clone(), offline.clone())),
+        inflight: sink_window,
+    })?;
+
+    let (core_tx, core_rx) = mpsc::channel::<Inbound>(8192);
+    let (store_tx, store_rx) = std::sync::mpsc::sync_channel::<StoreJob>(1);
+    let (acks_tx, acks_rx) = mpsc::unbounded_channel();
+    let (sink_tx, sink_rx) = mpsc::unbounded_channel();
+    let (fatal_tx, mut fatal_rx) = mpsc::unbounded_channel::<StoreError>();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (flushed_tx, flushed_rx) = watch::channel(false);
+
+    let metrics_ms = i64::try_from(cfg.metrics_interval_s.saturating_mul(1000)).unwrap_or(i64::MAX);
+    let core_shared = shared.clone();
+    let core = std::thread::Builder::new()
+        .name("tidemark-core".into())
+        .spawn(move || core::run(driver, clock, core_rx, store_tx, core_shared, metrics_ms))
+        .map_err(|e| RunError::Runtime(e.to_string()))?;
+    let reader = store.reader();
+    let store_shared = shared.clone();
+    let storer = std::thread::Builder::new()
+        .name("tidemark-store".into())
+        .spawn(move || {
+            let r = storer::run(store, store_rx, acks_tx, sink_tx, store_shared);
+            if let Err(e) = r {
+                let _ = fatal_tx.send(e);
+            }
+        })
+        .map_err(|e| RunError::Runtime(e.to_string()))?;
+
+    let source = tokio::spawn(source::run(
+        src_loop,
+        src_client.clone(),
+        source::Subscription {
+            topics: cfg.topics.clone(),
+            qos: cfg.source.qos,
+            url: endpoint_url(&cfg.source),
+        },
+        core_tx.clone(),
+        shared.clone(),
+        stop_rx.clone(),
+        flushed_rx,
+        seed,
+    ));
+    let acker = tokio::spawn(source::acks(src_client, acks_rx, shared.clone(), flushed_tx));
+    let sink = tokio::spawn(sink::run(
+        sink_loop,
+        sink_client,
+        sink::SinkOptions {
+            qos: cfg.sink.qos,
+            status_topic,
+            online,
+            offline,
+            metrics_topic: format!("{}/metrics", cfg.topic_prefix),
+            window: usize::from(sink_window),
+            url: endpoint_url(&cfg.sink),
+        },
+        reader,
+        sink_rx,
+        metrics_rx,
+        shared.clone(),
+        seed.rotate_left(17),
+    ));
+    let wake_every = cfg.tick_interval_ms.min(cfg.commit_interval_ms).max(1);
+    let wake_tx = core_tx.clone();
+    let mut wake_stop = stop_rx.clone();
+    let waker = tokio::spawn(async move {
+        let mut iv = tokio::time::interval(Duration::from_millis(wake_every));
+        iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tokio::select! {
+                _ = iv.tick() => { let _ = wake_tx.try_send(Inbound::Wake); }
+                _ = wake_stop.changed() => return,
+            }
+        }
+    });
+    tracing::info!(
+        gateway = %cfg.gateway_id,
+        source = %endpoint_url(&cfg.source),
+        sink = %endpoint_url(&cfg.sink),
+        "tidemark running"
+    );
+
+    let failed = tokio::select! {
+        () = shutdown_signal() => None,
+        e = fatal_rx.recv() => e,
+    };
+    if let Some(e) = failed {
+        return Err(RunError::Store(e));
+    }
+    tracing::info!("stopping: final commit, then acks and the uplink");
+    let _ = stop_tx.send(true);
+    let _ = core_tx.send(Inbound::Stop).await;
+    drop(core_tx);
+    let all = async {
+        let _ = waker.await;
+        let _ = acker.await;
+        let _ = source.await;
+        let _ = sink.await;
+    };
+    let finished = tokio::time::timeout(Duration::from_millis(4500), all).await;
+    if finished.is_err() {
+        tracing::warn!("shutdown took too long; exiting with what is committed");
+    }
+    let _ = tokio::task::spawn_blocking(move || {
+        let _ = core.join();
+        let _ = storer.join();
+    })
+    .await;
+    if let Ok(e) = fatal_rx.try_recv() {
+        return Err(RunError::Store(e));
+    }
+    tracing::info!(
+        received = shared.received.load(Ordering::Relaxed),
+        outbox_depth = shared.outbox_depth.load(Ordering::Relaxed),
+        "stopped"
+    );
+    Ok(())
+}
+
+fn endpoint_url(ep: &crate::config::Endpoint) -> String {
+    format!(
+        "{}://{}:{}",
+        if ep.tls { "mqtts" } else { "mqtt" },
+        ep.host,
+        ep.port
+    )
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut term) = signal(SignalKind::terminate()) else {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
