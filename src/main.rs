@@ -75,7 +75,9 @@ fn main() -> ExitCode {
         (Some(c), None) => c,
         (None, Some(config)) => Command::Run { config },
         (Some(_), Some(_)) => {
-            eprintln!("error: --config goes after the subcommand (e.g. `tidemark run --config FILE`)");
+            eprintln!(
+                "error: --config goes after the subcommand (e.g. `tidemark run --config FILE`)"
+            );
             return ExitCode::from(2);
         }
         (None, None) => {

@@ -130,7 +130,11 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     if u32::try_from(raw.source.session_expiry_s).is_err() {
         p.add(
             "source.session_expiry_s",
-            format!("{} is above the MQTT limit of {}", raw.source.session_expiry_s, u32::MAX),
+            format!(
+                "{} is above the MQTT limit of {}",
+                raw.source.session_expiry_s,
+                u32::MAX
+            ),
         );
     }
     if raw.source.topics.is_empty() {
@@ -449,7 +453,11 @@ fn endpoint(
         }
     }
     if cert.is_empty() != key.is_empty() {
-        let missing = if cert.is_empty() { "cert_file" } else { "key_file" };
+        let missing = if cert.is_empty() {
+            "cert_file"
+        } else {
+            "key_file"
+        };
         p.add(
             &format!("{section}.{missing}"),
             "mutual TLS needs both cert_file and key_file",

@@ -23,9 +23,9 @@ impl SystemClock {
     /// Both clocks, read once.
     #[allow(clippy::disallowed_methods)]
     pub fn now(&self) -> Now {
-        let wall = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| Millis::try_from(d.as_millis()).unwrap_or(Millis::MAX));
+        let wall = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| {
+            Millis::try_from(d.as_millis()).unwrap_or(Millis::MAX)
+        });
         let mono = Millis::try_from(self.origin.elapsed().as_millis()).unwrap_or(Millis::MAX);
         Now { wall, mono }
     }

@@ -46,7 +46,12 @@ pub enum Event {
         /// Reason code text (v5 failures).
         reason: String,
     },
-    /// Nothing of interest (pings, our own outgoing packets, suback).
+    /// SUBACK: how many filters the broker refused.
+    Subscribed {
+        /// Refused filters.
+        refused: usize,
+    },
+    /// Nothing of interest (pings, our own outgoing packets).
     Other,
 }
 
@@ -136,9 +141,7 @@ pub fn build(o: &LinkOptions<'_>) -> Result<(Client, Loop), LinkError> {
             .set_clean_start(!o.persistent)
             .set_manual_acks(o.manual_acks)
             .set_receive_maximum(Some(u16::MAX))
-            .set_max_packet_size(Some(
-                u32::try_from(MAX_INCOMING_PACKET).unwrap_or(u32::MAX),
-            ))
+            .set_max_packet_size(Some(u32::try_from(MAX_INCOMING_PACKET).unwrap_or(u32::MAX)))
             .set_outgoing_inflight_upper_limit(o.inflight)
             .set_request_channel_capacity(cap);
         if o.persistent {
@@ -199,8 +202,12 @@ impl Client {
         match self {
             Client::V4(c) => {
                 let q = qos4(qos);
-                c.try_subscribe_many(filters.iter().map(|f| rumqttc::SubscribeFilter::new(f.clone(), q)))
-                    .map_err(req)
+                c.try_subscribe_many(
+                    filters
+                        .iter()
+                        .map(|f| rumqttc::SubscribeFilter::new(f.clone(), q)),
+                )
+                .map_err(req)
             }
             Client::V5(c) => {
                 let q = qos5(qos);
@@ -215,10 +222,20 @@ impl Client {
     }
 
     /// Queues a publish.
-    pub fn publish(&self, topic: &str, payload: Vec<u8>, qos: u8, retain: bool) -> Result<(), LinkError> {
+    pub fn publish(
+        &self,
+        topic: &str,
+        payload: Vec<u8>,
+        qos: u8,
+        retain: bool,
+    ) -> Result<(), LinkError> {
         match self {
-            Client::V4(c) => c.try_publish(topic, qos4(qos), retain, payload).map_err(req),
-            Client::V5(c) => c.try_publish(topic, qos5(qos), retain, payload).map_err(req),
+            Client::V4(c) => c
+                .try_publish(topic, qos4(qos), retain, payload)
+                .map_err(req),
+            Client::V5(c) => c
+                .try_publish(topic, qos5(qos), retain, payload)
+                .map_err(req),
         }
     }
 
@@ -227,7 +244,9 @@ impl Client {
         match (self, held) {
             (Client::V4(c), Held::V4(p)) => c.ack(p).await.map_err(req),
             (Client::V5(c), Held::V5(p)) => c.ack(p).await.map_err(req),
-            _ => Err(LinkError::Request("ack on a link of another protocol".into())),
+            _ => Err(LinkError::Request(
+                "ack on a link of another protocol".into(),
+            )),
         }
     }
 
@@ -275,6 +294,13 @@ impl Loop {
                         ok: true,
                         reason: String::new(),
                     }),
+                    Ok(E::Incoming(Packet::SubAck(a))) => Ok(Event::Subscribed {
+                        refused: a
+                            .return_codes
+                            .iter()
+                            .filter(|c| matches!(c, rumqttc::SubscribeReasonCode::Failure))
+                            .count(),
+                    }),
                     Ok(_) => Ok(Event::Other),
                     Err(e) => Err(LinkError::Connection(e.to_string())),
                 }
@@ -298,6 +324,18 @@ impl Loop {
                             PubAckReason::Success | PubAckReason::NoMatchingSubscribers
                         ),
                         reason: format!("{:?}", a.reason),
+                    }),
+                    Ok(E::Incoming(Packet::SubAck(a))) => Ok(Event::Subscribed {
+                        refused: a
+                            .return_codes
+                            .iter()
+                            .filter(|c| {
+                                !matches!(
+                                    c,
+                                    rumqttc::v5::mqttbytes::v5::SubscribeReasonCode::Success(_)
+                                )
+                            })
+                            .count(),
                     }),
                     Ok(_) => Ok(Event::Other),
                     Err(e) => Err(LinkError::Connection(e.to_string())),

@@ -121,7 +121,14 @@ pub fn run(cfg: &Config) -> Result<(), RunError> {
         .enable_all()
         .build()
         .map_err(|e| RunError::Runtime(e.to_string()))?;
-    rt.block_on(gateway(cfg, clock, store, driver, outbox_depth, outbox_dropped))
+    rt.block_on(gateway(
+        cfg,
+        clock,
+        store,
+        driver,
+        outbox_depth,
+        outbox_dropped,
+    ))
 }
 
 #[allow(clippy::too_many_lines)]
@@ -224,7 +231,12 @@ async fn gateway(
         flushed_rx,
         seed,
     ));
-    let acker = tokio::spawn(source::acks(src_client, acks_rx, shared.clone(), flushed_tx));
+    let acker = tokio::spawn(source::acks(
+        src_client,
+        acks_rx,
+        shared.clone(),
+        flushed_tx,
+    ));
     let sink = tokio::spawn(sink::run(
         sink_loop,
         sink_client,

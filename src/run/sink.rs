@@ -195,7 +195,11 @@ pub async fn run(
         }
     }
     // Offline status, retained, then a clean disconnect (the last will covers a crash).
-    if st.connected && client.publish(&opts.status_topic, opts.offline.clone(), 1, true).is_ok() {
+    if st.connected
+        && client
+            .publish(&opts.status_topic, opts.offline.clone(), 1, true)
+            .is_ok()
+    {
         st.inflight.push_back(Flight::Status);
         let _ = tokio::time::timeout(Duration::from_secs(1), async {
             while !st.inflight.is_empty() {
@@ -279,7 +283,10 @@ async fn fill(st: &mut State, client: &Client, reader: &OutboxReader, opts: &Sin
             None
         };
         let Some((seq, e)) = next else { break };
-        if client.publish(&e.topic, e.payload, opts.qos, e.retain).is_err() {
+        if client
+            .publish(&e.topic, e.payload, opts.qos, e.retain)
+            .is_err()
+        {
             // The request channel is full; the entry is read again from the outbox.
             st.end = st.end.max(seq + 1);
             break;
@@ -300,8 +307,10 @@ async fn read_from(
     let r = reader.clone();
     tokio::task::spawn_blocking(move || r.outbox_after(after, BACKLOG_READ))
         .await
-        .unwrap_or_else(|e| Ok({
-            tracing::error!(error = %e, "outbox reader task failed");
-            Vec::new()
-        }))
+        .unwrap_or_else(|e| {
+            Ok({
+                tracing::error!(error = %e, "outbox reader task failed");
+                Vec::new()
+            })
+        })
 }

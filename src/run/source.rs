@@ -77,6 +77,13 @@ pub async fn run(
                         return;
                     }
                 }
+                Ok(Event::Subscribed { refused }) => {
+                    if refused == 0 {
+                        tracing::info!(topics = ?sub.topics, "source subscribed");
+                    } else {
+                        tracing::error!(refused, topics = ?sub.topics, "source broker refused topic filters");
+                    }
+                }
                 Ok(Event::PubAck { .. } | Event::Other) => {}
                 Err(e) => {
                     if stopping && (*flushed.borrow() || !connected) {

@@ -384,7 +384,6 @@ impl OutboxReader {
         }
         Ok(out)
     }
-
 }
 
 fn corrupt<'a>(path: &'a Path, table: &'static str) -> impl Fn(String) -> StoreError + 'a {
