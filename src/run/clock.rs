@@ -63,9 +63,9 @@ impl Backoff {
         self.attempt = 0;
     }
 
-    /// The delay before the next attempt: 200 ms doubling up to 30 s, ±25 % jitter.
+    /// The delay before the next attempt: 200 ms doubling up to 15 s, ±25 % jitter.
     pub fn next_delay(&mut self) -> std::time::Duration {
-        let base: u64 = (200u64 << self.attempt.min(8)).min(30_000);
+        let base: u64 = (200u64 << self.attempt.min(8)).min(15_000);
         self.attempt = self.attempt.saturating_add(1);
         self.seed ^= self.seed << 13;
         self.seed ^= self.seed >> 7;

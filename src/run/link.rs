@@ -221,6 +221,32 @@ impl Client {
         }
     }
 
+    /// Subscribes, waiting for room in the request channel (never call from the polling task).
+    pub async fn subscribe_wait(&self, filters: Vec<String>, qos: u8) -> Result<(), LinkError> {
+        match self {
+            Client::V4(c) => {
+                let q = qos4(qos);
+                c.subscribe_many(
+                    filters
+                        .into_iter()
+                        .map(|f| rumqttc::SubscribeFilter::new(f, q)),
+                )
+                .await
+                .map_err(req)
+            }
+            Client::V5(c) => {
+                let q = qos5(qos);
+                c.subscribe_many(
+                    filters
+                        .into_iter()
+                        .map(|f| rumqttc::v5::mqttbytes::v5::Filter::new(f, q)),
+                )
+                .await
+                .map_err(req)
+            }
+        }
+    }
+
     /// Queues a publish.
     pub fn publish(
         &self,

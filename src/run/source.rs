@@ -53,8 +53,14 @@ pub async fn run(
                         tracing::info!(url = %sub.url, generation, "source connected, session resumed");
                     } else {
                         tracing::info!(url = %sub.url, generation, "source connected, new session: subscribing");
-                        if let Err(e) = client.subscribe(&sub.topics, sub.qos) {
-                            tracing::error!(error = %e, "source subscribe failed");
+                        if client.subscribe(&sub.topics, sub.qos).is_err() {
+                            // The request channel is full (acks): wait for room off the polling task.
+                            let (c, topics, qos) = (client.clone(), sub.topics.clone(), sub.qos);
+                            tokio::spawn(async move {
+                                if let Err(e) = c.subscribe_wait(topics, qos).await {
+                                    tracing::error!(error = %e, "source subscribe failed");
+                                }
+                            });
                         }
                     }
                     if core.send(Inbound::Connected).await.is_err() {
@@ -91,6 +97,8 @@ pub async fn run(
                     }
                     if connected {
                         connected = false;
+                        // Ack tokens of this connection are stale from now on.
+                        shared.source_gen.fetch_add(1, Ordering::AcqRel);
                         let _ = core.send(Inbound::Disconnected).await;
                     }
                     let delay = backoff.next_delay();

@@ -1,7 +1,7 @@
 //! Real brokers and the real gateway binary for the MQTT tests: mosquitto
 //! processes on free ports (killed and restarted at will), a persistent
 //! upstream collector, a QoS 1 publisher that waits for every PUBACK.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::disallowed_methods)]
 
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
@@ -18,6 +18,19 @@ pub fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
     while !cond() {
         assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Like [`wait_until`], with a diagnostic built at the timeout (e.g. the gateway log).
+pub fn wait_or_explain(
+    limit: Duration,
+    mut cond: impl FnMut() -> bool,
+    explain: impl Fn() -> String,
+) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < limit, "timed out: {}", explain());
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -40,6 +53,12 @@ impl Mosquitto {
     /// Starts mosquitto on a free port; `persist` keeps sessions and queues across restarts.
     pub fn start(persist: bool) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
+        // mosquitto started as root drops to its own user: it must be able to write here.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777))
+                .expect("chmod");
+        }
         let port = free_port();
         let conf = dir.path().join("mosquitto.conf");
         let mut f = std::fs::File::create(&conf).expect("conf");
