@@ -136,8 +136,11 @@ fn load(path: &Path) -> Option<Config> {
 }
 
 fn init_logging(cfg: &Config, format: Option<LogFormat>) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cfg.log_level));
+    // The embedded broker's own logs (every client connect and disconnect) stay off
+    // unless RUST_LOG asks for them.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(format!("{},rumqttd=off", cfg.log_level))
+    });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

@@ -563,3 +563,44 @@ fn upstream_outage_of_30_s_under_load_delivers_everything_in_order() {
         }
     }
 }
+
+#[test]
+fn local_config_with_the_embedded_broker_turns_a_reading_into_a_window_result() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = support::free_port();
+    let url = format!("mqtt://127.0.0.1:{port}");
+    let log = dir.path().join("gw.log");
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/local.toml");
+    let f = std::fs::File::create(&log).expect("log");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args(["run", "--config"])
+        .arg(&config)
+        .env("RUST_LOG", "info")
+        .env("TIDEMARK__BROKER__LISTEN", format!("127.0.0.1:{port}"))
+        .env("TIDEMARK__SOURCE__URL", &url)
+        .env("TIDEMARK__SINK__URL", &url)
+        .env("TIDEMARK__GATEWAY__STATE_DIR", dir.path().join("state"))
+        .stdout(std::process::Stdio::null())
+        .stderr(f)
+        .spawn()
+        .expect("start tidemark");
+    let gw = Gateway::adopt(child, &log);
+    let up = Collector::start(port, "tidemark/#", "local-collector");
+    let mut p = Publisher::connect(port, "local-sensor");
+    let ts = now_ms();
+    p.send(
+        "sensors/lab/t1/reading",
+        format!(r#"{{"ts": {ts}, "temp": 21.5}}"#).as_bytes(),
+    );
+    p.flush();
+    wait_or_explain(
+        MIN,
+        || !up.on("/windows/lab/t1").is_empty(),
+        || std::fs::read_to_string(&log).unwrap_or_default(),
+    );
+    let w = up.on("/windows/lab/t1")[0].json();
+    assert_eq!(w["count"], 1);
+    assert_eq!(w["metrics"]["temp"]["last"], 21.5);
+    let (code, _) = gw.terminate();
+    assert_eq!(code, Some(0));
+}

@@ -49,6 +49,8 @@ pub struct Config {
     pub groups: BTreeMap<String, GroupConfig>,
     /// Sink connection.
     pub sink: Endpoint,
+    /// MQTT version of the upstream connection.
+    pub sink_protocol: Protocol,
     /// Output topic prefix with `{gateway}` replaced.
     pub topic_prefix: String,
     /// Output encoding.

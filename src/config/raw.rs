@@ -55,6 +55,7 @@ allowed_lateness_ms = 30000
 
 [sink]
 url = "mqtt://127.0.0.1:1883"
+protocol = "v5"
 client_id = ""
 username = ""
 password_file = ""
@@ -260,6 +261,8 @@ fn default_window() -> RawWindow {
 pub struct RawSink {
     /// `mqtt://host[:port]` or `mqtts://host[:port]`.
     pub url: String,
+    /// MQTT protocol version of the upstream connection.
+    pub protocol: Protocol,
     /// Fixed client id; default `tidemark-{id}-out`.
     pub client_id: String,
     /// Optional user name.

@@ -276,6 +276,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         embedded_broker,
         source,
         source_protocol: raw.source.protocol,
+        sink_protocol: raw.sink.protocol,
         session_expiry_s: u32::try_from(raw.source.session_expiry_s).unwrap_or(u32::MAX),
         topics: raw.source.topics.clone(),
         topic_pattern,

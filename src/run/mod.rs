@@ -10,6 +10,7 @@
 //! the last batch → the store commits it → its acks go out → the source
 //! disconnects → the sink drains for a few seconds, publishes `offline`, exits.
 
+mod broker;
 pub mod clock;
 mod core;
 pub mod link;
@@ -171,6 +172,10 @@ async fn gateway(
         cfg.sink_format,
     );
 
+    if let Some(addr) = cfg.embedded_broker {
+        broker::start(addr).map_err(RunError::Runtime)?;
+        tracing::info!(listen = %addr, "embedded broker (MQTT 3.1.1, in memory) started");
+    }
     let (src_client, src_loop) = link::build(&LinkOptions {
         endpoint: &cfg.source,
         v5: cfg.source_protocol == Protocol::V5,
@@ -183,7 +188,7 @@ async fn gateway(
     let sink_window: u16 = 100;
     let (sink_client, sink_loop) = link::build(&LinkOptions {
         endpoint: &cfg.sink,
-        v5: true,
+        v5: cfg.sink_protocol == Protocol::V5,
         persistent: false,
         session_expiry_s: 0,
         manual_acks: false,

@@ -186,6 +186,17 @@ impl Gateway {
         g
     }
 
+    /// A gateway started by the caller (own arguments or environment).
+    pub fn adopt(child: Child, log: &Path) -> Self {
+        let g = Self {
+            child,
+            log: log.to_path_buf(),
+            ready_seen: 0,
+        };
+        g.wait_ready();
+        g
+    }
+
     /// Waits until the source subscription is in place (or a session was resumed).
     pub fn wait_ready(&self) {
         wait_until(Duration::from_secs(60), "gateway subscribed", || {
