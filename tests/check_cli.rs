@@ -126,7 +126,7 @@ fn broken_configs_exit_2_naming_the_key() {
         (format!("{ex}\n[groups.s]\nwindow = {{ kind = \"session\" }}\n"), "groups.s.window.gap_ms: missing"),
         (format!("{ex}\n[groups.w]\nwindow = {{ kind = \"sliding\", size_ms = 1 }}\n"), "groups.w.window.kind: unknown variant"),
         (ex.replace("password_file = \"\"                # password", "password_file = \"/nonexistent/pw\" #"), "source.password_file: cannot read"),
-        (ex.replace("protocol = \"v5\"", "protocol = \"v4\""), "source.protocol: unknown variant `v4`"),
+        (ex.replacen("protocol = \"v5\"", "protocol = \"v4\"", 1), "source.protocol: unknown variant `v4`"),
         (ex.replace("skew_window = 32", "skew_window = 65"), "time.skew_window: must be between 1 and 64"),
         (ex.replace("commit_interval_ms = 50", "commit_interval_ms = 0"), "gateway.commit_interval_ms: must be > 0"),
         (ex.replace("commit_interval_ms = 50", "commit_interval_ms = -5"), "gateway.commit_interval_ms: invalid value"),
