@@ -7,8 +7,50 @@ use std::fmt;
 
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 
-use crate::config::{PayloadConfig, PayloadFormat, TimestampUnit};
 use crate::model::Millis;
+
+use serde::{Deserialize, Serialize};
+
+/// Payload encoding of sensor messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PayloadFormat {
+    /// JSON object.
+    Json,
+    /// CBOR map.
+    Cbor,
+    /// CBOR if the first byte is a CBOR map header, else JSON.
+    Auto,
+}
+
+/// Unit of numeric device timestamps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TimestampUnit {
+    /// Seconds.
+    S,
+    /// Milliseconds.
+    Ms,
+    /// Microseconds.
+    Us,
+    /// Nanoseconds.
+    Ns,
+    /// By magnitude.
+    Auto,
+}
+
+/// Payload decoding settings.
+#[derive(Debug, Clone)]
+pub struct PayloadConfig {
+    /// Encoding.
+    pub format: PayloadFormat,
+    /// Timestamp field name.
+    pub timestamp_field: String,
+    /// Timestamp unit.
+    pub timestamp_unit: TimestampUnit,
+    /// Sequence field name, if duplicate suppression is enabled.
+    pub seq_field: Option<String>,
+}
 
 /// Largest accepted payload.
 pub const MAX_PAYLOAD: usize = 64 * 1024;

@@ -3,10 +3,11 @@
 //! carries. Time comes in as values; nothing here reads a clock or does I/O
 //! (the shape of rumqttc's `MqttState` beside its `EventLoop`).
 
-use crate::config::{Config, SinkFormat};
+use crate::config::Config;
 use crate::engine::{Engine, Now};
 use crate::model::Millis;
 use crate::output::Output;
+use crate::output::SinkFormat;
 use crate::store::{Batch, OutboxEntry};
 
 /// Drives one engine: ticks every `tick_interval_ms` of monotonic time and

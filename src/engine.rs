@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::{Deserialize, Serialize};
 
 use crate::codec::{Decoded, Decoder, DeviceTs, MetricName};
-use crate::config::{Config, GroupConfig, InvalidPolicy, TimeConfig, TimePolicy};
+use crate::config::{Config, GroupConfig};
 use crate::model::{Id, Kind, Millis, Reason};
 use crate::output::{
     Alert, AlertType, Late, MetricOut, Output, Rejected, WindowResult, decoded_fields,
@@ -18,6 +18,7 @@ use crate::time::seq::SeqWindow;
 use crate::time::skew::SkewEstimator;
 use crate::time::watermark;
 use crate::time::window::{self, MetricIdx, Window};
+use crate::time::{InvalidPolicy, TimeConfig, TimePolicy};
 use crate::topic::TopicPattern;
 
 /// The gateway clock at one instant: wall time for arrival stamps, a

@@ -2,12 +2,21 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::codec::{DeviceTs, MetricName};
-use crate::config::SinkFormat;
 use crate::model::{Id, Millis, Reason};
 use crate::time::window::Stats;
+
+/// Output encoding upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SinkFormat {
+    /// JSON.
+    Json,
+    /// CBOR.
+    Cbor,
+}
 
 /// Something the gateway publishes upstream.
 #[derive(Debug, Clone, PartialEq)]

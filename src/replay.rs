@@ -15,11 +15,12 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::config::{Config, SinkFormat};
+use crate::config::Config;
 use crate::driver::Driver;
 use crate::engine::{Engine, Now};
 use crate::model::Millis;
 use crate::output::PayloadRef;
+use crate::output::SinkFormat;
 use crate::store::{Batch, Store, StoreError};
 
 /// One capture line. Unknown fields (e.g. `qos` from another recorder) are ignored.

@@ -10,6 +10,11 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 pub use raw::*;
+// Domain types live by the code that uses them; the config only builds them.
+pub use crate::codec::{PayloadConfig, PayloadFormat, TimestampUnit};
+pub use crate::output::SinkFormat;
+pub use crate::time::window::WindowSpec;
+pub use crate::time::{InvalidPolicy, TimeConfig, TimePolicy};
 pub use validate::parse_url;
 use validate::{describe_config_error, describe_serde_error};
 
@@ -92,38 +97,6 @@ pub struct Endpoint {
     pub qos: u8,
 }
 
-/// Payload decoding settings.
-#[derive(Debug, Clone)]
-pub struct PayloadConfig {
-    /// Encoding.
-    pub format: PayloadFormat,
-    /// Timestamp field name.
-    pub timestamp_field: String,
-    /// Timestamp unit.
-    pub timestamp_unit: TimestampUnit,
-    /// Sequence field name, if duplicate suppression is enabled.
-    pub seq_field: Option<String>,
-}
-
-/// Event-time settings.
-#[derive(Debug, Clone)]
-pub struct TimeConfig {
-    /// Event-time source.
-    pub policy: TimePolicy,
-    /// Lowest plausible device (and gateway) clock.
-    pub min_valid_epoch_ms: i64,
-    /// Invalid timestamp handling.
-    pub invalid: InvalidPolicy,
-    /// Distrust threshold of the estimated offset.
-    pub max_skew_ms: i64,
-    /// Offset estimator buckets.
-    pub skew_window: usize,
-    /// Future bound.
-    pub max_future_ms: i64,
-    /// Age bound.
-    pub max_age_ms: i64,
-}
-
 /// Watermark and window settings of one group.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupConfig {
@@ -137,28 +110,6 @@ pub struct GroupConfig {
     pub allowed_lateness_ms: i64,
     /// Window shape.
     pub window: WindowSpec,
-}
-
-/// A validated window shape.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WindowSpec {
-    /// `[k·size, (k+1)·size)`.
-    Tumbling {
-        /// Length.
-        size_ms: i64,
-    },
-    /// `[k·slide, k·slide + size)`.
-    Hopping {
-        /// Length.
-        size_ms: i64,
-        /// Start spacing.
-        slide_ms: i64,
-    },
-    /// `[first, last + gap)`.
-    Session {
-        /// Inactivity gap.
-        gap_ms: i64,
-    },
 }
 
 impl Config {

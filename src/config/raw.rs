@@ -6,6 +6,10 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use crate::codec::{PayloadFormat, TimestampUnit};
+use crate::output::SinkFormat;
+use crate::time::{InvalidPolicy, TimePolicy};
+
 /// SPEC defaults; the bottom layer of every configuration.
 pub const DEFAULTS: &str = r#"
 [gateway]
@@ -315,56 +319,6 @@ pub enum Protocol {
     V311,
 }
 
-/// Payload encoding of sensor messages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PayloadFormat {
-    /// JSON object.
-    Json,
-    /// CBOR map.
-    Cbor,
-    /// CBOR if the first byte is a CBOR map header, else JSON.
-    Auto,
-}
-
-/// Unit of numeric device timestamps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TimestampUnit {
-    /// Seconds.
-    S,
-    /// Milliseconds.
-    Ms,
-    /// Microseconds.
-    Us,
-    /// Nanoseconds.
-    Ns,
-    /// By magnitude.
-    Auto,
-}
-
-/// Source of event time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TimePolicy {
-    /// Device time corrected by the estimated clock offset.
-    Calibrated,
-    /// Device time as sent.
-    Device,
-    /// Gateway arrival time.
-    Arrival,
-}
-
-/// Handling of missing or invalid device timestamps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum InvalidPolicy {
-    /// Use arrival time.
-    Arrival,
-    /// Reject (`invalid_timestamp`).
-    Reject,
-}
-
 /// Window kinds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -375,16 +329,6 @@ pub enum WindowKind {
     Hopping,
     /// Closed by an inactivity gap.
     Session,
-}
-
-/// Output encoding upstream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SinkFormat {
-    /// JSON.
-    Json,
-    /// CBOR.
-    Cbor,
 }
 
 /// Log line format.

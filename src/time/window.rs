@@ -2,8 +2,29 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::WindowSpec;
 use crate::model::Millis;
+
+/// A validated window shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowSpec {
+    /// `[k·size, (k+1)·size)`.
+    Tumbling {
+        /// Length.
+        size_ms: i64,
+    },
+    /// `[k·slide, k·slide + size)`.
+    Hopping {
+        /// Length.
+        size_ms: i64,
+        /// Start spacing.
+        slide_ms: i64,
+    },
+    /// `[first, last + gap)`.
+    Session {
+        /// Inactivity gap.
+        gap_ms: i64,
+    },
+}
 
 /// Index of an interned metric name.
 pub type MetricIdx = u16;
