@@ -13,7 +13,9 @@ use super::link::Held;
 use super::metrics;
 use super::{Shared, StoreJob};
 use crate::driver::Driver;
+use crate::engine::Engine;
 use crate::model::Millis;
+use crate::output::{AlertType, Output};
 
 /// Input of the core thread.
 #[derive(Debug)]
@@ -54,6 +56,9 @@ pub fn run(
     let mut next_metrics = clock.mono().saturating_add(metrics_every_ms);
     let mut committed_delivered = shared.delivered.load(Ordering::Acquire);
     let mut stopping = false;
+    let mut report = Report::new(clock.mono());
+    // Counters are totals since the state was created: rates start from the restored ones.
+    report.rates(driver.engine(), clock.mono());
     while !stopping {
         let Some(first) = rx.blocking_recv() else {
             break;
@@ -96,10 +101,22 @@ pub fn run(
             driver.skip_missed_ticks(now);
             driver.ticks_until(now);
         }
+        if driver.engine().clock_held() != report.clock_held {
+            report.clock_held = driver.engine().clock_held();
+            if report.clock_held {
+                tracing::warn!(wall_ms = now.wall, "gateway wall clock is before time.min_valid_epoch_ms (no RTC, NTP not synced?): processing time held");
+            } else {
+                tracing::info!(wall_ms = now.wall, "gateway wall clock plausible again: processing time resumes");
+            }
+        }
         if now.mono >= next_metrics {
             next_metrics = now.mono.saturating_add(metrics_every_ms);
             let payload = metrics::snapshot(driver.engine(), now, &shared, source_up);
             let _ = shared.metrics_tx.send(payload);
+        }
+        report.outputs(&driver.outputs);
+        if now.mono >= report.next {
+            report.rates(driver.engine(), now.mono);
         }
         let delivered = shared.delivered.load(Ordering::Acquire);
         let work = !held.is_empty()
@@ -119,5 +136,70 @@ pub fn run(
                 break;
             }
         }
+    }
+}
+
+/// What an operator should see in the log: clock distrust as it happens, and
+/// late/rejected rates once a minute when there were any.
+struct Report {
+    next: Millis,
+    late: u64,
+    rejected: u64,
+    duplicates: u64,
+    clock_held: bool,
+    /// The first call only takes the restored totals.
+    started: bool,
+}
+
+const REPORT_EVERY_MS: Millis = 60_000;
+
+impl Report {
+    fn new(mono: Millis) -> Self {
+        Self {
+            next: mono.saturating_add(REPORT_EVERY_MS),
+            late: 0,
+            rejected: 0,
+            duplicates: 0,
+            clock_held: false,
+            started: false,
+        }
+    }
+
+    fn outputs(&self, outputs: &[Output]) {
+        for o in outputs {
+            if let Output::Alert(a) = o {
+                match a.kind {
+                    AlertType::ClockSkew => tracing::warn!(
+                        group = %a.group, device = %a.device, offset_ms = a.offset_ms,
+                        "device clock distrusted: arrival time used"
+                    ),
+                    AlertType::ClockOk => tracing::info!(
+                        group = %a.group, device = %a.device, offset_ms = a.offset_ms,
+                        "device clock trusted again"
+                    ),
+                    AlertType::Offline => tracing::info!(
+                        group = %a.group, device = %a.device, last_seen = a.last_seen,
+                        "device offline"
+                    ),
+                    AlertType::Online => {}
+                }
+            }
+        }
+    }
+
+    fn rates(&mut self, engine: &Engine, mono: Millis) {
+        self.next = mono.saturating_add(REPORT_EVERY_MS);
+        let c = engine.counters();
+        let rejected: u64 = c.rejected.iter().sum();
+        let (late, rej, dup) = (
+            c.late.saturating_sub(self.late),
+            rejected.saturating_sub(self.rejected),
+            c.duplicates.saturating_sub(self.duplicates),
+        );
+        if self.started && late + rej > 0 {
+            tracing::warn!(late, rejected = rej, duplicates = dup, "in the last minute");
+        }
+        (self.late, self.rejected, self.duplicates) = (c.late, rejected, c.duplicates);
+        self.started = true;
     }
 }
