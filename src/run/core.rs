@@ -126,6 +126,7 @@ pub fn run(
         if (work && driver.commit_due(now.mono)) || stopping {
             committed_delivered = delivered;
             let batch = driver.take_batch(now);
+            tracing::debug!(acks = held.len(), outputs = batch.outputs.len(), "batch");
             let job = StoreJob {
                 batch,
                 acks: std::mem::take(&mut held),
