@@ -49,7 +49,11 @@ fn mosquitto(dir: &std::path::Path, port: u16) -> Child {
 }
 
 fn which(name: &str) -> String {
-    for d in std::env::var("PATH").unwrap_or_default().split(':').chain(["/usr/sbin"]) {
+    for d in std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .chain(["/usr/sbin"])
+    {
         let p = std::path::Path::new(d).join(name);
         if p.is_file() {
             return p.to_string_lossy().into_owned();
@@ -79,13 +83,19 @@ fn start_gateway(config: &std::path::Path, log: &std::path::Path) -> Child {
         if t.contains("source subscribed") || t.contains("session resumed") {
             return c;
         }
-        assert!(start.elapsed() < Duration::from_secs(30), "gateway not ready:\n{t}");
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "gateway not ready:\n{t}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
 
 fn stop(mut c: Child) {
-    let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(c.id().to_string())
+        .status();
     let _ = c.wait();
 }
 
@@ -117,10 +127,18 @@ fn publish(port: u16, per_device: u64, base: i64) -> Duration {
                 ("heartbeat", format!(r#"{{"ts":{}}}"#, base + 3_600_000))
             } else {
                 let ts = base + i64::try_from(k).unwrap_or(0) * 100;
-                ("reading", format!(r#"{{"ts":{ts},"seq":{k},"temp":21.5,"hum":40}}"#))
+                (
+                    "reading",
+                    format!(r#"{{"ts":{ts},"seq":{k},"temp":21.5,"hum":40}}"#),
+                )
             };
             client
-                .publish(format!("sensors/bench/d{d}/{kind}"), QoS::AtLeastOnce, false, p)
+                .publish(
+                    format!("sensors/bench/d{d}/{kind}"),
+                    QoS::AtLeastOnce,
+                    false,
+                    p,
+                )
                 .expect("publish");
         }
     }
@@ -159,7 +177,18 @@ fn main() {
     // Register both persistent sessions, then queue the load for both.
     let sub = which("mosquitto_sub");
     let st = Command::new(&sub)
-        .args(["-p", &port.to_string(), "-c", "-i", "bare", "-q", "1", "-t", "sensors/#", "-E"])
+        .args([
+            "-p",
+            &port.to_string(),
+            "-c",
+            "-i",
+            "bare",
+            "-q",
+            "1",
+            "-t",
+            "sensors/#",
+            "-E",
+        ])
         .status()
         .expect("mosquitto_sub");
     assert!(st.success());
@@ -176,7 +205,17 @@ fn main() {
     // The physical limit: a bare QoS 1 subscriber draining the same queue.
     let start = Instant::now();
     let st = Command::new(&sub)
-        .args(["-p", &port.to_string(), "-c", "-i", "bare", "-q", "1", "-t", "sensors/#"])
+        .args([
+            "-p",
+            &port.to_string(),
+            "-c",
+            "-i",
+            "bare",
+            "-q",
+            "1",
+            "-t",
+            "sensors/#",
+        ])
         .args(["-C", &total.to_string()])
         .stdout(Stdio::null())
         .status()
@@ -187,7 +226,8 @@ fn main() {
     // tidemark: from process start to the last window result upstream.
     let counted = Arc::new(Mutex::new(std::collections::BTreeMap::<String, u64>::new()));
     let mut o = MqttOptions::new("bench-up", "127.0.0.1", port);
-    o.set_keep_alive(Duration::from_secs(30)).set_max_packet_size(1 << 20, 1 << 20);
+    o.set_keep_alive(Duration::from_secs(30))
+        .set_max_packet_size(1 << 20, 1 << 20);
     let (client, mut conn) = Client::new(o, 1000);
     client
         .subscribe("tidemark/bench/windows/#", QoS::AtLeastOnce)

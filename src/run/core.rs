@@ -104,9 +104,15 @@ pub fn run(
         if driver.engine().clock_held() != report.clock_held {
             report.clock_held = driver.engine().clock_held();
             if report.clock_held {
-                tracing::warn!(wall_ms = now.wall, "gateway wall clock is before time.min_valid_epoch_ms (no RTC, NTP not synced?): processing time held");
+                tracing::warn!(
+                    wall_ms = now.wall,
+                    "gateway wall clock is before time.min_valid_epoch_ms (no RTC, NTP not synced?): processing time held"
+                );
             } else {
-                tracing::info!(wall_ms = now.wall, "gateway wall clock plausible again: processing time resumes");
+                tracing::info!(
+                    wall_ms = now.wall,
+                    "gateway wall clock plausible again: processing time resumes"
+                );
             }
         }
         if now.mono >= next_metrics {

@@ -199,11 +199,15 @@ impl Gateway {
 
     /// Waits until the source subscription is in place (or a session was resumed).
     pub fn wait_ready(&self) {
-        wait_until(Duration::from_secs(60), "gateway subscribed", || {
-            let t = self.log_text();
-            t.matches("source subscribed").count() + t.matches("session resumed").count()
-                > self.ready_seen
-        });
+        wait_or_explain(
+            Duration::from_secs(60),
+            || {
+                let t = self.log_text();
+                t.matches("source subscribed").count() + t.matches("session resumed").count()
+                    > self.ready_seen
+            },
+            || format!("gateway not subscribed:\n{}", self.log_text()),
+        );
     }
 
     /// SIGTERM; returns the exit code and how long the stop took.
@@ -221,6 +225,16 @@ impl Gateway {
 
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        // A failed test must not leave a gateway running.
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 
