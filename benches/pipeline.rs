@@ -68,6 +68,8 @@ fn tidemark_bin() -> std::path::PathBuf {
     p
 }
 
+// The caller stops the returned child.
+#[allow(clippy::zombie_processes)]
 fn start_gateway(config: &std::path::Path, log: &std::path::Path) -> Child {
     let f = std::fs::File::create(log).expect("log");
     let c = Command::new(tidemark_bin())
