@@ -36,6 +36,9 @@ pub fn run(
         let stats = store.commit(&job.batch)?;
         shared.outbox_depth.store(stats.depth, Ordering::Relaxed);
         shared
+            .outbox_oldest
+            .store(stats.oldest_at.unwrap_or(0), Ordering::Relaxed);
+        shared
             .outbox_dropped
             .store(store.outbox_dropped(), Ordering::Relaxed);
         if stats.dropped > 0 {

@@ -136,6 +136,8 @@ pub struct CommitStats {
     pub first_seq: u64,
     /// Entries in the outbox after the commit.
     pub depth: u64,
+    /// Gateway time of the oldest entry still in the outbox.
+    pub oldest_at: Option<Millis>,
 }
 
 /// One commit, as a value: what the engine changed, the outputs it produced,
@@ -281,6 +283,7 @@ impl Store {
             dropped: 0,
             first_seq: self.outbox.next_seq,
             depth: 0,
+            oldest_at: None,
         };
         let mut txn = self.db.begin_write()?;
         txn.set_durability(redb::Durability::Immediate)?;
@@ -318,6 +321,12 @@ impl Store {
                 self.outbox.dropped += excess;
             }
             stats.depth = outbox.len()?;
+            stats.oldest_at = match outbox.first()? {
+                Some((_, v)) => ciborium::de::from_reader::<OutboxEntry, _>(v.value())
+                    .ok()
+                    .map(|e| e.at),
+                None => None,
+            };
             let mut m = txn.open_table(META)?;
             cbor(&ch.counters, &mut self.buf);
             m.insert(K_COUNTERS, self.buf.as_slice())?;
