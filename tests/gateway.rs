@@ -745,3 +745,38 @@ fn mqtt_3_1_1_links_resume_the_session_and_count_exactly() {
     assert_eq!(code, Some(0));
     assert_exact(&fleet, &up);
 }
+
+#[test]
+fn unusable_state_file_stops_run_with_exit_1_naming_the_file_and_leaves_it_alone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).expect("state dir");
+    let file = state.join("tidemark.redb");
+    let garbage = vec![0x5a; 8192];
+    std::fs::write(&file, &garbage).expect("garbage");
+    let config = dir.path().join("gw.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[gateway]\nid = \"gw\"\nstate_dir = \"{}\"\n",
+            state.display()
+        ),
+    )
+    .expect("config");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .arg("--config")
+        .arg(&config)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("tidemark");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<_> = err.lines().filter(|l| l.contains("ERROR")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].contains(file.to_str().expect("path")), "{err}");
+    assert_eq!(
+        std::fs::read(&file).expect("read"),
+        garbage,
+        "state file modified"
+    );
+}
