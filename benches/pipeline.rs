@@ -93,6 +93,23 @@ fn start_gateway(config: &std::path::Path, log: &std::path::Path) -> Child {
     }
 }
 
+/// `mosquitto_sub` on the bench topics with a persistent QoS 1 session.
+fn bare_subscriber(bin: &str, port: u16) -> Command {
+    let mut c = Command::new(bin);
+    c.args([
+        "-p",
+        &port.to_string(),
+        "-c",
+        "-i",
+        "bare",
+        "-q",
+        "1",
+        "-t",
+        "sensors/#",
+    ]);
+    c
+}
+
 fn stop(mut c: Child) {
     let _ = Command::new("kill")
         .arg("-TERM")
@@ -178,19 +195,8 @@ fn main() {
     let log = dir.path().join("gw.log");
     // Register both persistent sessions, then queue the load for both.
     let sub = which("mosquitto_sub");
-    let st = Command::new(&sub)
-        .args([
-            "-p",
-            &port.to_string(),
-            "-c",
-            "-i",
-            "bare",
-            "-q",
-            "1",
-            "-t",
-            "sensors/#",
-            "-E",
-        ])
+    let st = bare_subscriber(&sub, port)
+        .arg("-E")
         .status()
         .expect("mosquitto_sub");
     assert!(st.success());
@@ -206,18 +212,7 @@ fn main() {
 
     // The physical limit: a bare QoS 1 subscriber draining the same queue.
     let start = Instant::now();
-    let st = Command::new(&sub)
-        .args([
-            "-p",
-            &port.to_string(),
-            "-c",
-            "-i",
-            "bare",
-            "-q",
-            "1",
-            "-t",
-            "sensors/#",
-        ])
+    let st = bare_subscriber(&sub, port)
         .args(["-C", &total.to_string()])
         .stdout(Stdio::null())
         .status()

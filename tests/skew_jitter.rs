@@ -135,7 +135,10 @@ impl MinFilter {
 const RATES_MS: [i64; 3] = [5_000, 1_000, 200];
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(96))]
+    // PROPTEST_CASES raises the case count for a longer soak.
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(96)
+    ))]
 
     #[test]
     fn jitter_never_resets_and_the_estimate_is_exactly_the_min_filter(

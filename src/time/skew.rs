@@ -11,7 +11,9 @@
 //! judges divergence on the device's own evidence:
 //! - jitter `J` = the largest excess over the estimate among the ordinary
 //!   (non-candidate) samples of the window — the delay spread the link shows,
-//!   learnt over the first 16 buckets, during which every sample is taken;
+//!   learnt over the first 16 buckets, during which every sample above the
+//!   estimate is taken, and every one below it unless it is more than a minute
+//!   below (from the third bucket on: one hostile far-future timestamp);
 //! - a sample more than `max(1 s, 2·J)` away from the estimate is a step
 //!   candidate (samples far *below* are also held out of the buckets once the
 //!   estimator is established, so one hostile far-future timestamp cannot drag
@@ -47,6 +49,11 @@ pub const MIN_SPREAD_MS: i64 = 20;
 /// Below this many buckets the estimator takes every sample (it follows lower
 /// ones at once and learns the link's jitter); longer than a retry burst lasts.
 const ESTABLISHED_BUCKETS: usize = 16;
+/// From this many buckets on, a young estimator holds out samples more than
+/// [`YOUNG_DOWN_MS`] below its estimate (before, it follows every lower sample).
+const YOUNG_GUARD_BUCKETS: usize = 3;
+/// How far below a young estimate a sample may be and still be taken at once.
+pub const YOUNG_DOWN_MS: i64 = 60_000;
 /// Bucket capacity (the largest allowed `skew_window`).
 pub const MAX_BUCKETS: usize = 64;
 
@@ -139,15 +146,20 @@ impl SkewEstimator {
             self.put(arrival, Some(offset), window);
             return Sample::Taken;
         };
-        // A young estimator takes every sample: it is still learning the link's jitter.
-        if self.buckets.len() < ESTABLISHED_BUCKETS.min(window) {
-            self.step = None;
-            self.put(arrival, Some(offset), window);
-            return Sample::Taken;
-        }
-        let threshold = self.threshold();
-        let up = offset > est.saturating_add(threshold);
-        let down = offset < est.saturating_sub(threshold);
+        let (up, down) = if self.buckets.len() < ESTABLISHED_BUCKETS.min(window) {
+            // Young: still learning the link's jitter, so every sample above is taken, and
+            // every one below too unless it is too far below for any queueing delay of the
+            // first samples to explain (one hostile far-future timestamp).
+            let young = self.buckets.len() >= YOUNG_GUARD_BUCKETS.min(window);
+            let limit = self.threshold().max(YOUNG_DOWN_MS);
+            (false, young && offset < est.saturating_sub(limit))
+        } else {
+            let threshold = self.threshold();
+            (
+                offset > est.saturating_add(threshold),
+                offset < est.saturating_sub(threshold),
+            )
+        };
         if !(up || down) {
             self.step = None;
             self.put(arrival, Some(offset), window);
