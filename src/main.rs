@@ -58,6 +58,24 @@ enum Command {
         #[arg(long)]
         state_dir: Option<PathBuf>,
     },
+    /// Record live traffic as a replay input (JSON lines), until Ctrl-C.
+    Capture {
+        /// Broker, `mqtt://host[:port]` or `mqtts://host[:port]`.
+        #[arg(long)]
+        url: String,
+        /// Topic filter to record (repeatable).
+        #[arg(long = "topic", required = true)]
+        topics: Vec<String>,
+        /// Output file, appended to (default: standard output).
+        #[arg(long)]
+        output: Option<PathBuf>,
+        /// Stop after this many messages.
+        #[arg(long)]
+        count: Option<u64>,
+        /// Stop after this many seconds.
+        #[arg(long)]
+        duration_s: Option<u64>,
+    },
     /// Read-only dump of persisted state (run while the gateway is stopped).
     Inspect {
         /// State directory (holds tidemark.redb).
@@ -120,6 +138,36 @@ fn main() -> ExitCode {
             replay_cmd(&cfg, &opts)
         }
         Command::Inspect { state_dir, json } => inspect::run(&state_dir, json),
+        Command::Capture {
+            url,
+            topics,
+            output,
+            count,
+            duration_s,
+        } => {
+            init_plain_logging(cli.log_format);
+            let o = tidemark::run::capture::CaptureOptions {
+                url: &url,
+                topics: &topics,
+                output: output.as_deref(),
+                count,
+                duration_s,
+            };
+            match tidemark::run::capture::run(&o) {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(
+                    e @ (tidemark::run::capture::CaptureError::Url(_)
+                    | tidemark::run::capture::CaptureError::Topic(_)),
+                ) => {
+                    eprintln!("error: {e}");
+                    ExitCode::from(2)
+                }
+                Err(e) => {
+                    tracing::error!("capture failed: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
     }
 }
 
@@ -146,6 +194,20 @@ fn init_logging(cfg: &Config, format: Option<LogFormat>) {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match format.unwrap_or(cfg.log_format) {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// Logging for commands without a config file.
+fn init_plain_logging(format: Option<LogFormat>) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    match format.unwrap_or(LogFormat::Text) {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }

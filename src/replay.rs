@@ -146,8 +146,15 @@ impl<R: BufRead> Input<R> {
                 line: self.line_no,
                 msg,
             };
-            let rec: Record<'_> =
-                serde_json::from_str(&self.line).map_err(|e| bad(e.to_string()))?;
+            let rec: Record<'_> = match serde_json::from_str(&self.line) {
+                Ok(r) => r,
+                // A capture killed mid-write: its last line has no newline. Report and skip it.
+                Err(e) if !self.line.ends_with('\n') => {
+                    tracing::warn!(line = self.line_no, error = %e, "skipping a torn last line");
+                    return Ok(None);
+                }
+                Err(e) => return Err(bad(e.to_string())),
+            };
             if !(0..=MAX_ARRIVAL).contains(&rec.arrival) {
                 return Err(bad(format!(
                     "arrival {} is outside 0..={MAX_ARRIVAL}",

@@ -780,3 +780,95 @@ fn unusable_state_file_stops_run_with_exit_1_naming_the_file_and_leaves_it_alone
         "state file modified"
     );
 }
+
+#[test]
+fn capture_records_live_traffic_that_replay_reads_even_when_killed_mid_line() {
+    let broker = Mosquitto::start(false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("capture.jsonl");
+    let log = dir.path().join("capture.log");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args([
+            "capture",
+            "--url",
+            &broker.url(),
+            "--topic",
+            "sensors/#",
+            "--output",
+        ])
+        .arg(&file)
+        .env("RUST_LOG", "info")
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("capture");
+    wait_or_explain(
+        MIN,
+        || {
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .contains("capture subscribed")
+        },
+        || std::fs::read_to_string(&log).unwrap_or_default(),
+    );
+    let mut p = Publisher::connect(broker.port, "capture-fleet");
+    let ts = now_ms() - 60_000;
+    p.send(
+        "sensors/g/d1/reading",
+        format!(r#"{{"ts": {ts}, "temp": 1.5}}"#).as_bytes(),
+    );
+    p.send("sensors/g/d1/reading", &[0xa2, 0x01, 0xff]);
+    p.send(
+        "sensors/g/d1/reading",
+        format!(r#"{{"ts": {}, "temp": 2.5}}"#, ts + 1000).as_bytes(),
+    );
+    p.flush();
+    wait_until(MIN, "three captured lines", || {
+        std::fs::read_to_string(&file)
+            .unwrap_or_default()
+            .lines()
+            .count()
+            == 3
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&file).expect("capture");
+    assert!(
+        text.lines()
+            .nth(1)
+            .is_some_and(|l| l.contains("payload_b64")),
+        "{text}"
+    );
+    // As if killed in the middle of a line.
+    std::fs::write(&file, format!("{text}{{\"arrival\": 17964")).expect("torn");
+    let config = dir.path().join("replay.toml");
+    std::fs::write(&config, "[gateway]\nid = \"gw\"\n").expect("config");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args(["replay", "--config"])
+        .arg(&config)
+        .arg("--input")
+        .arg(&file)
+        .args(["--drain-ms", "120000"])
+        .output()
+        .expect("replay");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("torn last line"), "{err}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("\"decode_error\""), "{stdout}");
+    let seen: Vec<support::Seen> = stdout
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("line");
+            support::Seen {
+                topic: v["topic"].as_str().unwrap_or("").to_string(),
+                payload: serde_json::to_vec(&v["payload"]).expect("payload"),
+                retain: false,
+            }
+        })
+        .collect();
+    let total: u64 = final_windows(&seen)
+        .values()
+        .map(|w| w["count"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(total, 2, "{stdout}");
+}

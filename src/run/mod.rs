@@ -11,6 +11,7 @@
 //! disconnects → the sink drains for a few seconds, publishes `offline`, exits.
 
 mod broker;
+pub mod capture;
 pub mod clock;
 mod core;
 pub mod link;
@@ -326,7 +327,7 @@ fn endpoint_url(ep: &crate::config::Endpoint) -> String {
     )
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
