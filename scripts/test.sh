@@ -2,12 +2,17 @@
 # The project's test command (README, CI). Installs what the tests need, then runs them all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The gateway tests start real mosquitto brokers (and use mosquitto_sub/pub nowhere else).
-if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then
+# The gateway tests start real mosquitto brokers on free ports (a packaged service on 1883
+# is not used) and make a private CA with openssl for the TLS test.
+need=""
+command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need="$need mosquitto"
+command -v mosquitto_passwd >/dev/null 2>&1 || need="$need mosquitto"
+command -v mosquitto_sub >/dev/null 2>&1 || need="$need mosquitto-clients"
+command -v openssl >/dev/null 2>&1 || need="$need openssl"
+if [ -n "$need" ]; then
   SUDO=""
   if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
   $SUDO apt-get update
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y mosquitto mosquitto-clients
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y mosquitto mosquitto-clients openssl
 fi
-# A packaged mosquitto may start as a service on 1883; the tests use their own brokers on free ports.
 cargo test --locked -- --include-ignored
