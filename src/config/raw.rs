@@ -74,6 +74,7 @@ outbox_max_messages = 1000000
 
 [metrics]
 interval_s = 10
+listen = ""
 
 [log]
 level = "info"
@@ -297,6 +298,8 @@ pub struct RawSink {
 pub struct RawMetrics {
     /// Period of `{prefix}/metrics`.
     pub interval_s: u64,
+    /// Local HTTP endpoint for Prometheus text and /healthz ("" = off).
+    pub listen: String,
 }
 
 /// `[log]`

@@ -252,6 +252,15 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let topic_prefix = prefix.replace("{gateway}", &gid);
     p.positive("sink.outbox_max_messages", raw.sink.outbox_max_messages);
     p.positive("metrics.interval_s", raw.metrics.interval_s);
+    if !raw.metrics.listen.is_empty() {
+        p.add(
+            "metrics.listen",
+            format!(
+                "{:?}: the local HTTP metrics endpoint is not available in this version; use \"\" (metrics go to the {{prefix}}/metrics topic)",
+                raw.metrics.listen
+            ),
+        );
+    }
     if let Err(e) = tracing_subscriber::EnvFilter::try_new(&raw.log.level) {
         p.add("log.level", format!("{:?}: {e}", raw.log.level));
     }
