@@ -266,17 +266,7 @@ fn end_to_end_outputs_have_spec_shapes_and_match_replay() {
         "{}",
         String::from_utf8_lossy(&replayed.stderr)
     );
-    let replay_seen: Vec<support::Seen> = String::from_utf8_lossy(&replayed.stdout)
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).expect("line");
-            support::Seen {
-                topic: v["topic"].as_str().unwrap_or("").to_string(),
-                payload: serde_json::to_vec(&v["payload"]).expect("payload"),
-                retain: v["retain"].as_bool().unwrap_or(false),
-            }
-        })
-        .collect();
+    let replay_seen = support::replay_lines(&String::from_utf8_lossy(&replayed.stdout));
     let live = final_windows(&up.all());
     let offline_run = final_windows(&replay_seen);
     let strip = |m: BTreeMap<String, serde_json::Value>| -> BTreeMap<String, String> {
@@ -855,17 +845,7 @@ fn capture_records_live_traffic_that_replay_reads_even_when_killed_mid_line() {
     assert!(err.contains("torn last line"), "{err}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("\"decode_error\""), "{stdout}");
-    let seen: Vec<support::Seen> = stdout
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).expect("line");
-            support::Seen {
-                topic: v["topic"].as_str().unwrap_or("").to_string(),
-                payload: serde_json::to_vec(&v["payload"]).expect("payload"),
-                retain: false,
-            }
-        })
-        .collect();
+    let seen = support::replay_lines(&stdout);
     let total: u64 = final_windows(&seen)
         .values()
         .map(|w| w["count"].as_u64().unwrap_or(0))

@@ -442,6 +442,21 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
+/// The output lines of `tidemark replay` as messages.
+pub fn replay_lines(stdout: &str) -> Vec<Seen> {
+    stdout
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("replay line");
+            Seen {
+                topic: v["topic"].as_str().unwrap_or("").to_string(),
+                payload: serde_json::to_vec(&v["payload"]).expect("payload"),
+                retain: v["retain"].as_bool().unwrap_or(false),
+            }
+        })
+        .collect()
+}
+
 /// Window results deduplicated by id, then the last revision of each (group/device/start).
 pub fn final_windows(seen: &[Seen]) -> std::collections::BTreeMap<String, serde_json::Value> {
     let mut by_id = std::collections::BTreeMap::new();
