@@ -92,6 +92,11 @@ impl Driver {
         }
     }
 
+    /// End of a bounded input: every open window emits its result (see [`Engine::flush`]).
+    pub fn flush(&mut self) {
+        self.engine.flush(&mut self.outputs);
+    }
+
     /// The next scheduled tick (monotonic ms).
     pub fn next_tick(&self) -> Option<Millis> {
         self.next_tick

@@ -730,6 +730,38 @@ impl Engine {
         watermark::fold(g.state.wm, members, clock, now.mono)
     }
 
+    /// End of a bounded input (`replay --flush`): every open window with
+    /// unemitted events emits its result now, as a final watermark at +∞
+    /// would, without moving the persisted watermarks or raising alerts.
+    pub fn flush(&mut self, out: &mut Vec<Output>) {
+        for oi in 0..self.group_order.len() {
+            let gi = self.group_order[oi] as usize;
+            for mi in 0..self.groups[gi].members.len() {
+                let di = self.groups[gi].members[mi] as usize;
+                let dev = &mut self.devices[di].state;
+                let mut changed = false;
+                for w in dev.windows.iter_mut().filter(|w| w.dirty) {
+                    let revision = w.emitted.map_or(0, |r| r + 1);
+                    w.emitted = Some(revision);
+                    w.dirty = false;
+                    changed = true;
+                    self.counters.windows_emitted += 1;
+                    out.push(Output::Window(window_result(
+                        &self.gateway,
+                        &dev.group,
+                        &dev.id,
+                        w,
+                        revision,
+                        &self.metric_names,
+                    )));
+                }
+                if changed {
+                    self.mark_device(di);
+                }
+            }
+        }
+    }
+
     fn close_device(&mut self, gi: usize, di: usize, wm: Millis, now: Now, out: &mut Vec<Output>) {
         let (lateness, hb) = (
             self.groups[gi].cfg.allowed_lateness_ms,

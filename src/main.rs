@@ -57,6 +57,9 @@ enum Command {
         /// Use the durable store in this directory (resumable after a crash; needs --output).
         #[arg(long)]
         state_dir: Option<PathBuf>,
+        /// At the end of the input, emit every open window (a final watermark at +infinity).
+        #[arg(long)]
+        flush: bool,
     },
     /// Record live traffic as a replay input (JSON lines), until Ctrl-C.
     Capture {
@@ -124,6 +127,7 @@ fn main() -> ExitCode {
             output,
             drain_ms,
             state_dir,
+            flush,
         } => {
             let Some(cfg) = load(&config) else {
                 return ExitCode::from(2);
@@ -134,6 +138,7 @@ fn main() -> ExitCode {
                 output: output.as_deref(),
                 drain_ms: i64::try_from(drain_ms).unwrap_or(i64::MAX),
                 state_dir: state_dir.as_deref(),
+                flush,
             };
             replay_cmd(&cfg, &opts)
         }

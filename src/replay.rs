@@ -177,6 +177,8 @@ pub struct Options<'a> {
     pub drain_ms: Millis,
     /// Durable state directory.
     pub state_dir: Option<&'a Path>,
+    /// At the end, emit every open window (a final watermark at +∞).
+    pub flush: bool,
 }
 
 /// Runs a replay per `opts`.
@@ -190,14 +192,15 @@ pub fn run(cfg: &Config, opts: &Options<'_>) -> Result<(Engine, Summary), Replay
                     Box::new(File::create(p).map_err(io(format!("creating {}", p.display())))?)
                 }
             };
-            run_memory(
+            run_memory_with(
                 cfg,
                 BufReader::new(file),
                 std::io::BufWriter::new(out),
                 opts.drain_ms,
+                opts.flush,
             )
         }
-        Some(dir) => run_durable(cfg, file, opts.output, dir, opts.drain_ms),
+        Some(dir) => run_durable(cfg, file, opts.output, dir, opts.drain_ms, opts.flush),
     }
 }
 
@@ -205,8 +208,19 @@ pub fn run(cfg: &Config, opts: &Options<'_>) -> Result<(Engine, Summary), Replay
 pub fn run_memory<R: BufRead, W: Write>(
     cfg: &Config,
     input: R,
+    out: W,
+    drain_ms: Millis,
+) -> Result<(Engine, Summary), ReplayError> {
+    run_memory_with(cfg, input, out, drain_ms, false)
+}
+
+/// In-memory replay; `flush` emits every open window at the end.
+pub fn run_memory_with<R: BufRead, W: Write>(
+    cfg: &Config,
+    input: R,
     mut out: W,
     drain_ms: Millis,
+    flush: bool,
 ) -> Result<(Engine, Summary), ReplayError> {
     let mut rp = Driver::new(Engine::new(cfg), cfg, SinkFormat::Json, None);
     let mut input = Input {
@@ -245,6 +259,9 @@ pub fn run_memory<R: BufRead, W: Write>(
     }
     if let Some(last) = last {
         rp.ticks_until(Now::at(last.saturating_add(drain_ms)));
+        if flush {
+            rp.flush();
+        }
         write(&mut rp, &mut summary)?;
     }
     out.flush().map_err(io("writing output"))?;
@@ -374,6 +391,7 @@ fn run_durable(
     output: Option<&Path>,
     dir: &Path,
     drain_ms: Millis,
+    flush: bool,
 ) -> Result<(Engine, Summary), ReplayError> {
     let (store, snap) = Store::open(dir, cfg.outbox_max_messages)?;
     let pos: Position = match snap.meta.get(K_REPLAY) {
@@ -439,6 +457,9 @@ fn run_durable(
                 d.commit(&mut rp, step)?;
             }
         }
+    }
+    if flush {
+        rp.flush();
     }
     // Final commit: remaining outputs, and the delivered ones leave the outbox.
     let now = d.pos.last_commit.unwrap_or(0);

@@ -832,14 +832,28 @@ fn capture_records_live_traffic_that_replay_reads_even_when_killed_mid_line() {
     std::fs::write(&file, format!("{text}{{\"arrival\": 17964")).expect("torn");
     let config = dir.path().join("replay.toml");
     std::fs::write(&config, "[gateway]\nid = \"gw\"\n").expect("config");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"))
-        .args(["replay", "--config"])
-        .arg(&config)
-        .arg("--input")
-        .arg(&file)
-        .args(["--drain-ms", "120000"])
-        .output()
-        .expect("replay");
+    let replay = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"))
+            .args(["replay", "--config"])
+            .arg(&config)
+            .arg("--input")
+            .arg(&file)
+            .args(extra)
+            .output()
+            .expect("replay")
+    };
+    // Without --flush the capture's last window is still open at its end.
+    let open = replay(&[]);
+    assert_eq!(open.status.code(), Some(0));
+    let open_total: u64 = final_windows(&support::replay_lines(&String::from_utf8_lossy(
+        &open.stdout,
+    )))
+    .values()
+    .map(|w| w["count"].as_u64().unwrap_or(0))
+    .sum();
+    assert_eq!(open_total, 0);
+    // --flush closes it, as a final watermark at +infinity would.
+    let out = replay(&["--flush"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(err.contains("torn last line"), "{err}");
