@@ -738,28 +738,33 @@ impl Engine {
             let gi = self.group_order[oi] as usize;
             for mi in 0..self.groups[gi].members.len() {
                 let di = self.groups[gi].members[mi] as usize;
-                let dev = &mut self.devices[di].state;
-                let mut changed = false;
-                for w in dev.windows.iter_mut().filter(|w| w.dirty) {
-                    let revision = w.emitted.map_or(0, |r| r + 1);
-                    w.emitted = Some(revision);
-                    w.dirty = false;
-                    changed = true;
-                    self.counters.windows_emitted += 1;
-                    out.push(Output::Window(window_result(
-                        &self.gateway,
-                        &dev.group,
-                        &dev.id,
-                        w,
-                        revision,
-                        &self.metric_names,
-                    )));
-                }
-                if changed {
+                if self.emit_windows(di, Millis::MAX, out) {
                     self.mark_device(di);
                 }
             }
         }
+    }
+
+    /// Emits every window of a device with unemitted events that ends at or before `upto`.
+    fn emit_windows(&mut self, di: usize, upto: Millis, out: &mut Vec<Output>) -> bool {
+        let mut emitted = false;
+        let dev = &mut self.devices[di].state;
+        for w in dev.windows.iter_mut().filter(|w| w.dirty && upto >= w.end) {
+            let revision = w.emitted.map_or(0, |r| r + 1);
+            w.emitted = Some(revision);
+            w.dirty = false;
+            emitted = true;
+            self.counters.windows_emitted += 1;
+            out.push(Output::Window(window_result(
+                &self.gateway,
+                &dev.group,
+                &dev.id,
+                w,
+                revision,
+                &self.metric_names,
+            )));
+        }
+        emitted
     }
 
     fn close_device(&mut self, gi: usize, di: usize, wm: Millis, now: Now, out: &mut Vec<Output>) {
@@ -767,25 +772,8 @@ impl Engine {
             self.groups[gi].cfg.allowed_lateness_ms,
             self.groups[gi].cfg.heartbeat_timeout_ms,
         );
-        let mut changed = false;
+        let mut changed = self.emit_windows(di, wm, out);
         let dev = &mut self.devices[di].state;
-        for w in &mut dev.windows {
-            if w.dirty && wm >= w.end {
-                let revision = w.emitted.map_or(0, |r| r + 1);
-                w.emitted = Some(revision);
-                w.dirty = false;
-                changed = true;
-                self.counters.windows_emitted += 1;
-                out.push(Output::Window(window_result(
-                    &self.gateway,
-                    &dev.group,
-                    &dev.id,
-                    w,
-                    revision,
-                    &self.metric_names,
-                )));
-            }
-        }
         let before = dev.windows.len();
         dev.windows.retain(|w| wm < w.end + lateness);
         changed |= dev.windows.len() != before;
