@@ -121,11 +121,11 @@ fn end_to_end_outputs_have_spec_shapes_and_match_replay() {
         "sensors/hall/d1/reading",
         reading(base + 1500, 1000, 99.0),
     );
-    // d2 comes back.
+    // d2 comes back, far ahead of the watermark whatever time this machine took so far.
     send(
         &mut publisher,
         "sensors/hall/d2/reading",
-        reading(base + 45_100, 10, 31.0),
+        reading(base + 300_100, 10, 31.0),
     );
     publisher.flush();
     wait_until(MIN, "late, online and the last windows", || {
@@ -137,7 +137,7 @@ fn end_to_end_outputs_have_spec_shapes_and_match_replay() {
             && up
                 .on("/windows/hall/d2")
                 .iter()
-                .any(|s| s.json()["start"] == base + 40_000)
+                .any(|s| s.json()["start"] == base + 300_000)
             && up
                 .on("/windows/hall/d1")
                 .iter()
@@ -238,8 +238,12 @@ fn end_to_end_outputs_have_spec_shapes_and_match_replay() {
     let mut text = String::new();
     let n = records.len();
     for (i, (topic, payload)) in records.iter().enumerate() {
-        // One record per 100 ms; the late one and d2's return come 5 s after the rest.
-        let arrival = base + 60_000 + i as i64 * 100 + if i + 2 >= n { 5_000 } else { 0 };
+        // One record per 100 ms; the late one 5 s after the rest, d2's return when its clock says.
+        let arrival = match n - i {
+            1 => base + 301_000,
+            2 => base + 65_000 + i as i64 * 100,
+            _ => base + 60_000 + i as i64 * 100,
+        };
         let line = match serde_json::from_slice::<serde_json::Value>(payload) {
             Ok(v) => serde_json::json!({"arrival": arrival, "topic": topic, "payload": v}),
             Err(_) => {

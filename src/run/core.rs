@@ -57,6 +57,7 @@ pub fn run(
     let mut committed_delivered = shared.delivered.load(Ordering::Acquire);
     let mut stopping = false;
     let mut report = Report::new(clock.mono());
+    let mut reported = 0;
     // Counters are totals since the state was created: rates start from the restored ones.
     report.rates(driver.engine(), clock.mono());
     while !stopping {
@@ -120,7 +121,9 @@ pub fn run(
             let payload = metrics::snapshot(driver.engine(), now, &shared, source_up);
             let _ = shared.metrics_tx.send(payload);
         }
-        report.outputs(&driver.outputs);
+        // Each output is looked at once: only those since the last look.
+        report.outputs(&driver.outputs[reported..]);
+        reported = driver.outputs.len();
         if now.mono >= report.next {
             report.rates(driver.engine(), now.mono);
         }
@@ -132,6 +135,7 @@ pub fn run(
         if (work && driver.commit_due(now.mono)) || stopping {
             committed_delivered = delivered;
             let batch = driver.take_batch(now);
+            reported = 0;
             tracing::debug!(acks = held.len(), outputs = batch.outputs.len(), "batch");
             let job = StoreJob {
                 batch,
