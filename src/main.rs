@@ -1,6 +1,6 @@
 //! The `tidemark` command line.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -19,9 +19,9 @@ struct Cli {
     /// Log line format (overrides `[log] format`).
     #[arg(long, global = true, value_enum)]
     log_format: Option<LogFormat>,
-    /// Configuration file: `tidemark --config FILE` runs the gateway.
+    /// Configuration file: `tidemark --config FILE` runs the gateway (repeatable, later wins).
     #[arg(long)]
-    config: Option<PathBuf>,
+    config: Vec<PathBuf>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -30,21 +30,21 @@ struct Cli {
 enum Command {
     /// Run the gateway until SIGTERM/SIGINT, then flush state and exit 0.
     Run {
-        /// Configuration file (TOML).
-        #[arg(long)]
-        config: PathBuf,
+        /// Configuration file (TOML); repeat to layer a site file over a base (later wins).
+        #[arg(long, required = true)]
+        config: Vec<PathBuf>,
     },
     /// Validate a config and print the effective configuration (secrets masked).
     Check {
-        /// Configuration file (TOML).
-        #[arg(long)]
-        config: PathBuf,
+        /// Configuration file (TOML); repeat to layer a site file over a base (later wins).
+        #[arg(long, required = true)]
+        config: Vec<PathBuf>,
     },
     /// Run the engine on a recorded capture (JSON lines) with a virtual clock.
     Replay {
-        /// Configuration file (TOML).
-        #[arg(long)]
-        config: PathBuf,
+        /// Configuration file (TOML); repeat to layer a site file over a base (later wins).
+        #[arg(long, required = true)]
+        config: Vec<PathBuf>,
         /// Capture: one `{"arrival": ms, "topic": ..., "payload": {...}}` per line.
         #[arg(long)]
         input: PathBuf,
@@ -93,15 +93,15 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let command = match (cli.command, cli.config) {
-        (Some(c), None) => c,
-        (None, Some(config)) => Command::Run { config },
-        (Some(_), Some(_)) => {
+        (Some(c), top) if top.is_empty() => c,
+        (None, config) if !config.is_empty() => Command::Run { config },
+        (Some(_), _) => {
             eprintln!(
                 "error: --config goes after the subcommand (e.g. `tidemark run --config FILE`)"
             );
             return ExitCode::from(2);
         }
-        (None, None) => {
+        (None, _) => {
             eprintln!("error: a subcommand or --config FILE is required (see `tidemark --help`)");
             return ExitCode::from(2);
         }
@@ -176,8 +176,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn load(path: &Path) -> Option<Config> {
-    match config::load(path) {
+fn load(paths: &[PathBuf]) -> Option<Config> {
+    match config::load(paths) {
         Ok(cfg) => Some(cfg),
         Err(e) => {
             for p in &e.problems {
@@ -218,10 +218,13 @@ fn init_plain_logging(format: Option<LogFormat>) {
     }
 }
 
-fn check(path: &Path) -> ExitCode {
-    match load(path) {
+fn check(paths: &[PathBuf]) -> ExitCode {
+    match load(paths) {
         Some(cfg) => {
-            print!("{}", cfg.effective_toml());
+            print!(
+                "{}",
+                config::annotate_sources(&cfg.effective_toml(), &cfg.sources)
+            );
             ExitCode::SUCCESS
         }
         None => ExitCode::from(2),

@@ -138,7 +138,7 @@ fn broken_configs_exit_2_naming_the_key() {
         (ex.replace("level = \"info\"", "level = \"[[[\""), "log.level:"),
         (format!("{ex}\n[groups.\"bad/name\"]\nidle_timeout_ms = 5\n"), "groups.bad/name: group name"),
         (ex.replace("[metrics]", "[metrics]\nextra = 1"), "metrics.extra: unknown key"),
-        ("this is = = not toml".to_string(), "config:"),
+        ("this is = = not toml".to_string(), "c.toml: line 1, column 6: key with no value"),
     ];
     assert!(cases.len() >= 12);
     for (body, want) in cases {
@@ -171,4 +171,106 @@ fn missing_config_file_exits_2() {
     let out = tidemark(&["check", "--config", "/nonexistent/tidemark.toml"], &[]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/tidemark.toml"));
+}
+
+/// The line of `check`'s output that sets `key` inside `[table]`.
+fn line_of<'a>(text: &'a str, table: &str, key: &str) -> &'a str {
+    let mut current = "";
+    for line in text.lines() {
+        if let Some(h) = line.strip_prefix('[') {
+            current = h.trim_end_matches(']');
+        } else if current == table && line.starts_with(&format!("{key} = ")) {
+            return line;
+        }
+    }
+    panic!("no {key} in [{table}] of:\n{text}")
+}
+
+#[test]
+fn layered_files_and_env_report_effective_values_and_their_sources() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.toml");
+    let site = dir.path().join("site.toml");
+    std::fs::write(
+        &base,
+        "[gateway]\nid = \"base-gw\"\nstate_dir = \"/var/lib/tidemark\"\n\
+         [source]\ntopics = [\"sensors/+/+/+\"]\nkeep_alive_s = 20\n\
+         [group_defaults]\nidle_timeout_ms = 45000\n\
+         [sink]\nformat = \"cbor\"\nqos = 1\n",
+    )
+    .unwrap();
+    std::fs::write(
+        &site,
+        "[gateway]\nid = \"greenhouse-3\"\n\
+         [source]\nkeep_alive_s = 60\n\
+         [groups.beds]\nwindow = { kind = \"tumbling\", size_ms = 300000 }\n",
+    )
+    .unwrap();
+    let (b, s) = (base.to_str().unwrap(), site.to_str().unwrap());
+    let out = tidemark(
+        &["check", "--config", b, "--config", s],
+        &[("TIDEMARK__SINK__QOS", "0")],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    // The site file wins over the base, the environment over both.
+    assert_eq!(
+        line_of(&text, "gateway", "id"),
+        format!("id = \"greenhouse-3\"  # from {s}")
+    );
+    assert_eq!(
+        line_of(&text, "gateway", "state_dir"),
+        format!("state_dir = \"/var/lib/tidemark\"  # from {b}")
+    );
+    assert_eq!(
+        line_of(&text, "source", "keep_alive_s"),
+        format!("keep_alive_s = 60  # from {s}")
+    );
+    assert_eq!(
+        line_of(&text, "sink", "qos"),
+        "qos = 0  # from env TIDEMARK__SINK__QOS"
+    );
+    assert_eq!(
+        line_of(&text, "sink", "format"),
+        format!("format = \"cbor\"  # from {b}")
+    );
+    assert_eq!(
+        line_of(&text, "groups.beds.window", "size_ms"),
+        format!("size_ms = 300000  # from {s}")
+    );
+    assert_eq!(
+        line_of(&text, "groups.beds", "idle_timeout_ms"),
+        format!("idle_timeout_ms = 45000  # from {b} (group_defaults)")
+    );
+    assert_eq!(
+        line_of(&text, "gateway", "commit_interval_ms"),
+        "commit_interval_ms = 50  # default"
+    );
+    assert_eq!(
+        line_of(&text, "source", "client_id"),
+        "client_id = \"tidemark-greenhouse-3-in\"  # default"
+    );
+    // The annotated output is still a config `check` accepts.
+    let again = dir.path().join("effective.toml");
+    std::fs::write(&again, &text).unwrap();
+    let out = tidemark(&["check", "--config", again.to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(0));
+
+    // Order matters: the base given last wins.
+    let out = tidemark(&["check", "--config", s, "--config", b], &[]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        line_of(&text, "gateway", "id"),
+        format!("id = \"base-gw\"  # from {b}")
+    );
+    // A broken layer is named.
+    std::fs::write(&site, "[source]\nkeep_alive_s = \n").unwrap();
+    let out = tidemark(&["check", "--config", b, "--config", s], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(s));
 }

@@ -7,7 +7,7 @@ mod validate;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 pub use raw::*;
 // Domain types live by the code that uses them; the config only builds them.
@@ -70,6 +70,8 @@ pub struct Config {
     pub log_format: LogFormat,
     /// The layered raw configuration, for `check` to print.
     pub raw: RawConfig,
+    /// Dotted key -> the file (or `env VAR`) that set it last; absent keys are defaults.
+    pub sources: BTreeMap<String, String>,
 }
 
 /// An MQTT connection endpoint.
@@ -184,30 +186,68 @@ impl ConfigError {
     }
 }
 
-/// Loads `path` over the defaults, then the process environment over both.
-pub fn load(path: &Path) -> Result<Config, ConfigError> {
+/// Loads the files in order (a later file wins key by key) over the defaults,
+/// then the process environment over all of them.
+pub fn load(paths: &[PathBuf]) -> Result<Config, ConfigError> {
     let env: BTreeMap<String, String> = std::env::vars().collect();
-    load_with_env(path, &env)
+    load_with_env(paths, &env)
 }
 
 /// Like [`load`] with an explicit environment (tests).
-pub fn load_with_env(path: &Path, env: &BTreeMap<String, String>) -> Result<Config, ConfigError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| ConfigError::one(format!("config file {}: {e}", path.display())))?;
-    load_str(&text, env)
+pub fn load_with_env(
+    paths: &[PathBuf],
+    env: &BTreeMap<String, String>,
+) -> Result<Config, ConfigError> {
+    let mut layers = Vec::with_capacity(paths.len());
+    for path in paths {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::one(format!("config file {}: {e}", path.display())))?;
+        layers.push((path.display().to_string(), text));
+    }
+    load_layers(&layers, env)
 }
 
 /// Parses a TOML document layered over the defaults and under `env`.
 pub fn load_str(text: &str, env: &BTreeMap<String, String>) -> Result<Config, ConfigError> {
+    load_layers(&[("<config>".to_owned(), text.to_owned())], env)
+}
+
+/// `(name, TOML text)` layers over the defaults, `env` over all of them.
+fn load_layers(
+    layers: &[(String, String)],
+    env: &BTreeMap<String, String>,
+) -> Result<Config, ConfigError> {
     use config::{Environment, File, FileFormat};
     let env_map: config::Map<String, String> = env
         .iter()
         .filter(|(k, _)| k.starts_with("TIDEMARK__"))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    let layered = config::Config::builder()
-        .add_source(File::from_str(DEFAULTS, FileFormat::Toml))
-        .add_source(File::from_str(text, FileFormat::Toml))
+    let mut builder =
+        config::Config::builder().add_source(File::from_str(DEFAULTS, FileFormat::Toml));
+    let mut sources = BTreeMap::new();
+    for (name, text) in layers {
+        // Parsed once on its own so a syntax error names its file.
+        let doc: toml::Table = toml::from_str(text).map_err(|e| {
+            let at = e.span().map_or(String::new(), |span| {
+                let before = &text[..span.start.min(text.len())];
+                let line = before.matches('\n').count() + 1;
+                let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+                format!(" line {line}, column {column}:")
+            });
+            ConfigError::one(format!("config file {name}:{at} {}", e.message().trim()))
+        })?;
+        provenance(&mut sources, "", &doc, name);
+        builder = builder.add_source(File::from_str(text, FileFormat::Toml));
+    }
+    for key in env_map.keys() {
+        if let Some(rest) = key.strip_prefix("TIDEMARK__") {
+            let dotted = rest.to_ascii_lowercase().replace("__", ".");
+            sources.retain(|k: &String, _| !k.starts_with(&format!("{dotted}.")));
+            sources.insert(dotted, format!("env {key}"));
+        }
+    }
+    let layered = builder
         .add_source(
             Environment::with_prefix("TIDEMARK")
                 .prefix_separator("__")
@@ -226,5 +266,52 @@ pub fn load_str(text: &str, env: &BTreeMap<String, String>) -> Result<Config, Co
         let path = e.path().to_string();
         ConfigError::one(describe_serde_error(&path, &e.into_inner().to_string()))
     })?;
-    validate::validate(raw)
+    let mut cfg = validate::validate(raw)?;
+    cfg.sources = sources;
+    Ok(cfg)
+}
+
+/// Records `name` as the origin of every leaf of `table` (a later layer overwrites).
+fn provenance(out: &mut BTreeMap<String, String>, prefix: &str, table: &toml::Table, name: &str) {
+    for (k, v) in table {
+        let key = format!("{prefix}{k}");
+        match v {
+            toml::Value::Table(t) => provenance(out, &format!("{key}."), t, name),
+            _ => {
+                out.insert(key, name.to_owned());
+            }
+        }
+    }
+}
+
+/// `effective` TOML with a `# from ...` comment on every line whose key was set
+/// by a file or the environment; other values are defaults (or derived from them).
+pub fn annotate_sources(effective: &str, sources: &BTreeMap<String, String>) -> String {
+    let mut out = String::with_capacity(effective.len() * 2);
+    let mut table = String::new();
+    for line in effective.lines() {
+        let trimmed = line.trim_start();
+        out.push_str(line);
+        if let Some(h) = trimmed.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+            table = h.trim_matches(['[', ']']).replace('"', "");
+        } else if let Some((k, _)) = trimmed.split_once(" = ") {
+            let key = if table.is_empty() {
+                k.trim().to_owned()
+            } else {
+                format!("{table}.{}", k.trim().trim_matches('"'))
+            };
+            // A group's unset key comes from `[group_defaults]`.
+            let inherited = key
+                .strip_prefix("groups.")
+                .and_then(|rest| rest.split_once('.'))
+                .and_then(|(_, k)| sources.get(&format!("group_defaults.{k}")));
+            match (sources.get(&key), inherited) {
+                (Some(o), _) => out.push_str(&format!("  # from {o}")),
+                (None, Some(o)) => out.push_str(&format!("  # from {o} (group_defaults)")),
+                (None, None) => out.push_str("  # default"),
+            }
+        }
+        out.push('\n');
+    }
+    out
 }

@@ -301,6 +301,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         log_level: raw.log.level.clone(),
         log_format: raw.log.format,
         raw,
+        sources: BTreeMap::new(),
     })
 }
 
