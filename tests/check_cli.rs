@@ -138,6 +138,9 @@ fn broken_configs_exit_2_naming_the_key() {
         (ex.replace("level = \"info\"", "level = \"[[[\""), "log.level:"),
         (format!("{ex}\n[groups.\"bad/name\"]\nidle_timeout_ms = 5\n"), "groups.bad/name: group name"),
         (ex.replace("[metrics]", "[metrics]\nextra = 1"), "metrics.extra: unknown key"),
+        (ex.replace("listen = \"\"  ", "listen = \"0.0.0.0:9464\""), "metrics.listen: \"0.0.0.0:9464\" is not a loopback address"),
+        (ex.replace("listen = \"\"  ", "listen = \"9464\""), "metrics.listen: \"9464\" is not a host:port"),
+        (ex.replace("health_timeout_s = 60", "health_timeout_s = 0"), "metrics.health_timeout_s: must be > 0"),
         ("this is = = not toml".to_string(), "c.toml: line 1, column 6: key with no value"),
     ];
     assert!(cases.len() >= 12);

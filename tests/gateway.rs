@@ -870,3 +870,165 @@ fn capture_records_live_traffic_that_replay_reads_even_when_killed_mid_line() {
         .sum();
     assert_eq!(total, 2, "{stdout}");
 }
+
+/// One HTTP/1.1 GET on loopback: (status, body).
+fn http_get(port: u16, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect http");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("http response");
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
+    (status, body)
+}
+
+/// The value of an unlabelled Prometheus sample.
+fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn systemd_notify_watchdog_and_the_local_http_endpoint() {
+    use std::os::unix::net::UnixDatagram;
+    let mut broker = Mosquitto::start(true);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let http_port = support::free_port();
+    let config = write_config(
+        dir.path(),
+        &broker,
+        &broker,
+        &format!("listen = \"127.0.0.1:{http_port}\"\nhealth_timeout_s = 2\n{DEVICE_POLICY}"),
+    );
+    let log = dir.path().join("gw.log");
+    let sock_path = dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).expect("notify socket");
+    sock.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let f = std::fs::File::create(&log).unwrap();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args(["run", "--config"])
+        .arg(&config)
+        .env("RUST_LOG", "info")
+        .env("NOTIFY_SOCKET", &sock_path)
+        .env("WATCHDOG_USEC", "400000")
+        .stderr(f)
+        .spawn()
+        .expect("start tidemark");
+    let gw = Gateway::adopt(child, &log);
+    let notes = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let reader = {
+        let notes = notes.clone();
+        let sock = sock.try_clone().unwrap();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            loop {
+                match sock.recv(&mut buf) {
+                    Ok(n) => notes
+                        .lock()
+                        .unwrap()
+                        .push(String::from_utf8_lossy(&buf[..n]).into_owned()),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                    Err(_) => return,
+                }
+                if notes
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .any(|n| n.contains("STOPPING=1"))
+                {
+                    return;
+                }
+            }
+        })
+    };
+    let count = |what: &str| {
+        notes
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|n| n.contains(what))
+            .count()
+    };
+    wait_until(MIN, "READY=1", || count("READY=1") == 1);
+    // Watchdog pings keep coming at half the period while the engine is healthy.
+    wait_until(MIN, "watchdog pings", || count("WATCHDOG=1") >= 5);
+
+    // Metrics in Prometheus text, moving with the input.
+    let mut publisher = Publisher::connect(broker.port, "http-fleet");
+    let ts = now_ms();
+    for seq in 0..5 {
+        publisher.send(
+            "sensors/hall/d1/reading",
+            &reading(ts + seq, seq as u64, 20.0),
+        );
+    }
+    publisher.send("sensors/hall/d1/bogus", b"{}");
+    publisher.flush();
+    wait_until(MIN, "accepted in /metrics", || {
+        let (code, body) = http_get(http_port, "/metrics");
+        code == 200 && sample(&body, "tidemark_accepted_total") == Some(5.0)
+    });
+    let (_, body) = http_get(http_port, "/metrics");
+    assert!(
+        body.contains("# TYPE tidemark_received_total counter"),
+        "{body}"
+    );
+    assert!(
+        body.contains("tidemark_rejected_total{reason=\"bad_topic\"} 1"),
+        "{body}"
+    );
+    assert!(
+        body.contains("tidemark_connected{link=\"source\"} 1"),
+        "{body}"
+    );
+    assert!(
+        body.contains("tidemark_group_devices{group=\"hall\",state=\"active\"} 1"),
+        "{body}"
+    );
+    assert!(
+        body.contains("tidemark_group_watermark_seconds{group=\"hall\"}"),
+        "{body}"
+    );
+    assert_eq!(http_get(http_port, "/healthz"), (200, "ok\n".to_owned()));
+    assert_eq!(http_get(http_port, "/nope").0, 404);
+
+    // The source down past health_timeout_s: /healthz fails and says why; the
+    // watchdog keeps pinging (a restart would not bring the broker back).
+    broker.stop();
+    let pings = count("WATCHDOG=1");
+    wait_until(MIN, "healthz 503", || {
+        http_get(http_port, "/healthz").0 == 503
+    });
+    let (_, why) = http_get(http_port, "/healthz");
+    assert!(why.contains("source down for"), "{why}");
+    wait_until(MIN, "pings while the source is down", || {
+        count("WATCHDOG=1") >= pings + 3
+    });
+    broker.restart();
+    wait_until(2 * MIN, "healthz back to 200", || {
+        http_get(http_port, "/healthz").0 == 200
+    });
+
+    let (code, _) = gw.terminate();
+    assert_eq!(code, Some(0));
+    reader.join().unwrap();
+    assert_eq!(count("STOPPING=1"), 1);
+    let n = notes.lock().unwrap();
+    assert!(n[0].contains("READY=1"), "{n:?}");
+}

@@ -64,6 +64,10 @@ pub struct Config {
     pub outbox_max_messages: u64,
     /// Metrics period in seconds.
     pub metrics_interval_s: u64,
+    /// Local HTTP endpoint (`/metrics`, `/healthz`), loopback only.
+    pub metrics_listen: Option<SocketAddr>,
+    /// How long the source may be down, or the engine or a commit stuck, before `/healthz` fails.
+    pub health_timeout_ms: i64,
     /// Log filter directive.
     pub log_level: String,
     /// Log format.

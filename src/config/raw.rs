@@ -75,6 +75,7 @@ outbox_max_messages = 1000000
 [metrics]
 interval_s = 10
 listen = ""
+health_timeout_s = 60
 
 [log]
 level = "info"
@@ -298,8 +299,11 @@ pub struct RawSink {
 pub struct RawMetrics {
     /// Period of `{prefix}/metrics`.
     pub interval_s: u64,
-    /// Local HTTP endpoint for Prometheus text and /healthz ("" = off).
+    /// Local HTTP endpoint for Prometheus text and /healthz ("" = off; loopback only).
     pub listen: String,
+    /// `/healthz` fails once the source has been down, or the engine loop or a
+    /// commit has been stuck, this long.
+    pub health_timeout_s: u64,
 }
 
 /// `[log]`

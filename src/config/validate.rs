@@ -252,15 +252,34 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let topic_prefix = prefix.replace("{gateway}", &gid);
     p.positive("sink.outbox_max_messages", raw.sink.outbox_max_messages);
     p.positive("metrics.interval_s", raw.metrics.interval_s);
-    if !raw.metrics.listen.is_empty() {
-        p.add(
-            "metrics.listen",
-            format!(
-                "{:?}: the local HTTP metrics endpoint is not available in this version; use \"\" (metrics go to the {{prefix}}/metrics topic)",
-                raw.metrics.listen
-            ),
-        );
-    }
+    p.positive("metrics.health_timeout_s", raw.metrics.health_timeout_s);
+    let metrics_listen = if raw.metrics.listen.is_empty() {
+        None
+    } else {
+        match raw.metrics.listen.parse::<SocketAddr>() {
+            Ok(a) if a.ip().is_loopback() => Some(a),
+            Ok(_) => {
+                p.add(
+                    "metrics.listen",
+                    format!(
+                        "{:?} is not a loopback address: the endpoint has no authentication (use 127.0.0.1:PORT or [::1]:PORT and a reverse proxy to expose it)",
+                        raw.metrics.listen
+                    ),
+                );
+                None
+            }
+            Err(_) => {
+                p.add(
+                    "metrics.listen",
+                    format!(
+                        "{:?} is not a host:port socket address (e.g. \"127.0.0.1:9464\")",
+                        raw.metrics.listen
+                    ),
+                );
+                None
+            }
+        }
+    };
     if let Err(e) = tracing_subscriber::EnvFilter::try_new(&raw.log.level) {
         p.add("log.level", format!("{:?}: {e}", raw.log.level));
     }
@@ -298,6 +317,9 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         sink_format: raw.sink.format,
         outbox_max_messages: raw.sink.outbox_max_messages,
         metrics_interval_s: raw.metrics.interval_s,
+        metrics_listen,
+        health_timeout_ms: i64::try_from(raw.metrics.health_timeout_s.saturating_mul(1000))
+            .unwrap_or(i64::MAX),
         log_level: raw.log.level.clone(),
         log_format: raw.log.format,
         raw,

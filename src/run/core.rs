@@ -54,6 +54,7 @@ pub fn run(
     let mut held: Vec<(u64, Held)> = Vec::new();
     let mut source_up = false;
     let mut next_metrics = clock.mono().saturating_add(metrics_every_ms);
+    let mut next_prometheus = clock.mono();
     let mut committed_delivered = shared.delivered.load(Ordering::Acquire);
     let mut stopping = false;
     let mut report = Report::new(clock.mono());
@@ -77,6 +78,7 @@ pub fn run(
                     if !source_up {
                         // A message proves the link is up (an ordering race with `Connected`).
                         source_up = true;
+                        shared.health.source(true, now.mono);
                         driver.start(now);
                     }
                     driver.skip_missed_ticks(now);
@@ -86,9 +88,14 @@ pub fn run(
                 }
                 Inbound::Connected => {
                     source_up = true;
-                    driver.start(clock.now());
+                    let now = clock.now();
+                    shared.health.source(true, now.mono);
+                    driver.start(now);
                 }
-                Inbound::Disconnected => source_up = false,
+                Inbound::Disconnected => {
+                    source_up = false;
+                    shared.health.source(false, clock.mono());
+                }
                 Inbound::Wake => {}
                 Inbound::Stop => stopping = true,
             }
@@ -98,6 +105,7 @@ pub fn run(
             }
         }
         let now = clock.now();
+        shared.health.core_beat(now.mono);
         if source_up {
             driver.skip_missed_ticks(now);
             driver.ticks_until(now);
@@ -118,8 +126,14 @@ pub fn run(
         }
         if now.mono >= next_metrics {
             next_metrics = now.mono.saturating_add(metrics_every_ms);
-            let payload = metrics::snapshot(driver.engine(), now, &shared, source_up);
-            let _ = shared.metrics_tx.send(payload);
+            let m = metrics::collect(driver.engine(), now, &shared, source_up);
+            let _ = shared.metrics_tx.send(m.encode(shared.format));
+        }
+        if shared.http && now.mono >= next_prometheus {
+            // Scrapes read the latest text: fresh to the second, never blocking the engine.
+            next_prometheus = now.mono.saturating_add(1000);
+            let m = metrics::collect(driver.engine(), now, &shared, source_up);
+            shared.health.set_prometheus(m.prometheus());
         }
         // Each output is looked at once: only those since the last look.
         report.outputs(&driver.outputs[reported..]);

@@ -37,8 +37,9 @@ struct Connections {
     sink: bool,
 }
 
+/// Gateway state at `now`.
 #[derive(Serialize)]
-struct Metrics {
+pub struct Metrics {
     at: Millis,
     uptime_s: u64,
     groups: BTreeMap<String, Group>,
@@ -48,8 +49,184 @@ struct Metrics {
     clock_held: bool,
 }
 
-/// The metrics payload, encoded per `[sink] format`.
-pub fn snapshot(engine: &Engine, now: Now, shared: &Shared, source_up: bool) -> Vec<u8> {
+impl Metrics {
+    /// The `P/metrics` payload, encoded per `[sink] format`.
+    pub fn encode(&self, format: crate::config::SinkFormat) -> Vec<u8> {
+        match format {
+            crate::config::SinkFormat::Json => serde_json::to_vec(self).unwrap_or_default(),
+            crate::config::SinkFormat::Cbor => {
+                let mut b = Vec::new();
+                let _ = ciborium::ser::into_writer(self, &mut b);
+                b
+            }
+        }
+    }
+
+    /// Prometheus text exposition format (0.0.4).
+    pub fn prometheus(&self) -> String {
+        use std::fmt::Write;
+        let mut o = String::with_capacity(2048 + self.groups.len() * 400);
+        let metric = |o: &mut String, name: &str, kind: &str, help: &str| {
+            let _ = writeln!(
+                o,
+                "# HELP tidemark_{name} {help}\n# TYPE tidemark_{name} {kind}"
+            );
+        };
+        let c = &self.counters;
+        for (name, help, v) in [
+            (
+                "received_total",
+                "Messages received from the source.",
+                c.received,
+            ),
+            (
+                "accepted_total",
+                "Events accepted into windows.",
+                c.accepted,
+            ),
+            (
+                "late_total",
+                "Events later than the allowed lateness.",
+                c.late,
+            ),
+            (
+                "duplicates_total",
+                "Events dropped as duplicates by sequence number.",
+                c.duplicates,
+            ),
+            (
+                "windows_emitted_total",
+                "Window results emitted.",
+                c.windows_emitted,
+            ),
+            ("alerts_total", "Alerts raised.", c.alerts),
+            (
+                "outbox_dropped_total",
+                "Outputs dropped because the outbox was full.",
+                c.outbox_dropped,
+            ),
+        ] {
+            metric(&mut o, name, "counter", help);
+            let _ = writeln!(o, "tidemark_{name} {v}");
+        }
+        metric(
+            &mut o,
+            "rejected_total",
+            "counter",
+            "Messages rejected, by reason.",
+        );
+        for (reason, v) in &c.rejected {
+            let _ = writeln!(o, "tidemark_rejected_total{{reason=\"{reason}\"}} {v}");
+        }
+        metric(
+            &mut o,
+            "outbox_depth",
+            "gauge",
+            "Outputs waiting for the upstream broker.",
+        );
+        let _ = writeln!(o, "tidemark_outbox_depth {}", c.outbox_depth);
+        metric(
+            &mut o,
+            "outbox_oldest_age_seconds",
+            "gauge",
+            "Age of the oldest undelivered output.",
+        );
+        let age = self.outbox_oldest_age_ms.unwrap_or(0);
+        let _ = writeln!(o, "tidemark_outbox_oldest_age_seconds {}", seconds(age));
+        metric(
+            &mut o,
+            "connected",
+            "gauge",
+            "1 when the link is connected.",
+        );
+        for (link, up) in [
+            ("source", self.connected.source),
+            ("sink", self.connected.sink),
+        ] {
+            let _ = writeln!(o, "tidemark_connected{{link=\"{link}\"}} {}", u8::from(up));
+        }
+        metric(
+            &mut o,
+            "clock_held",
+            "gauge",
+            "1 while the gateway clock is implausible and processing time is held.",
+        );
+        let _ = writeln!(o, "tidemark_clock_held {}", u8::from(self.clock_held));
+        metric(
+            &mut o,
+            "uptime_seconds",
+            "gauge",
+            "Seconds since the gateway started.",
+        );
+        let _ = writeln!(o, "tidemark_uptime_seconds {}", self.uptime_s);
+        metric(
+            &mut o,
+            "group_watermark_seconds",
+            "gauge",
+            "Event-time watermark of the group (epoch).",
+        );
+        for (g, s) in &self.groups {
+            if let Some(w) = s.watermark {
+                let _ = writeln!(
+                    o,
+                    "tidemark_group_watermark_seconds{{group=\"{}\"}} {}",
+                    label(g),
+                    seconds(w)
+                );
+            }
+        }
+        metric(
+            &mut o,
+            "group_lag_seconds",
+            "gauge",
+            "Gateway clock minus the group watermark.",
+        );
+        for (g, s) in &self.groups {
+            if let Some(l) = s.lag_ms {
+                let _ = writeln!(
+                    o,
+                    "tidemark_group_lag_seconds{{group=\"{}\"}} {}",
+                    label(g),
+                    seconds(l)
+                );
+            }
+        }
+        metric(
+            &mut o,
+            "group_devices",
+            "gauge",
+            "Devices of the group by state.",
+        );
+        for (g, s) in &self.groups {
+            for (state, n) in [
+                ("active", s.devices_active),
+                ("idle", s.devices_idle),
+                ("offline", s.devices_offline),
+            ] {
+                let _ = writeln!(
+                    o,
+                    "tidemark_group_devices{{group=\"{}\",state=\"{state}\"}} {n}",
+                    label(g)
+                );
+            }
+        }
+        o
+    }
+}
+
+fn seconds(ms: Millis) -> String {
+    format!("{}.{:03}", ms.div_euclid(1000), ms.rem_euclid(1000))
+}
+
+/// Group names are `[A-Za-z0-9_.:-]`; escaped anyway, as the format asks.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Gateway state now.
+pub fn collect(engine: &Engine, now: Now, shared: &Shared, source_up: bool) -> Metrics {
     let c = engine.counters();
     let groups = engine
         .group_stats(now)
@@ -68,7 +245,7 @@ pub fn snapshot(engine: &Engine, now: Now, shared: &Shared, source_up: bool) -> 
         })
         .collect();
     let oldest = shared.outbox_oldest.load(Ordering::Relaxed);
-    let m = Metrics {
+    Metrics {
         at: now.wall,
         uptime_s: u64::try_from(now.mono / 1000).unwrap_or(0),
         groups,
@@ -92,13 +269,5 @@ pub fn snapshot(engine: &Engine, now: Now, shared: &Shared, source_up: bool) -> 
             sink: shared.sink_up.load(Ordering::Relaxed),
         },
         clock_held: engine.clock_held(),
-    };
-    match shared.format {
-        crate::config::SinkFormat::Json => serde_json::to_vec(&m).unwrap_or_default(),
-        crate::config::SinkFormat::Cbor => {
-            let mut b = Vec::new();
-            let _ = ciborium::ser::into_writer(&m, &mut b);
-            b
-        }
     }
 }

@@ -14,6 +14,7 @@ mod broker;
 pub mod capture;
 pub mod clock;
 mod core;
+mod health;
 pub mod link;
 mod metrics;
 mod sink;
@@ -57,6 +58,10 @@ pub struct Shared {
     pub format: SinkFormat,
     /// `P/metrics` payloads to the sink.
     pub metrics_tx: mpsc::UnboundedSender<Vec<u8>>,
+    /// Liveness of the parts (watchdog, `/healthz`).
+    pub health: Arc<health::Health>,
+    /// The HTTP endpoint is on: keep its Prometheus text fresh.
+    pub http: bool,
 }
 
 /// A batch for the store thread and the acks it releases.
@@ -154,6 +159,8 @@ async fn gateway(
         received: AtomicU64::new(0),
         format: cfg.sink_format,
         metrics_tx,
+        health: Arc::new(health::Health::new(clock)),
+        http: cfg.metrics_listen.is_some(),
     });
     let seed = u64::try_from(clock.now().wall).unwrap_or(1) ^ u64::from(std::process::id());
     let version = env!("CARGO_PKG_VERSION");
@@ -177,6 +184,14 @@ async fn gateway(
         broker::start(addr).map_err(RunError::Runtime)?;
         tracing::info!(listen = %addr, "embedded broker (MQTT 3.1.1, in memory) started");
     }
+    let http_listener = match cfg.metrics_listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| RunError::Runtime(format!("metrics.listen {addr}: {e}")))?,
+        ),
+        None => None,
+    };
     let (src_client, src_loop) = link::build(&LinkOptions {
         endpoint: &cfg.source,
         v5: cfg.source_protocol == Protocol::V5,
@@ -274,12 +289,23 @@ async fn gateway(
             }
         }
     });
+    let watchdog = tokio::spawn(health::watchdog(shared.health.clone(), stop_rx.clone()));
+    let http = http_listener.map(|l| {
+        tokio::spawn(health::serve(
+            l,
+            shared.health.clone(),
+            cfg.health_timeout_ms,
+            stop_rx.clone(),
+        ))
+    });
     tracing::info!(
         gateway = %cfg.gateway_id,
         source = %endpoint_url(&cfg.source),
         sink = %endpoint_url(&cfg.sink),
         "tidemark running"
     );
+    // State is restored and the source is connecting (or retrying): systemd may go on.
+    health::notify_ready(&format!("running; source {}", endpoint_url(&cfg.source)));
 
     let failed = tokio::select! {
         () = shutdown_signal() => None,
@@ -289,10 +315,15 @@ async fn gateway(
         return Err(RunError::Store(e));
     }
     tracing::info!("stopping: final commit, then acks and the uplink");
+    health::notify_stopping();
     let _ = stop_tx.send(true);
     let _ = core_tx.send(Inbound::Stop).await;
     drop(core_tx);
     let all = async {
+        let _ = watchdog.await;
+        if let Some(h) = http {
+            let _ = h.await;
+        }
         let _ = waker.await;
         let _ = acker.await;
         let _ = source.await;

@@ -33,7 +33,9 @@ pub fn run(
     while let Ok(mut job) = rx.recv() {
         let delivered = shared.delivered.load(Ordering::Acquire);
         job.batch.delivered = delivered.checked_sub(1);
+        shared.health.committing(true);
         let stats = store.commit(&job.batch)?;
+        shared.health.committing(false);
         shared.outbox_depth.store(stats.depth, Ordering::Relaxed);
         shared
             .outbox_oldest
