@@ -277,3 +277,48 @@ fn layered_files_and_env_report_effective_values_and_their_sources() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains(s));
 }
+
+#[test]
+fn every_shipped_config_passes_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, "secret\n").unwrap();
+        p.to_str().unwrap().to_owned()
+    };
+    // The secrets and certificates a site keeps under /etc/tidemark, here in a temp dir.
+    let (pw, ca, crt, key) = (file("pw"), file("ca.pem"), file("gw.crt"), file("gw.key"));
+    let base = "configs/tidemark.toml";
+    let cases: Vec<(Vec<&str>, Vec<(&str, &str)>, &str)> = vec![
+        (vec!["configs/example.toml"], vec![], "id = \"site-a-gw1\""),
+        (vec!["configs/local.toml"], vec![], "embedded = true"),
+        (vec![base, "configs/site.toml"], vec![], "listen = \"127.0.0.1:9464\""),
+        (
+            vec![base, "configs/greenhouse.toml"],
+            vec![("TIDEMARK__SINK__PASSWORD_FILE", pw.as_str())],
+            "format = \"cbor\"",
+        ),
+        (
+            vec![base, "configs/factory.toml"],
+            vec![
+                ("TIDEMARK__SOURCE__PASSWORD_FILE", pw.as_str()),
+                ("TIDEMARK__SINK__CA_FILE", ca.as_str()),
+                ("TIDEMARK__SINK__CERT_FILE", crt.as_str()),
+                ("TIDEMARK__SINK__KEY_FILE", key.as_str()),
+            ],
+            "url = \"mqtts://mes-broker.plant.example:8883\"",
+        ),
+    ];
+    for (files, env, want) in cases {
+        let mut args = vec!["check"];
+        for f in &files {
+            args.extend(["--config", f]);
+        }
+        let out = tidemark(&args, &env);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{files:?}: {err}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(text.contains(want), "{files:?}: no {want:?} in\n{text}");
+        assert!(!text.contains("secret"), "a secret was printed");
+    }
+}
