@@ -9,10 +9,14 @@ command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need="$nee
 command -v mosquitto_passwd >/dev/null 2>&1 || need="$need mosquitto"
 command -v mosquitto_sub >/dev/null 2>&1 || need="$need mosquitto-clients"
 command -v openssl >/dev/null 2>&1 || need="$need openssl"
+# tests/package.rs checks the packaged unit with systemd-analyze.
+command -v systemd-analyze >/dev/null 2>&1 || need="$need systemd"
 if [ -n "$need" ]; then
   SUDO=""
   if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
   $SUDO apt-get update
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y mosquitto mosquitto-clients openssl
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y mosquitto mosquitto-clients openssl systemd
 fi
+# The .deb packages (amd64, arm64) that tests/package.rs inspects and installs into a scratch root.
+bash scripts/build-deb.sh
 cargo test --locked -- --include-ignored

@@ -1,10 +1,12 @@
 //! `tidemark check`: the binary a user runs, on good and broken configs.
 
+mod cli;
+
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 fn tidemark(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidemark"));
+    let mut cmd = cli::tidemark();
     cmd.args(args);
     for (k, _) in std::env::vars() {
         if k.starts_with("TIDEMARK__") {
@@ -292,7 +294,11 @@ fn every_shipped_config_passes_check() {
     let cases: Vec<(Vec<&str>, Vec<(&str, &str)>, &str)> = vec![
         (vec!["configs/example.toml"], vec![], "id = \"site-a-gw1\""),
         (vec!["configs/local.toml"], vec![], "embedded = true"),
-        (vec![base, "configs/site.toml"], vec![], "listen = \"127.0.0.1:9464\""),
+        (
+            vec![base, "configs/site.toml"],
+            vec![],
+            "listen = \"127.0.0.1:9464\"",
+        ),
         (
             vec![base, "configs/greenhouse.toml"],
             vec![("TIDEMARK__SINK__PASSWORD_FILE", pw.as_str())],

@@ -1,6 +1,8 @@
 //! The durable store through `tidemark replay --state-dir`: crash at random
 //! moments with SIGKILL, resume, and compare with an uncrashed in-memory run.
 
+mod cli;
+
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -11,7 +13,7 @@ use std::time::Duration;
 const CONFIG: &str = "[gateway]\nid = \"gw\"\ncommit_interval_ms = 200\n";
 
 fn tidemark() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_tidemark"));
+    let mut c = cli::tidemark();
     c.env("RUST_LOG", "warn");
     c
 }

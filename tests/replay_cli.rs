@@ -1,7 +1,8 @@
 //! `tidemark replay` on the committed capture: the expected output, byte for byte, every run.
 
+mod cli;
+
 use std::path::Path;
-use std::process::Command;
 
 fn data(name: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -12,7 +13,7 @@ fn data(name: &str) -> String {
 }
 
 fn replay(output: &Path) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_tidemark"))
+    cli::tidemark()
         .args([
             "replay",
             "--config",
@@ -90,7 +91,7 @@ fn a_malformed_capture_line_is_a_clear_error_naming_the_line() {
         "{\"arrival\": 1, \"topic\": \"a\", \"payload\": {}}\nnot json\n",
     )
     .unwrap();
-    let r = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+    let r = cli::tidemark()
         .args(["replay", "--config", &data("replay.toml"), "--input"])
         .arg(&input)
         .output()
@@ -116,7 +117,7 @@ fn hostile_payloads_in_a_capture_are_rejected_outputs_not_replay_failures() {
         r#"{"arrival":1764480000500,"topic":"sensors/g/d\u0000/reading","payload":{"ts":1764480000500}}"#,
     ];
     std::fs::write(&input, lines.join("\n") + "\n").unwrap();
-    let r = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+    let r = cli::tidemark()
         .args(["replay", "--config", &data("replay.toml"), "--input"])
         .arg(&input)
         .output()
