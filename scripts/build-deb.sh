@@ -16,7 +16,7 @@ if ! [ -d /usr/lib/rustlib/$TRIPLE ] || ! command -v aarch64-linux-gnu-gcc >/dev
   $SUDO dpkg --add-architecture arm64
   $SUDO apt-get update
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y rustc-web libstd-rust-web-dev:arm64 \
-    gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static
+    gcc-aarch64-linux-gnu libc6-dev-arm64-cross libc6:arm64 qemu-user-static
 fi
 out=target/debian
 mkdir -p "$out"

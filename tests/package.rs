@@ -252,6 +252,14 @@ fn an_upgrade_keeps_the_edited_site_config() {
             .env("DPKG_ROOT", &scratch))
     };
     dpkg(&deb1);
+    // postinst made the service user (systemd-sysusers into the scratch root).
+    let passwd = read(&scratch.join("etc/passwd"));
+    assert!(
+        passwd
+            .lines()
+            .any(|l| l.starts_with("tidemark:") && l.contains(":/var/lib/tidemark:")),
+        "no tidemark user in\n{passwd}"
+    );
     let site = scratch.join("etc/tidemark/site.toml");
     assert_eq!(read(&site), read(&root().join("configs/site.toml")));
     let edited = read(&site).replace("id = \"edge-gw1\"", "id = \"greenhouse-7\"");
@@ -267,21 +275,24 @@ fn an_upgrade_keeps_the_edited_site_config() {
     std::fs::write(n.join("DEBIAN/control"), control).unwrap();
     let base = n.join("etc/tidemark/tidemark.toml");
     std::fs::write(&base, read(&base) + "# changed in -2\n").unwrap();
-    let md5 = run(Command::new("md5sum")
-        .arg("etc/tidemark/tidemark.toml")
-        .current_dir(n));
-    let sums = read(&n.join("DEBIAN/md5sums"))
-        .lines()
-        .map(|l| {
-            if l.ends_with("etc/tidemark/tidemark.toml") {
-                md5.trim()
-            } else {
-                l
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    std::fs::write(n.join("DEBIAN/md5sums"), sums + "\n").unwrap();
+    let sums_path = n.join("DEBIAN/md5sums");
+    if sums_path.exists() {
+        let md5 = run(Command::new("md5sum")
+            .arg("etc/tidemark/tidemark.toml")
+            .current_dir(n));
+        let sums = read(&sums_path)
+            .lines()
+            .map(|l| {
+                if l.ends_with("etc/tidemark/tidemark.toml") {
+                    md5.trim()
+                } else {
+                    l
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        std::fs::write(&sums_path, sums + "\n").unwrap();
+    }
     let deb2 = work.path().join("tidemark_next.deb");
     run(Command::new("dpkg-deb")
         .args(["--root-owner-group", "-b"])

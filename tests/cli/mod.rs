@@ -3,7 +3,7 @@
 use std::process::Command;
 
 /// `tidemark` as cargo built it for this test run. With `TIDEMARK_TEST_RUNNER`
-/// set (e.g. `qemu-aarch64-static -L /usr/aarch64-linux-gnu` for a cross-built
+/// set (e.g. `qemu-aarch64-static` for a cross-built
 /// binary, see `scripts/build-arm64.sh`) the binary runs through that command.
 pub fn tidemark() -> Command {
     let bin = env!("CARGO_BIN_EXE_tidemark");
