@@ -291,7 +291,9 @@ fn every_shipped_config_passes_check() {
     // The secrets and certificates a site keeps under /etc/tidemark, here in a temp dir.
     let (pw, ca, crt, key) = (file("pw"), file("ca.pem"), file("gw.crt"), file("gw.key"));
     let base = "configs/tidemark.toml";
-    let cases: Vec<(Vec<&str>, Vec<(&str, &str)>, &str)> = vec![
+    // (files in order, environment, a line the effective config must hold)
+    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case> = vec![
         (vec!["configs/example.toml"], vec![], "id = \"site-a-gw1\""),
         (vec!["configs/local.toml"], vec![], "embedded = true"),
         (
