@@ -55,7 +55,7 @@ echo "replay of tests/data/capture.jsonl: aarch64 (qemu) output byte-identical t
 # Unit, engine, replay and check suites on aarch64. The gateway suite (MQTT
 # against mosquitto) runs natively in scripts/test.sh.
 export TIDEMARK_TEST_RUNNER="$QEMU"
-cargo test --locked --target $TRIPLE \
+cargo test --locked --profile qemu-test --target $TRIPLE \
   --lib --test engine_scenarios --test engine_model --test engine_fuzz \
   --test skew_jitter --test alloc_free --test replay_cli --test durable_replay --test check_cli \
   -- --include-ignored

@@ -22,6 +22,7 @@ pub mod model;
 pub mod output;
 pub mod replay;
 pub mod run;
+pub mod sim;
 pub mod store;
 pub mod time;
 pub mod topic;

@@ -79,6 +79,9 @@ enum Command {
         #[arg(long)]
         duration_s: Option<u64>,
     },
+    /// Publish a synthetic fleet (seeded): skewed clocks, delays, disorder, late,
+    /// duplicates, malformed messages, silent devices, an outage's backlog burst.
+    Simulate(Box<SimulateArgs>),
     /// Read-only dump of persisted state (run while the gateway is stopped).
     Inspect {
         /// State directory (holds tidemark.redb).
@@ -88,6 +91,156 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(clap::Args)]
+struct SimulateArgs {
+    /// Broker, `mqtt://host[:port]`.
+    #[arg(long)]
+    url: String,
+    /// Seed of every random choice: the same seed makes the same fleet.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Devices in all.
+    #[arg(long, default_value_t = 20)]
+    devices: u32,
+    /// Group names (comma-separated); devices are spread over them.
+    #[arg(long, value_delimiter = ',', default_value = "hall,lab")]
+    groups: Vec<String>,
+    /// Topic prefix: `{prefix}/{group}/{device}/reading`.
+    #[arg(long, default_value = "sensors")]
+    prefix: String,
+    /// Messages per second in all; 0 = as fast as the broker takes them.
+    #[arg(long, default_value_t = 100.0)]
+    rate: f64,
+    /// Stop after this many messages.
+    #[arg(long)]
+    count: Option<u64>,
+    /// Stop after this many seconds.
+    #[arg(long)]
+    duration_s: Option<f64>,
+    /// QoS of every publish (0 or 1).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
+    qos: u8,
+    /// Connections to publish over (devices are spread over them).
+    #[arg(long, default_value_t = 1)]
+    connections: u32,
+    /// MQTT version.
+    #[arg(long, value_enum, default_value = "v5")]
+    protocol: config::Protocol,
+    /// Payload encoding.
+    #[arg(long, value_enum, default_value = "json")]
+    format: tidemark::sim::SimFormat,
+    /// Device clock offsets are uniform in +-this (ms).
+    #[arg(long, default_value_t = 0)]
+    skew_ms: i64,
+    /// The first device's clock is this far ahead (ms; e.g. 1020000 = 17 min).
+    #[arg(long)]
+    fast_clock_ms: Option<i64>,
+    /// Network delay: readings are stamped up to this long before they are sent (ms).
+    #[arg(long, default_value_t = 50)]
+    delay_ms: i64,
+    /// Fraction of readings stamped up to --disorder-ms earlier.
+    #[arg(long, default_value_t = 0.0)]
+    out_of_order: f64,
+    /// How far out of order (ms).
+    #[arg(long, default_value_t = 1000)]
+    disorder_ms: i64,
+    /// Fraction of readings stamped --late-by-ms in the past.
+    #[arg(long, default_value_t = 0.0)]
+    late: f64,
+    /// How late (ms).
+    #[arg(long, default_value_t = 600_000)]
+    late_by_ms: i64,
+    /// Fraction of readings sent twice (a QoS 1 redelivery).
+    #[arg(long, default_value_t = 0.0)]
+    duplicates: f64,
+    /// Fraction of messages that are malformed (bad payload or topic).
+    #[arg(long, default_value_t = 0.0)]
+    malformed: f64,
+    /// A heartbeat after every N readings of a device (0: none).
+    #[arg(long, default_value_t = 0)]
+    heartbeat_every: u32,
+    /// This many devices fall silent at --silence-at-s for --silence-s.
+    #[arg(long, default_value_t = 0)]
+    silent: u32,
+    /// When the silent devices stop (s since the start).
+    #[arg(long, default_value_t = 10.0)]
+    silence_at_s: f64,
+    /// How long they stay silent (s).
+    #[arg(long, default_value_t = 60.0)]
+    silence_s: f64,
+    /// The second device's clock steps by --step-ms at this time (s since the start).
+    #[arg(long)]
+    step_at_s: Option<f64>,
+    /// Size of the clock step (ms).
+    #[arg(long, default_value_t = 120_000)]
+    step_ms: i64,
+    /// The fleet's uplink goes down at this time (s since the start) for --outage-s;
+    /// readings are kept and sent in one burst when it returns.
+    #[arg(long)]
+    outage_at_s: Option<f64>,
+    /// Length of the outage (s).
+    #[arg(long, default_value_t = 30.0)]
+    outage_s: f64,
+    /// No progress lines.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn secs(s: f64) -> i64 {
+    (s * 1000.0).round() as i64
+}
+
+fn simulate(a: &SimulateArgs) -> ExitCode {
+    let fleet = tidemark::sim::SimConfig {
+        seed: a.seed,
+        devices: a.devices,
+        groups: a.groups.clone(),
+        prefix: a.prefix.clone(),
+        format: a.format,
+        skew_ms: a.skew_ms,
+        fast_clock_ms: a.fast_clock_ms,
+        delay_ms: a.delay_ms,
+        out_of_order: a.out_of_order,
+        disorder_ms: a.disorder_ms,
+        late: a.late,
+        late_by_ms: a.late_by_ms,
+        duplicates: a.duplicates,
+        malformed: a.malformed,
+        heartbeat_every: a.heartbeat_every,
+        silent: a.silent,
+        silence_at_ms: secs(a.silence_at_s),
+        silence_ms: secs(a.silence_s),
+        step_at_ms: a.step_at_s.map(secs),
+        step_ms: a.step_ms,
+        outage_at_ms: a.outage_at_s.map(secs),
+        outage_ms: secs(a.outage_s),
+    };
+    let o = tidemark::run::simulate::SimulateOptions {
+        url: a.url.clone(),
+        rate: a.rate,
+        count: a.count,
+        duration_s: a.duration_s,
+        qos: a.qos,
+        connections: a.connections,
+        v5: a.protocol == config::Protocol::V5,
+        progress: !a.quiet,
+    };
+    match tidemark::run::simulate::run(&o, fleet) {
+        Ok(summary) => {
+            println!("{}", serde_json::to_string(&summary).unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Err(e @ tidemark::run::simulate::SimulateError::Url(_)) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            tracing::error!("simulate failed: {e}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -143,6 +296,10 @@ fn main() -> ExitCode {
             replay_cmd(&cfg, &opts)
         }
         Command::Inspect { state_dir, json } => inspect::run(&state_dir, json),
+        Command::Simulate(args) => {
+            init_plain_logging(cli.log_format);
+            simulate(&args)
+        }
         Command::Capture {
             url,
             topics,

@@ -1032,3 +1032,130 @@ fn systemd_notify_watchdog_and_the_local_http_endpoint() {
     let n = notes.lock().unwrap();
     assert!(n[0].contains("READY=1"), "{n:?}");
 }
+
+#[test]
+fn simulate_to_run_to_upstream_accounts_for_every_message() {
+    let broker = Mosquitto::start(false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(dir.path(), &broker, &broker, DEVICE_POLICY);
+    let log = dir.path().join("gw.log");
+    let up = Collector::start(broker.port, "tidemark/gw/#", "sim-collector");
+    let gw = Gateway::start(&config, &log);
+    // A misbehaving fleet: disorder, late readings, redeliveries, garbage,
+    // heartbeats, a device that falls silent, an outage and its backlog burst.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args(["simulate", "--url", &broker.url(), "--seed", "7"])
+        .args([
+            "--devices",
+            "30",
+            "--groups",
+            "hall,lab,yard",
+            "--format",
+            "mixed",
+        ])
+        .args([
+            "--rate",
+            "2000",
+            "--count",
+            "12000",
+            "--qos",
+            "1",
+            "--connections",
+            "3",
+        ])
+        .args(["--out-of-order", "0.05", "--disorder-ms", "3000"])
+        .args(["--late", "0.02", "--late-by-ms", "60000"])
+        .args([
+            "--duplicates",
+            "0.03",
+            "--malformed",
+            "0.01",
+            "--heartbeat-every",
+            "10",
+        ])
+        .args(["--silent", "2", "--silence-at-s", "1", "--silence-s", "2"])
+        .args(["--outage-at-s", "3", "--outage-s", "1", "--quiet"])
+        .output()
+        .expect("simulate");
+    assert!(
+        out.status.success(),
+        "simulate: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).expect("summary");
+    let sent = summary["sent"].as_u64().unwrap();
+    assert_eq!(sent, 12_000, "{summary}");
+    assert_eq!(summary["acked"].as_u64(), Some(sent), "{summary}");
+    let m = &summary["messages"];
+    for k in [
+        "out_of_order",
+        "late",
+        "duplicates",
+        "malformed",
+        "heartbeats",
+        "backlog",
+    ] {
+        assert!(m[k].as_u64().unwrap() > 0, "no {k} in {summary}");
+    }
+
+    // Every message ends in exactly one place: a window (as a reading or a
+    // heartbeat), late, rejected, or a suppressed duplicate.
+    let account = || {
+        let seen = up.all();
+        let windows = final_windows(&seen);
+        let in_windows: u64 = windows
+            .values()
+            .map(|w| w["count"].as_u64().unwrap() + w["heartbeats"].as_u64().unwrap())
+            .sum();
+        let late = seen.iter().filter(|s| s.topic.contains("/late/")).count() as u64;
+        let rejected = seen
+            .iter()
+            .filter(|s| s.topic.ends_with("/rejected"))
+            .count() as u64;
+        let dups = seen
+            .iter()
+            .rev()
+            .find(|s| s.topic.ends_with("/metrics"))
+            .map_or(0, |s| {
+                s.json()["counters"]["duplicates"].as_u64().unwrap_or(0)
+            });
+        (in_windows, late, rejected, dups)
+    };
+    wait_or_explain(
+        3 * MIN,
+        || {
+            let (w, l, r, d) = account();
+            w + l + r + d == sent
+        },
+        || format!("accounted {:?} of {sent}; summary {summary}", account()),
+    );
+    let (w, l, r, d) = account();
+    assert!(w > 0 && l > 0 && r > 0 && d > 0, "{:?}", (w, l, r, d));
+    // The gateway's own counters say the same.
+    let latest_metrics = || {
+        up.all()
+            .iter()
+            .rev()
+            .find(|s| s.topic.ends_with("/metrics"))
+            .map(|s| s.json())
+            .unwrap_or_default()
+    };
+    wait_until(MIN, "metrics after the last message", || {
+        latest_metrics()["counters"]["received"].as_u64() == Some(sent)
+    });
+    let metrics = latest_metrics();
+    let c = &metrics["counters"];
+    assert_eq!(c["received"].as_u64(), Some(sent), "{metrics}");
+    assert_eq!(c["late"].as_u64(), Some(l), "{metrics}");
+    let rejected: u64 = c["rejected"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert_eq!(rejected, r, "{metrics}");
+    assert_eq!(rejected, m["malformed"].as_u64().unwrap(), "{summary}");
+    assert_eq!(d, m["duplicates"].as_u64().unwrap(), "{summary}");
+    let (code, _) = gw.terminate();
+    assert_eq!(code, Some(0));
+}

@@ -317,7 +317,7 @@ pub struct RawLog {
 }
 
 /// MQTT protocol version of the source connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Protocol {
     /// MQTT 5.

@@ -265,6 +265,25 @@ impl Client {
         }
     }
 
+    /// Queues a publish, waiting for room in the request channel.
+    pub async fn publish_wait(
+        &self,
+        topic: &str,
+        payload: Vec<u8>,
+        qos: u8,
+    ) -> Result<(), LinkError> {
+        match self {
+            Client::V4(c) => c
+                .publish(topic, qos4(qos), false, payload)
+                .await
+                .map_err(req),
+            Client::V5(c) => c
+                .publish(topic, qos5(qos), false, payload)
+                .await
+                .map_err(req),
+        }
+    }
+
     /// Sends the ack of a held message (waits for room in the request channel).
     pub async fn ack(&self, held: &Held) -> Result<(), LinkError> {
         match (self, held) {

@@ -17,6 +17,7 @@ mod core;
 mod health;
 pub mod link;
 mod metrics;
+pub mod simulate;
 mod sink;
 mod source;
 mod storer;

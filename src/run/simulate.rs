@@ -1,0 +1,278 @@
+//! `tidemark simulate`: publishes a [`Fleet`](crate::sim::Fleet) to a broker at
+//! a target rate (or as fast as the broker takes it) over several connections,
+//! with a progress line each second and a JSON summary at the end.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::clock::SystemClock;
+use super::link::{self, Event, LinkOptions};
+use crate::config::{Endpoint, parse_url};
+use crate::sim::{Fleet, SimConfig, Tally};
+
+/// How to publish.
+#[derive(Debug, Clone)]
+pub struct SimulateOptions {
+    /// Broker URL.
+    pub url: String,
+    /// Messages per second in all; 0: as fast as the broker takes them.
+    pub rate: f64,
+    /// Stop after this many messages.
+    pub count: Option<u64>,
+    /// Stop after this many seconds.
+    pub duration_s: Option<f64>,
+    /// 0 or 1.
+    pub qos: u8,
+    /// Connections to publish over.
+    pub connections: u32,
+    /// MQTT 5 when true.
+    pub v5: bool,
+    /// Progress lines on stderr.
+    pub progress: bool,
+}
+
+/// Simulate failures.
+#[derive(Debug, thiserror::Error)]
+pub enum SimulateError {
+    /// The URL does not parse.
+    #[error("--url: {0}")]
+    Url(String),
+    /// The link could not be built.
+    #[error(transparent)]
+    Link(#[from] link::LinkError),
+    /// The runtime could not start.
+    #[error("runtime: {0}")]
+    Runtime(#[from] std::io::Error),
+    /// Acks did not arrive.
+    #[error("{0} QoS 1 messages were not acknowledged by the broker")]
+    Unacked(u64),
+}
+
+/// The final summary (stdout, one JSON object).
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// Messages handed to the broker.
+    pub sent: u64,
+    /// QoS 1 acknowledgements received.
+    pub acked: u64,
+    /// Connection errors seen.
+    pub errors: u64,
+    /// Seconds from the first to the last send.
+    pub elapsed_s: f64,
+    /// sent / elapsed_s.
+    pub rate: f64,
+    /// By kind.
+    pub messages: Tally,
+}
+
+struct Conn {
+    client: link::Client,
+    sent: AtomicU64,
+    acked: AtomicU64,
+    up: AtomicBool,
+}
+
+/// Publishes until `count`, `duration_s` or Ctrl-C; returns the summary.
+#[allow(clippy::too_many_lines)]
+pub fn run(o: &SimulateOptions, fleet: SimConfig) -> Result<Summary, SimulateError> {
+    let (tls, host, port) = parse_url(&o.url).map_err(SimulateError::Url)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let clock = SystemClock::new();
+    let errors = Arc::new(AtomicU64::new(0));
+    let mut conns = Vec::new();
+    let mut loops = Vec::new();
+    for c in 0..o.connections.max(1) {
+        let endpoint = Endpoint {
+            tls,
+            host: host.clone(),
+            port,
+            client_id: format!("tidemark-sim-{}-{c}", std::process::id()),
+            username: None,
+            password: None,
+            ca_file: None,
+            client_cert: None,
+            keep_alive_s: 30,
+            qos: o.qos,
+        };
+        let (client, lp) = link::build(&LinkOptions {
+            endpoint: &endpoint,
+            v5: o.v5,
+            persistent: false,
+            session_expiry_s: 0,
+            manual_acks: false,
+            will: None,
+            inflight: 1000,
+        })?;
+        conns.push(Arc::new(Conn {
+            client,
+            sent: AtomicU64::new(0),
+            acked: AtomicU64::new(0),
+            up: AtomicBool::new(false),
+        }));
+        loops.push(lp);
+    }
+    let conns = Arc::new(conns);
+    let stopping = Arc::new(AtomicBool::new(false));
+    rt.block_on(async {
+        let mut pollers = Vec::new();
+        for (conn, mut lp) in conns.iter().cloned().zip(loops) {
+            let errors = errors.clone();
+            let stopping = stopping.clone();
+            pollers.push(tokio::spawn(async move {
+                loop {
+                    match lp.poll().await {
+                        Ok(Event::Connected { .. }) => conn.up.store(true, Ordering::Relaxed),
+                        Ok(Event::PubAck { .. }) => {
+                            conn.acked.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(_) => {}
+                        Err(_) if stopping.load(Ordering::Relaxed) => return,
+                        Err(e) => {
+                            conn.up.store(false, Ordering::Relaxed);
+                            if errors.fetch_add(1, Ordering::Relaxed) == 0 {
+                                tracing::warn!("simulate: connection error: {e}");
+                            }
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                    }
+                }
+            }));
+        }
+        // Every connection up before the clock starts.
+        let wait_start = clock.mono();
+        while !conns.iter().all(|c| c.up.load(Ordering::Relaxed)) {
+            if clock.mono() - wait_start > 30_000 {
+                tracing::error!(url = %o.url, "simulate: broker not reachable for 30 s");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+
+        let mut fleet = Fleet::new(fleet);
+        let start = clock.now();
+        let deadline_ms = o
+            .duration_s
+            .map_or(i64::MAX, |s| (s * 1000.0).round() as i64);
+        let stop = Arc::new(AtomicBool::new(false));
+        {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                super::shutdown_signal().await;
+                stop.store(true, Ordering::Relaxed);
+            });
+        }
+        let mut sent = 0u64;
+        let mut tally = Tally::default();
+        let mut slots = 0u64;
+        let mut next_progress = 1000;
+        let mut last_sent = 0u64;
+        let n = conns.len() as u32;
+        let full = |sent: u64| o.count.is_some_and(|c| sent >= c);
+        'run: loop {
+            let now = clock.now();
+            let elapsed = now.mono - start.mono;
+            if stop.load(Ordering::Relaxed) || elapsed >= deadline_ms || full(sent) {
+                break;
+            }
+            if o.progress && elapsed >= next_progress {
+                let acked: u64 = conns.iter().map(|c| c.acked.load(Ordering::Relaxed)).sum();
+                eprintln!(
+                    "simulate: {:>6.1} s  sent {sent:>9}  {:>8} msg/s  acked {acked:>9}  held {:>6}  errors {}",
+                    elapsed as f64 / 1000.0,
+                    sent - last_sent,
+                    fleet.held(),
+                    errors.load(Ordering::Relaxed)
+                );
+                last_sent = sent;
+                next_progress += 1000;
+            }
+            // The schedule's slots due now by the target rate; when unlimited, as
+            // many as the connections take (publish waits for room).
+            let due = if o.rate > 0.0 {
+                ((elapsed as f64 / 1000.0) * o.rate) as u64
+            } else {
+                slots + 256
+            };
+            let mut batch = Vec::new();
+            while let Some(m) = fleet.release(elapsed) {
+                batch.push(m);
+                if batch.len() >= 256 {
+                    break;
+                }
+            }
+            while batch.len() < 256 && slots < due {
+                slots += 1;
+                batch.extend(fleet.next(now.wall, elapsed));
+            }
+            if batch.is_empty() {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                continue;
+            }
+            for m in batch {
+                if full(sent) {
+                    break 'run;
+                }
+                let conn = &conns[(m.device % n) as usize];
+                let (kind, backlog) = (m.kind, m.backlog);
+                if let Err(e) = conn.client.publish_wait(&m.topic, m.payload, o.qos).await {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!("simulate: publish: {e}");
+                    continue;
+                }
+                conn.sent.fetch_add(1, Ordering::Relaxed);
+                tally.record(kind, backlog);
+                sent += 1;
+            }
+        }
+        let elapsed_s = ((clock.mono() - start.mono) as f64 / 1000.0).max(0.001);
+        // QoS 1: wait for the broker's acks (bounded), then disconnect cleanly.
+        let mut unacked = 0;
+        if o.qos == 1 {
+            let t0 = clock.mono();
+            loop {
+                unacked = conns
+                    .iter()
+                    .map(|c| {
+                        c.sent
+                            .load(Ordering::Relaxed)
+                            .saturating_sub(c.acked.load(Ordering::Relaxed))
+                    })
+                    .sum::<u64>();
+                if unacked == 0 || clock.mono() - t0 > 30_000 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        } else {
+            // QoS 0: give the client a moment to write what it queued.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        stopping.store(true, Ordering::Relaxed);
+        for c in conns.iter() {
+            let _ = c.client.disconnect();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for p in pollers {
+            p.abort();
+        }
+        let acked = conns.iter().map(|c| c.acked.load(Ordering::Relaxed)).sum();
+        let summary = Summary {
+            sent,
+            acked,
+            errors: errors.load(Ordering::Relaxed),
+            elapsed_s,
+            rate: sent as f64 / elapsed_s,
+            messages: tally,
+        };
+        if unacked > 0 {
+            return Err(SimulateError::Unacked(unacked));
+        }
+        Ok(summary)
+    })
+}

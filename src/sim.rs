@@ -1,0 +1,547 @@
+//! A deterministic synthetic fleet for `tidemark simulate` (load, tests, demo):
+//! which device sends what, with which clock, when. Pure: time comes in as a
+//! value, randomness from the seed, so the same seed makes the same fleet.
+
+use serde::Serialize;
+
+use crate::model::Millis;
+
+/// Payload encoding of the fleet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SimFormat {
+    /// JSON objects.
+    Json,
+    /// CBOR maps.
+    Cbor,
+    /// Every other device CBOR.
+    Mixed,
+}
+
+/// The fleet and its misbehaviour.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Seed of every random choice.
+    pub seed: u64,
+    /// Devices in all.
+    pub devices: u32,
+    /// Group names; devices are spread over them round-robin.
+    pub groups: Vec<String>,
+    /// Topic prefix: `{prefix}/{group}/{device}/{kind}`.
+    pub prefix: String,
+    /// Payload encoding.
+    pub format: SimFormat,
+    /// Device clock offsets are uniform in ±this.
+    pub skew_ms: Millis,
+    /// The first device's clock is this far ahead (e.g. 17 minutes).
+    pub fast_clock_ms: Option<Millis>,
+    /// Network delay: a reading is stamped up to this long before it is sent.
+    pub delay_ms: Millis,
+    /// Fraction of readings stamped up to `disorder_ms` earlier (out of order).
+    pub out_of_order: f64,
+    /// How far out of order.
+    pub disorder_ms: Millis,
+    /// Fraction of readings stamped `late_by_ms` in the past (late).
+    pub late: f64,
+    /// How late.
+    pub late_by_ms: Millis,
+    /// Fraction of readings sent twice (a QoS 1 redelivery: same seq, same bytes).
+    pub duplicates: f64,
+    /// Fraction of messages that are malformed (bad payload or bad topic).
+    pub malformed: f64,
+    /// A heartbeat after every this many readings of a device (0: none).
+    pub heartbeat_every: u32,
+    /// This many devices fall silent at `silence_at_ms` for `silence_ms`.
+    pub silent: u32,
+    /// When the silent devices stop (ms since the start).
+    pub silence_at_ms: Millis,
+    /// How long they stay silent.
+    pub silence_ms: Millis,
+    /// The second device's clock steps by `step_ms` at this time since the start.
+    pub step_at_ms: Option<Millis>,
+    /// Size of the clock step.
+    pub step_ms: Millis,
+    /// From this time since the start, the fleet's uplink is down for `outage_ms`:
+    /// readings are kept and sent in one burst when it returns.
+    pub outage_at_ms: Option<Millis>,
+    /// Length of the outage.
+    pub outage_ms: Millis,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            seed: 1,
+            devices: 20,
+            groups: vec!["hall".into(), "lab".into()],
+            prefix: "sensors".into(),
+            format: SimFormat::Json,
+            skew_ms: 0,
+            fast_clock_ms: None,
+            delay_ms: 50,
+            out_of_order: 0.0,
+            disorder_ms: 1000,
+            late: 0.0,
+            late_by_ms: 600_000,
+            duplicates: 0.0,
+            malformed: 0.0,
+            heartbeat_every: 0,
+            silent: 0,
+            silence_at_ms: 0,
+            silence_ms: 0,
+            step_at_ms: None,
+            step_ms: 0,
+            outage_at_ms: None,
+            outage_ms: 0,
+        }
+    }
+}
+
+/// What a message is, for the summary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A reading in order (up to the network delay).
+    Reading,
+    /// A reading stamped earlier than its neighbours.
+    OutOfOrder,
+    /// A reading stamped `late_by_ms` in the past.
+    Late,
+    /// A heartbeat.
+    Heartbeat,
+    /// A second copy of the previous reading.
+    Duplicate,
+    /// Garbage payload or a topic that does not match the pattern.
+    Malformed,
+}
+
+/// One message to publish.
+#[derive(Debug, Clone)]
+pub struct Msg {
+    /// Index of the device (connections are chosen by it, keeping per-device order).
+    pub device: u32,
+    /// Topic.
+    pub topic: String,
+    /// Payload bytes.
+    pub payload: Vec<u8>,
+    /// What it is.
+    pub kind: Kind,
+    /// Held back by the outage, sent in its burst.
+    pub backlog: bool,
+}
+
+/// Counts of what was generated, by kind.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct Tally {
+    /// Readings in order.
+    pub readings: u64,
+    /// Readings out of order.
+    pub out_of_order: u64,
+    /// Readings stamped late.
+    pub late: u64,
+    /// Heartbeats.
+    pub heartbeats: u64,
+    /// Redelivered copies.
+    pub duplicates: u64,
+    /// Malformed messages.
+    pub malformed: u64,
+    /// Readings held back by the outage and sent in its burst.
+    pub backlog: u64,
+}
+
+impl Tally {
+    /// Every message.
+    pub fn total(&self) -> u64 {
+        self.readings
+            + self.out_of_order
+            + self.late
+            + self.heartbeats
+            + self.duplicates
+            + self.malformed
+    }
+
+    /// Counts a message of `kind` (`backlog`: sent in the outage's burst).
+    pub fn record(&mut self, kind: Kind, backlog: bool) {
+        self.add(kind);
+        self.backlog += u64::from(backlog);
+    }
+
+    fn add(&mut self, k: Kind) {
+        match k {
+            Kind::Reading => self.readings += 1,
+            Kind::OutOfOrder => self.out_of_order += 1,
+            Kind::Late => self.late += 1,
+            Kind::Heartbeat => self.heartbeats += 1,
+            Kind::Duplicate => self.duplicates += 1,
+            Kind::Malformed => self.malformed += 1,
+        }
+    }
+}
+
+/// splitmix64: small, seedable, good enough for test traffic.
+#[derive(Debug, Clone)]
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    #[allow(clippy::cast_precision_loss)]
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Uniform in [0, n] (n >= 0).
+    fn upto(&mut self, n: Millis) -> Millis {
+        let n = u64::try_from(n.max(0)).unwrap_or(0);
+        Millis::try_from(self.next() % (n + 1)).unwrap_or(0)
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        p > 0.0 && self.unit() < p
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Device {
+    group: usize,
+    name: String,
+    offset: Millis,
+    seq: u64,
+    since_heartbeat: u32,
+    cbor: bool,
+    last: Option<Vec<u8>>,
+}
+
+/// The fleet: call [`Fleet::next`] for each message to send.
+#[derive(Debug)]
+pub struct Fleet {
+    cfg: SimConfig,
+    rng: Rng,
+    devices: Vec<Device>,
+    cursor: u32,
+    /// Readings kept during the outage, in order.
+    held: std::collections::VecDeque<Msg>,
+    /// A duplicate waiting to be sent right after its original.
+    pending: Option<Msg>,
+    tally: Tally,
+}
+
+impl Fleet {
+    /// A fleet whose clocks and names come from `cfg.seed`.
+    pub fn new(cfg: SimConfig) -> Self {
+        let mut rng = Rng(cfg.seed ^ 0x7469_6465_6D61_726B);
+        let groups = cfg.groups.len().max(1);
+        let devices = (0..cfg.devices.max(1))
+            .map(|i| {
+                let offset = match (i, cfg.fast_clock_ms) {
+                    (0, Some(fast)) => fast,
+                    _ => rng.upto(2 * cfg.skew_ms) - cfg.skew_ms,
+                };
+                Device {
+                    group: i as usize % groups,
+                    name: format!("d{i:04}"),
+                    offset,
+                    seq: 0,
+                    since_heartbeat: 0,
+                    cbor: match cfg.format {
+                        SimFormat::Json => false,
+                        SimFormat::Cbor => true,
+                        SimFormat::Mixed => i % 2 == 1,
+                    },
+                    last: None,
+                }
+            })
+            .collect();
+        Self {
+            cfg,
+            rng,
+            devices,
+            cursor: 0,
+            held: std::collections::VecDeque::new(),
+            pending: None,
+            tally: Tally::default(),
+        }
+    }
+
+    /// What has been generated so far.
+    pub fn tally(&self) -> Tally {
+        self.tally
+    }
+
+    /// Readings held back by an outage that has not ended yet.
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Each device's clock offset (device clock − true time), by name.
+    pub fn offsets(&self) -> Vec<(String, String, Millis)> {
+        self.devices
+            .iter()
+            .map(|d| (self.group_name(d.group), d.name.clone(), d.offset))
+            .collect()
+    }
+
+    fn group_name(&self, g: usize) -> String {
+        self.cfg
+            .groups
+            .get(g)
+            .cloned()
+            .unwrap_or_else(|| format!("g{g}"))
+    }
+
+    fn silent(&self, device: u32, elapsed: Millis) -> bool {
+        device < self.cfg.silent
+            && elapsed >= self.cfg.silence_at_ms
+            && elapsed < self.cfg.silence_at_ms.saturating_add(self.cfg.silence_ms)
+    }
+
+    fn in_outage(&self, elapsed: Millis) -> bool {
+        self.cfg
+            .outage_at_ms
+            .is_some_and(|at| elapsed >= at && elapsed < at.saturating_add(self.cfg.outage_ms))
+    }
+
+    /// Once the outage is over: the next reading it held back (send these first,
+    /// as fast as possible — the backlog burst).
+    pub fn release(&mut self, elapsed: Millis) -> Option<Msg> {
+        if self.in_outage(elapsed) {
+            return None;
+        }
+        let mut m = self.held.pop_front()?;
+        m.backlog = true;
+        self.tally.record(m.kind, true);
+        Some(m)
+    }
+
+    /// The message of the next slot of the schedule at true time `now`, `elapsed`
+    /// ms after the start; `None` when the device whose turn it is is silent or
+    /// its reading is held back by the outage.
+    pub fn next(&mut self, now: Millis, elapsed: Millis) -> Option<Msg> {
+        if let Some(m) = self.pending.take() {
+            self.tally.add(m.kind);
+            return Some(m);
+        }
+        let n = self.devices.len() as u32;
+        let i = self.cursor % n;
+        self.cursor = self.cursor.wrapping_add(1);
+        if self.silent(i, elapsed) {
+            return None;
+        }
+        if i == 1 && self.cfg.step_at_ms.is_some_and(|at| elapsed >= at) {
+            // The step happens once; then it is this device's clock.
+            self.cfg.step_at_ms = None;
+            self.devices[1].offset += self.cfg.step_ms;
+        }
+        let m = self.make(i, now);
+        if self.in_outage(elapsed) && m.kind != Kind::Malformed {
+            self.held.push_back(m);
+            return None;
+        }
+        self.tally.add(m.kind);
+        Some(m)
+    }
+
+    fn make(&mut self, i: u32, now: Millis) -> Msg {
+        let group = self.group_name(self.devices[i as usize].group);
+        let prefix = self.cfg.prefix.clone();
+        if self.rng.chance(self.cfg.malformed) {
+            let d = &self.devices[i as usize];
+            let (topic, payload) = if self.rng.unit() < 0.5 {
+                (
+                    format!("{prefix}/{group}/{}/reading", d.name),
+                    b"{\"ts\": 17, \"temp\": [unterminated".to_vec(),
+                )
+            } else {
+                (
+                    format!("{prefix}/{group}/{}/bogus", d.name),
+                    b"{\"ts\": 1}".to_vec(),
+                )
+            };
+            return Msg {
+                device: i,
+                topic,
+                payload,
+                kind: Kind::Malformed,
+                backlog: false,
+            };
+        }
+        let every = self.cfg.heartbeat_every;
+        let delay = self.rng.upto(self.cfg.delay_ms);
+        let d = &mut self.devices[i as usize];
+        let device_now = now + d.offset - delay;
+        if every > 0 && d.since_heartbeat >= every {
+            d.since_heartbeat = 0;
+            let payload = encode(d.cbor, device_now, None, None);
+            return Msg {
+                device: i,
+                topic: format!("{prefix}/{group}/{}/heartbeat", d.name),
+                payload,
+                kind: Kind::Heartbeat,
+                backlog: false,
+            };
+        }
+        d.since_heartbeat += 1;
+        let (kind, ts) = if self.rng.chance(self.cfg.late) {
+            (Kind::Late, device_now - self.cfg.late_by_ms)
+        } else if self.rng.chance(self.cfg.out_of_order) {
+            let back = 1 + self.rng.upto(self.cfg.disorder_ms.max(1) - 1);
+            (Kind::OutOfOrder, device_now - back)
+        } else {
+            (Kind::Reading, device_now)
+        };
+        let d = &mut self.devices[i as usize];
+        d.seq += 1;
+        #[allow(clippy::cast_precision_loss)]
+        let temp = 20.0 + f64::from(i % 7) + (d.seq % 60) as f64 / 10.0;
+        let payload = encode(d.cbor, ts, Some(d.seq), Some(temp));
+        d.last = Some(payload.clone());
+        let topic = format!("{prefix}/{group}/{}/reading", d.name);
+        if self.rng.chance(self.cfg.duplicates) {
+            self.pending = Some(Msg {
+                device: i,
+                topic: topic.clone(),
+                payload: payload.clone(),
+                kind: Kind::Duplicate,
+                backlog: false,
+            });
+        }
+        Msg {
+            device: i,
+            topic,
+            payload,
+            kind,
+            backlog: false,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Payload {
+    ts: Millis,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seq: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temp: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hum: Option<f64>,
+}
+
+fn encode(cbor: bool, ts: Millis, seq: Option<u64>, temp: Option<f64>) -> Vec<u8> {
+    let p = Payload {
+        ts,
+        seq,
+        temp,
+        hum: temp.map(|t| 80.0 - t),
+    };
+    if cbor {
+        let mut b = Vec::with_capacity(48);
+        let _ = ciborium::ser::into_writer(&p, &mut b);
+        b
+    } else {
+        serde_json::to_vec(&p).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(cfg: SimConfig, n: usize) -> (Vec<Msg>, Tally) {
+        let mut f = Fleet::new(cfg);
+        let mut out = Vec::new();
+        let mut t = 0;
+        while out.len() < n {
+            if let Some(m) = f.release(t).or_else(|| f.next(1_764_480_000_000 + t, t)) {
+                out.push(m);
+            }
+            t += 10;
+        }
+        (out, f.tally())
+    }
+
+    #[test]
+    fn the_same_seed_makes_the_same_fleet() {
+        let cfg = SimConfig {
+            skew_ms: 60_000,
+            duplicates: 0.1,
+            malformed: 0.05,
+            late: 0.05,
+            ..SimConfig::default()
+        };
+        let (a, ta) = run(cfg.clone(), 500);
+        let (b, tb) = run(cfg.clone(), 500);
+        assert_eq!(ta, tb);
+        assert!(
+            a.iter()
+                .zip(&b)
+                .all(|(x, y)| x.topic == y.topic && x.payload == y.payload)
+        );
+        let (c, _) = run(SimConfig { seed: 2, ..cfg }, 500);
+        assert!(a.iter().zip(&c).any(|(x, y)| x.payload != y.payload));
+    }
+
+    #[test]
+    fn the_tally_counts_every_message_by_kind() {
+        let cfg = SimConfig {
+            duplicates: 0.1,
+            malformed: 0.05,
+            late: 0.05,
+            out_of_order: 0.1,
+            heartbeat_every: 5,
+            format: SimFormat::Mixed,
+            ..SimConfig::default()
+        };
+        let (msgs, t) = run(cfg, 2000);
+        assert_eq!(t.total(), 2000);
+        let count = |k: Kind| msgs.iter().filter(|m| m.kind == k).count() as u64;
+        assert_eq!(count(Kind::Duplicate), t.duplicates);
+        assert_eq!(count(Kind::Malformed), t.malformed);
+        assert_eq!(count(Kind::Heartbeat), t.heartbeats);
+        assert_eq!(count(Kind::Late), t.late);
+        assert!(t.duplicates > 100 && t.malformed > 40 && t.late > 40 && t.heartbeats > 200);
+        // A duplicate is the same bytes as the message before it.
+        for w in msgs.windows(2) {
+            if w[1].kind == Kind::Duplicate {
+                assert_eq!(w[0].payload, w[1].payload);
+            }
+        }
+    }
+
+    #[test]
+    fn silence_and_outage_hold_messages_back_and_the_backlog_comes_in_order() {
+        let cfg = SimConfig {
+            devices: 4,
+            silent: 1,
+            silence_at_ms: 1000,
+            silence_ms: 1000,
+            outage_at_ms: Some(3000),
+            outage_ms: 1000,
+            ..SimConfig::default()
+        };
+        let mut f = Fleet::new(cfg);
+        let mut d0 = Vec::new();
+        let mut during_outage = 0;
+        for t in (0..6000).step_by(10) {
+            if let Some(m) = f.release(t).or_else(|| f.next(t, t)) {
+                if (3000..4000).contains(&t) {
+                    during_outage += 1;
+                }
+                if m.device == 0 {
+                    d0.push(t);
+                }
+            }
+        }
+        assert_eq!(during_outage, 0);
+        assert!(f.tally().backlog > 50);
+        assert!(
+            !d0.iter().any(|t| (1000..2000).contains(t)),
+            "device 0 was silent"
+        );
+    }
+}
