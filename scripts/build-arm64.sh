@@ -11,15 +11,7 @@ TRIPLE=aarch64-unknown-linux-gnu
 # The multiarch libc6:arm64 (/lib/ld-linux-aarch64.so.1), not `-L /usr/aarch64-linux-gnu`:
 # that cross ld.so with the multiarch libc it then finds hangs at the first thread.
 QEMU="qemu-aarch64-static"
-if ! [ -d /usr/lib/rustlib/$TRIPLE ] || ! command -v qemu-aarch64-static >/dev/null \
-  || ! [ -e /lib/ld-linux-aarch64.so.1 ]; then
-  SUDO=""
-  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-  $SUDO dpkg --add-architecture arm64
-  $SUDO apt-get update
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y rustc-web libstd-rust-web-dev:arm64 \
-    gcc-aarch64-linux-gnu libc6-dev-arm64-cross libc6:arm64 qemu-user-static
-fi
+source scripts/arm64-toolchain.sh
 # Debian's rustc carries the aarch64 std that rustup cannot download here.
 export RUSTC=/usr/bin/rustc
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc

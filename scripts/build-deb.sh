@@ -10,14 +10,7 @@ TRIPLE=aarch64-unknown-linux-gnu
 if ! command -v cargo-deb >/dev/null; then
   cargo install cargo-deb --locked --version 3.8.0
 fi
-if ! [ -d /usr/lib/rustlib/$TRIPLE ] || ! command -v aarch64-linux-gnu-gcc >/dev/null; then
-  SUDO=""
-  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-  $SUDO dpkg --add-architecture arm64
-  $SUDO apt-get update
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y rustc-web libstd-rust-web-dev:arm64 \
-    gcc-aarch64-linux-gnu libc6-dev-arm64-cross libc6:arm64 qemu-user-static
-fi
+source scripts/arm64-toolchain.sh
 out=target/debian
 mkdir -p "$out"
 rm -f "$out"/tidemark_*.deb

@@ -224,42 +224,52 @@ fn layered_files_and_env_report_effective_values_and_their_sources() {
     );
     let text = String::from_utf8(out.stdout).unwrap();
     // The site file wins over the base, the environment over both.
-    assert_eq!(
-        line_of(&text, "gateway", "id"),
-        format!("id = \"greenhouse-3\"  # from {s}")
-    );
-    assert_eq!(
-        line_of(&text, "gateway", "state_dir"),
-        format!("state_dir = \"/var/lib/tidemark\"  # from {b}")
-    );
-    assert_eq!(
-        line_of(&text, "source", "keep_alive_s"),
-        format!("keep_alive_s = 60  # from {s}")
-    );
-    assert_eq!(
-        line_of(&text, "sink", "qos"),
-        "qos = 0  # from env TIDEMARK__SINK__QOS"
-    );
-    assert_eq!(
-        line_of(&text, "sink", "format"),
-        format!("format = \"cbor\"  # from {b}")
-    );
-    assert_eq!(
-        line_of(&text, "groups.beds.window", "size_ms"),
-        format!("size_ms = 300000  # from {s}")
-    );
-    assert_eq!(
-        line_of(&text, "groups.beds", "idle_timeout_ms"),
-        format!("idle_timeout_ms = 45000  # from {b} (group_defaults)")
-    );
-    assert_eq!(
-        line_of(&text, "gateway", "commit_interval_ms"),
-        "commit_interval_ms = 50  # default"
-    );
-    assert_eq!(
-        line_of(&text, "source", "client_id"),
-        "client_id = \"tidemark-greenhouse-3-in\"  # default"
-    );
+    let want = [
+        (
+            "gateway",
+            "id",
+            format!("id = \"greenhouse-3\"  # from {s}"),
+        ),
+        (
+            "gateway",
+            "state_dir",
+            format!("state_dir = \"/var/lib/tidemark\"  # from {b}"),
+        ),
+        (
+            "source",
+            "keep_alive_s",
+            format!("keep_alive_s = 60  # from {s}"),
+        ),
+        (
+            "sink",
+            "qos",
+            "qos = 0  # from env TIDEMARK__SINK__QOS".to_owned(),
+        ),
+        ("sink", "format", format!("format = \"cbor\"  # from {b}")),
+        (
+            "groups.beds.window",
+            "size_ms",
+            format!("size_ms = 300000  # from {s}"),
+        ),
+        (
+            "groups.beds",
+            "idle_timeout_ms",
+            format!("idle_timeout_ms = 45000  # from {b} (group_defaults)"),
+        ),
+        (
+            "gateway",
+            "commit_interval_ms",
+            "commit_interval_ms = 50  # default".to_owned(),
+        ),
+        (
+            "source",
+            "client_id",
+            "client_id = \"tidemark-greenhouse-3-in\"  # default".to_owned(),
+        ),
+    ];
+    for (table, key, line) in want {
+        assert_eq!(line_of(&text, table, key), line);
+    }
     // The annotated output is still a config `check` accepts.
     let again = dir.path().join("effective.toml");
     std::fs::write(&again, &text).unwrap();
