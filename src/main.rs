@@ -79,6 +79,15 @@ enum Command {
         #[arg(long)]
         duration_s: Option<u64>,
     },
+    /// Embedded broker + simulated fleet + gateway, with a live view; Ctrl-C stops it.
+    Demo {
+        /// Stop by itself after this many seconds.
+        #[arg(long, alias = "duration-s")]
+        duration: Option<f64>,
+        /// Scrolling lines even on a terminal.
+        #[arg(long)]
+        plain: bool,
+    },
     /// Publish a synthetic fleet (seeded): skewed clocks, delays, disorder, late,
     /// duplicates, malformed messages, silent devices, an outage's backlog burst.
     Simulate(Box<SimulateArgs>),
@@ -137,6 +146,9 @@ struct SimulateArgs {
     /// The first device's clock is this far ahead (ms; e.g. 1020000 = 17 min).
     #[arg(long)]
     fast_clock_ms: Option<i64>,
+    /// A fixed clock offset for one device, `INDEX:MS` (repeatable; e.g. `2:7200000`).
+    #[arg(long = "clock-offset", value_parser = parse_clock_offset)]
+    clock_offsets: Vec<(u32, i64)>,
     /// Network delay: readings are stamped up to this long before they are sent (ms).
     #[arg(long, default_value_t = 50)]
     delay_ms: i64,
@@ -161,9 +173,12 @@ struct SimulateArgs {
     /// A heartbeat after every N readings of a device (0: none).
     #[arg(long, default_value_t = 0)]
     heartbeat_every: u32,
-    /// This many devices fall silent at --silence-at-s for --silence-s.
+    /// The last this many devices fall silent at --silence-at-s for --silence-s.
     #[arg(long, default_value_t = 0)]
     silent: u32,
+    /// Every device of this group stops for good at --silence-at-s.
+    #[arg(long)]
+    silent_group: Option<String>,
     /// When the silent devices stop (s since the start).
     #[arg(long, default_value_t = 10.0)]
     silence_at_s: f64,
@@ -188,6 +203,15 @@ struct SimulateArgs {
     quiet: bool,
 }
 
+fn parse_clock_offset(s: &str) -> Result<(u32, i64), String> {
+    let (i, ms) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?}: want INDEX:MS"))?;
+    let i = i.parse().map_err(|e| format!("{s:?}: device index: {e}"))?;
+    let ms = ms.parse().map_err(|e| format!("{s:?}: offset ms: {e}"))?;
+    Ok((i, ms))
+}
+
 fn secs(s: f64) -> i64 {
     (s * 1000.0).round() as i64
 }
@@ -201,6 +225,7 @@ fn simulate(a: &SimulateArgs) -> ExitCode {
         format: a.format,
         skew_ms: a.skew_ms,
         fast_clock_ms: a.fast_clock_ms,
+        clock_offsets: a.clock_offsets.clone(),
         delay_ms: a.delay_ms,
         out_of_order: a.out_of_order,
         disorder_ms: a.disorder_ms,
@@ -210,6 +235,7 @@ fn simulate(a: &SimulateArgs) -> ExitCode {
         malformed: a.malformed,
         heartbeat_every: a.heartbeat_every,
         silent: a.silent,
+        silent_group: a.silent_group.clone(),
         silence_at_ms: secs(a.silence_at_s),
         silence_ms: secs(a.silence_s),
         step_at_ms: a.step_at_s.map(secs),
@@ -296,6 +322,20 @@ fn main() -> ExitCode {
             replay_cmd(&cfg, &opts)
         }
         Command::Inspect { state_dir, json } => inspect::run(&state_dir, json),
+        Command::Demo { duration, plain } => {
+            init_plain_logging(cli.log_format);
+            let o = tidemark::run::demo::DemoOptions {
+                duration_s: duration,
+                screen: !plain && std::io::IsTerminal::is_terminal(&std::io::stdout()),
+            };
+            match tidemark::run::demo::run(&o) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("demo failed: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
         Command::Simulate(args) => {
             init_plain_logging(cli.log_format);
             simulate(&args)

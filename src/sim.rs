@@ -35,6 +35,8 @@ pub struct SimConfig {
     pub skew_ms: Millis,
     /// The first device's clock is this far ahead (e.g. 17 minutes).
     pub fast_clock_ms: Option<Millis>,
+    /// Further fixed clock offsets: (device index, offset).
+    pub clock_offsets: Vec<(u32, Millis)>,
     /// Network delay: a reading is stamped up to this long before it is sent.
     pub delay_ms: Millis,
     /// Fraction of readings stamped up to `disorder_ms` earlier (out of order).
@@ -51,8 +53,10 @@ pub struct SimConfig {
     pub malformed: f64,
     /// A heartbeat after every this many readings of a device (0: none).
     pub heartbeat_every: u32,
-    /// This many devices fall silent at `silence_at_ms` for `silence_ms`.
+    /// The last this many devices fall silent at `silence_at_ms` for `silence_ms`.
     pub silent: u32,
+    /// Every device of this group stops for good at `silence_at_ms`.
+    pub silent_group: Option<String>,
     /// When the silent devices stop (ms since the start).
     pub silence_at_ms: Millis,
     /// How long they stay silent.
@@ -78,6 +82,7 @@ impl Default for SimConfig {
             format: SimFormat::Json,
             skew_ms: 0,
             fast_clock_ms: None,
+            clock_offsets: Vec::new(),
             delay_ms: 50,
             out_of_order: 0.0,
             disorder_ms: 1000,
@@ -87,6 +92,7 @@ impl Default for SimConfig {
             malformed: 0.0,
             heartbeat_every: 0,
             silent: 0,
+            silent_group: None,
             silence_at_ms: 0,
             silence_ms: 0,
             step_at_ms: None,
@@ -239,9 +245,16 @@ impl Fleet {
         let groups = cfg.groups.len().max(1);
         let devices = (0..cfg.devices.max(1))
             .map(|i| {
-                let offset = match (i, cfg.fast_clock_ms) {
-                    (0, Some(fast)) => fast,
-                    _ => rng.upto(2 * cfg.skew_ms) - cfg.skew_ms,
+                let random = rng.upto(2 * cfg.skew_ms) - cfg.skew_ms;
+                let fixed = cfg
+                    .clock_offsets
+                    .iter()
+                    .find(|(d, _)| *d == i)
+                    .map(|(_, o)| *o);
+                let offset = match (i, cfg.fast_clock_ms, fixed) {
+                    (_, _, Some(o)) => o,
+                    (0, Some(fast), None) => fast,
+                    _ => random,
                 };
                 Device {
                     group: i as usize % groups,
@@ -296,7 +309,18 @@ impl Fleet {
     }
 
     fn silent(&self, device: u32, elapsed: Millis) -> bool {
-        device < self.cfg.silent
+        let d = &self.devices[device as usize];
+        if elapsed >= self.cfg.silence_at_ms
+            && self
+                .cfg
+                .silent_group
+                .as_ref()
+                .is_some_and(|g| self.cfg.groups.get(d.group) == Some(g))
+        {
+            return true;
+        }
+        let n = self.devices.len() as u32;
+        device >= n.saturating_sub(self.cfg.silent)
             && elapsed >= self.cfg.silence_at_ms
             && elapsed < self.cfg.silence_at_ms.saturating_add(self.cfg.silence_ms)
     }
@@ -532,7 +556,7 @@ mod tests {
                 if (3000..4000).contains(&t) {
                     during_outage += 1;
                 }
-                if m.device == 0 {
+                if m.device == 3 {
                     d0.push(t);
                 }
             }
@@ -541,7 +565,7 @@ mod tests {
         assert!(f.tally().backlog > 50);
         assert!(
             !d0.iter().any(|t| (1000..2000).contains(t)),
-            "device 0 was silent"
+            "device 3 was silent"
         );
     }
 }

@@ -14,6 +14,7 @@ mod broker;
 pub mod capture;
 pub mod clock;
 mod core;
+pub mod demo;
 mod health;
 pub mod link;
 mod metrics;
