@@ -11,11 +11,15 @@ command -v mosquitto_sub >/dev/null 2>&1 || need="$need mosquitto-clients"
 command -v openssl >/dev/null 2>&1 || need="$need openssl"
 # tests/package.rs checks the packaged unit with systemd-analyze.
 command -v systemd-analyze >/dev/null 2>&1 || need="$need systemd"
+# tests/demo.rs runs the demo on a pseudo-terminal (util-linux `script`); tests and
+# the demo signal processes with kill(1).
+command -v script >/dev/null 2>&1 || need="$need bsdutils"
+[ -x /usr/bin/kill ] || [ -x /bin/kill ] || need="$need procps"
 if [ -n "$need" ]; then
   SUDO=""
   if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
   $SUDO apt-get update
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y mosquitto mosquitto-clients openssl systemd
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y $need
 fi
 # The .deb packages (amd64, arm64) that tests/package.rs inspects and installs into a scratch root.
 bash scripts/build-deb.sh
