@@ -107,6 +107,10 @@ fn simulate_args(port: u16) -> Vec<String> {
         "0.005",
         "--heartbeat-every",
         "10",
+        "--late",
+        "0.01",
+        "--late-by-ms",
+        "45000",
         "--silent",
         "1",
         "--silence-at-s",
@@ -118,7 +122,7 @@ fn simulate_args(port: u16) -> Vec<String> {
         "--outage-at-s",
         "18",
         "--outage-s",
-        "10",
+        "8",
         "--quiet",
     ]
     .iter()
@@ -431,7 +435,7 @@ pub fn run(o: &DemoOptions) -> Result<(), DemoError> {
         std::thread::sleep(Duration::from_millis(50));
     }
     println!(
-        "tidemark demo: gateway and embedded broker on 127.0.0.1:{port}; {DEVICES} devices in {} (a clock 17 min fast, one 2 h off, a silent group, a device dropping out, an outage at 18 s whose backlog arrives late){}",
+        "tidemark demo: gateway and embedded broker on 127.0.0.1:{port}; {DEVICES} devices in {} (a clock 17 min fast, one 2 h off, a silent group, late readings, a device dropping out 5-20 s, an outage at 18-26 s and its backlog burst){}",
         GROUPS.join(", "),
         o.duration_s.map_or_else(
             || "; Ctrl-C stops".into(),
