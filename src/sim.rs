@@ -292,14 +292,6 @@ impl Fleet {
         self.held.len()
     }
 
-    /// Each device's clock offset (device clock − true time), by name.
-    pub fn offsets(&self) -> Vec<(String, String, Millis)> {
-        self.devices
-            .iter()
-            .map(|d| (self.group_name(d.group), d.name.clone(), d.offset))
-            .collect()
-    }
-
     fn group_name(&self, g: usize) -> String {
         self.cfg
             .groups

@@ -103,6 +103,25 @@ pub struct Endpoint {
     pub qos: u8,
 }
 
+impl Endpoint {
+    /// A tool's own connection (capture, simulate, demo): no credentials or
+    /// client certificate, system CA roots for `mqtts`, 30 s keep-alive.
+    pub fn plain(tls: bool, host: String, port: u16, client_id: String, qos: u8) -> Self {
+        Self {
+            tls,
+            host,
+            port,
+            client_id,
+            username: None,
+            password: None,
+            ca_file: None,
+            client_cert: None,
+            keep_alive_s: 30,
+            qos,
+        }
+    }
+}
+
 /// Watermark and window settings of one group.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupConfig {

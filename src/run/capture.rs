@@ -64,18 +64,13 @@ pub fn run(o: &CaptureOptions<'_>) -> Result<u64, CaptureError> {
         crate::topic::validate_filter(t).map_err(|e| CaptureError::Topic(format!("{t:?}: {e}")))?;
     }
     let clock = SystemClock::new();
-    let endpoint = Endpoint {
+    let endpoint = Endpoint::plain(
         tls,
         host,
         port,
-        client_id: format!("tidemark-capture-{}", std::process::id()),
-        username: None,
-        password: None,
-        ca_file: None,
-        client_cert: None,
-        keep_alive_s: 30,
-        qos: 1,
-    };
+        format!("tidemark-capture-{}", std::process::id()),
+        1,
+    );
     let (client, mut lp) = link::build(&LinkOptions {
         endpoint: &endpoint,
         v5: true,

@@ -450,18 +450,13 @@ pub fn run(o: &DemoOptions) -> Result<(), DemoError> {
             .stderr(Stdio::null())
             .spawn()?,
     );
-    let endpoint = Endpoint {
-        tls: false,
-        host: "127.0.0.1".into(),
+    let endpoint = Endpoint::plain(
+        false,
+        "127.0.0.1".into(),
         port,
-        client_id: format!("tidemark-demo-view-{}", std::process::id()),
-        username: None,
-        password: None,
-        ca_file: None,
-        client_cert: None,
-        keep_alive_s: 30,
-        qos: 1,
-    };
+        format!("tidemark-demo-view-{}", std::process::id()),
+        1,
+    );
     let (client, mut lp) = link::build(&LinkOptions {
         endpoint: &endpoint,
         v5: false,

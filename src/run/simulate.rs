@@ -88,18 +88,13 @@ pub fn run(o: &SimulateOptions, fleet: SimConfig) -> Result<Summary, SimulateErr
     let mut conns = Vec::new();
     let mut loops = Vec::new();
     for c in 0..o.connections.max(1) {
-        let endpoint = Endpoint {
+        let endpoint = Endpoint::plain(
             tls,
-            host: host.clone(),
+            host.clone(),
             port,
-            client_id: format!("tidemark-sim-{}-{c}", std::process::id()),
-            username: None,
-            password: None,
-            ca_file: None,
-            client_cert: None,
-            keep_alive_s: 30,
-            qos: o.qos,
-        };
+            format!("tidemark-sim-{}-{c}", std::process::id()),
+            o.qos,
+        );
         let (client, lp) = link::build(&LinkOptions {
             endpoint: &endpoint,
             v5: o.v5,
