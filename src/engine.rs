@@ -4,7 +4,10 @@
 //! mark the state they changed; they never touch a socket, a file or a clock.
 //! `run`, `replay` and the tests drive this same code.
 
-use std::collections::{BTreeMap, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+
+use foldhash::fast::RandomState;
 
 use serde::{Deserialize, Serialize};
 
@@ -109,13 +112,30 @@ pub struct Group {
     pub last_arrival: Millis,
 }
 
+/// Min-heap of (time, device index); entries go stale lazily (see the users).
+type TimeHeap = BinaryHeap<Reverse<(Millis, u32)>>;
+
 struct GroupSlot {
     state: Group,
     cfg: GroupConfig,
     /// Member device indexes, sorted by device id (deterministic output order).
     members: Vec<u32>,
-    /// Windows changed since the last tick.
-    touched: bool,
+    /// Device id -> device index.
+    index: HashMap<Id, u32, RandomState>,
+    /// Members' `max_event`s, for the active minimum of the watermark fold:
+    /// an entry is current while it equals its device's `wm_key`.
+    maxima: TimeHeap,
+    /// `maxima` must be rebuilt from the members (restore, idleness restart).
+    rebuild: bool,
+    /// Monotonic time of the last fold: a member dropped as idle stays idle
+    /// until its next event only while time does not go back (replayed captures may).
+    fold_mono: Millis,
+    /// Members' next deadlines in watermark time (see [`deadline`]): a tick
+    /// visits only the devices whose deadline the watermark reached, plus
+    /// `pending`. Ticks cost O(changes), not O(members).
+    deadlines: TimeHeap,
+    /// Members changed by input since their last visit.
+    pending: Vec<u32>,
     dirty: bool,
 }
 
@@ -123,6 +143,12 @@ struct DeviceSlot {
     state: Device,
     group: u32,
     dirty: bool,
+    /// In the group's `pending` list.
+    pending: bool,
+    /// Value of this device's current entry in the group's `maxima`.
+    wm_key: Option<Millis>,
+    /// Value of this device's current entry in the group's `deadlines`.
+    deadline: Option<Millis>,
 }
 
 /// One group's liveness counts at an instant.
@@ -164,11 +190,10 @@ pub struct Engine {
     group_defaults: GroupConfig,
     group_overrides: BTreeMap<String, GroupConfig>,
     groups: Vec<GroupSlot>,
-    group_index: HashMap<Id, u32>,
+    group_index: HashMap<Id, u32, RandomState>,
     /// Group indexes sorted by name.
     group_order: Vec<u32>,
     devices: Vec<DeviceSlot>,
-    device_index: HashMap<(Id, Id), u32>,
     metric_names: Vec<MetricName>,
     metric_index: HashMap<MetricName, MetricIdx>,
     persisted_names: usize,
@@ -192,10 +217,9 @@ impl Engine {
             group_defaults: cfg.group_defaults.clone(),
             group_overrides: cfg.groups.clone(),
             groups: Vec::new(),
-            group_index: HashMap::new(),
+            group_index: HashMap::default(),
             group_order: Vec::new(),
             devices: Vec::new(),
-            device_index: HashMap::new(),
             metric_names: Vec::new(),
             metric_index: HashMap::new(),
             persisted_names: 0,
@@ -234,8 +258,11 @@ impl Engine {
         self.metric_names = metric_names;
         self.counters = counters;
         // Windows changed before the last commit may await their next tick.
+        for di in 0..self.devices.len() {
+            self.mark_pending(di);
+        }
         for g in &mut self.groups {
-            g.touched = true;
+            g.rebuild = true;
         }
         self.dirty_groups.clear();
         self.dirty_devices.clear();
@@ -249,6 +276,10 @@ impl Engine {
         }
         for d in &mut self.devices {
             d.state.last_arrival = now.mono;
+        }
+        // Members dropped from `maxima` as idle are active again.
+        for g in &mut self.groups {
+            g.rebuild = true;
         }
     }
 
@@ -280,9 +311,10 @@ impl Engine {
 
     /// A device's state.
     pub fn device(&self, group: &str, device: &str) -> Option<&Device> {
-        let key = (Id::try_from(group).ok()?, Id::try_from(device).ok()?);
-        self.device_index
-            .get(&key)
+        let gi = *self.group_index.get(group)?;
+        self.groups[gi as usize]
+            .index
+            .get(device)
             .map(|&i| &self.devices[i as usize].state)
     }
 
@@ -370,6 +402,16 @@ impl Engine {
         }
     }
 
+    fn mark_pending(&mut self, di: usize) {
+        let d = &mut self.devices[di];
+        if !d.pending {
+            d.pending = true;
+            self.groups[d.group as usize]
+                .pending
+                .push(u32::try_from(di).unwrap_or(u32::MAX));
+        }
+    }
+
     fn mark_group(&mut self, gi: usize) {
         if !self.groups[gi].dirty {
             self.groups[gi].dirty = true;
@@ -397,7 +439,12 @@ impl Engine {
                 .unwrap_or(&self.group_defaults)
                 .clone(),
             members: Vec::new(),
-            touched: false,
+            index: HashMap::default(),
+            maxima: BinaryHeap::new(),
+            rebuild: false,
+            fold_mono: Millis::MIN,
+            deadlines: BinaryHeap::new(),
+            pending: Vec::new(),
             dirty: false,
         });
         self.group_index.insert(name.clone(), gi);
@@ -409,9 +456,17 @@ impl Engine {
         i
     }
 
+    fn find_device(&self, group: &Id, device: &Id) -> Option<usize> {
+        let gi = *self.group_index.get(group)?;
+        self.groups[gi as usize]
+            .index
+            .get(device)
+            .map(|&i| i as usize)
+    }
+
     fn device_slot(&mut self, group: &Id, device: &Id) -> usize {
-        if let Some(&i) = self.device_index.get(&(group.clone(), device.clone())) {
-            return i as usize;
+        if let Some(i) = self.find_device(group, device) {
+            return i;
         }
         let gi = self.group_slot(group);
         let i = self.devices.len();
@@ -431,9 +486,11 @@ impl Engine {
             },
             group: u32::try_from(gi).unwrap_or(u32::MAX),
             dirty: false,
+            pending: false,
+            wm_key: None,
+            deadline: None,
         });
-        self.device_index
-            .insert((group.clone(), device.clone()), di);
+        self.groups[gi].index.insert(device.clone(), di);
         let members = &self.groups[gi].members;
         let pos = members.partition_point(|&d| self.devices[d as usize].state.id < *device);
         self.groups[gi].members.insert(pos, di);
@@ -487,9 +544,7 @@ impl Engine {
             return self.reject(out, Reason::DecodeError, topic, ids, now, e.0);
         }
         if self.devices.len() >= MAX_DEVICES
-            && !self
-                .device_index
-                .contains_key(&(parts.group.clone(), parts.device.clone()))
+            && self.find_device(&parts.group, &parts.device).is_none()
         {
             let detail = format!("device limit of {MAX_DEVICES} reached; new device not tracked");
             return self.reject(out, Reason::BadTopic, topic, ids, now, detail);
@@ -581,11 +636,20 @@ impl Engine {
         dev.offline = false;
         dev.announced = true;
         let last_seen = dev.max_event;
+        let slot = &mut self.devices[di];
+        if slot.wm_key != last_seen
+            && let Some(max) = last_seen
+        {
+            slot.wm_key = last_seen;
+            self.groups[gi]
+                .maxima
+                .push(Reverse((max, u32::try_from(di).unwrap_or(u32::MAX))));
+        }
         let g = &mut self.groups[gi];
         g.state.max_event = Some(g.state.max_event.map_or(event, |m| m.max(event)));
         g.state.last_arrival = g.state.last_arrival.max(now.mono);
-        g.touched = true;
         self.mark_group(gi);
+        self.mark_pending(di);
         if was_offline {
             self.alert(out, di, AlertType::Online, last_seen, None, now);
         }
@@ -690,6 +754,7 @@ impl Engine {
         if self.clock_held {
             return;
         }
+        let mut visit = Vec::new();
         for oi in 0..self.group_order.len() {
             let gi = self.group_order[oi] as usize;
             let prev = self.groups[gi].state.wm;
@@ -699,35 +764,140 @@ impl Engine {
                 self.groups[gi].state.wm = wm;
                 self.mark_group(gi);
             }
-            if !(advanced || self.groups[gi].touched) {
+            // Devices changed before the first watermark wait for it.
+            let Some(wm) = wm else { continue };
+            if !advanced && self.groups[gi].pending.is_empty() {
                 continue;
             }
-            self.groups[gi].touched = false;
-            let Some(wm) = wm else { continue };
-            for mi in 0..self.groups[gi].members.len() {
-                let di = self.groups[gi].members[mi] as usize;
-                self.close_device(gi, di, wm, now, out);
+            visit.clear();
+            let g = &mut self.groups[gi];
+            for di in g.pending.drain(..) {
+                self.devices[di as usize].pending = false;
+                visit.push(di);
+            }
+            while let Some(&Reverse((at, di))) = g.deadlines.peek()
+                && at <= wm
+            {
+                g.deadlines.pop();
+                let d = &mut self.devices[di as usize];
+                if d.deadline == Some(at) {
+                    d.deadline = None;
+                    visit.push(di);
+                }
+            }
+            // Member (device id) order, as a visit of every member would emit.
+            let devices = &self.devices;
+            visit.sort_unstable_by(|&a, &b| {
+                devices[a as usize]
+                    .state
+                    .id
+                    .cmp(&devices[b as usize].state.id)
+            });
+            visit.dedup();
+            for &di in &visit {
+                self.close_device(gi, di as usize, wm, now, out);
+                self.schedule(gi, di);
+            }
+            #[cfg(debug_assertions)]
+            {
+                let g = &self.groups[gi];
+                for &di in &g.members {
+                    let d = &self.devices[di as usize];
+                    let next = deadline(
+                        &d.state,
+                        g.cfg.allowed_lateness_ms,
+                        g.cfg.heartbeat_timeout_ms,
+                    );
+                    debug_assert!(next.is_none_or(|t| t > wm), "device left behind by a tick");
+                    debug_assert!(d.deadline.is_none_or(|t| next.is_some_and(|n| t <= n)));
+                }
+            }
+            let g = &mut self.groups[gi];
+            if g.deadlines.len() > 2 * g.members.len() + 64 {
+                let devices = &self.devices;
+                g.deadlines = g
+                    .members
+                    .iter()
+                    .filter_map(|&di| devices[di as usize].deadline.map(|t| Reverse((t, di))))
+                    .collect();
             }
         }
     }
 
-    /// SPEC §5, via the pure fold in [`watermark`].
-    fn group_watermark(&self, gi: usize, now: Now) -> Option<Millis> {
-        let g = &self.groups[gi];
-        let members = g.members.iter().map(|&d| {
-            let d = &self.devices[d as usize].state;
-            watermark::Member {
-                max_event: d.max_event,
-                last_arrival: d.last_arrival,
+    /// Registers a device's next deadline after a visit.
+    fn schedule(&mut self, gi: usize, di: u32) {
+        let (lateness, hb) = (
+            self.groups[gi].cfg.allowed_lateness_ms,
+            self.groups[gi].cfg.heartbeat_timeout_ms,
+        );
+        let d = &mut self.devices[di as usize];
+        let next = deadline(&d.state, lateness, hb);
+        if next != d.deadline {
+            d.deadline = next;
+            if let Some(t) = next {
+                self.groups[gi].deadlines.push(Reverse((t, di)));
             }
-        });
+        }
+    }
+
+    /// The smallest `max_event` among active members, from `maxima`: stale
+    /// entries and idle members are dropped as they surface. A member idle
+    /// below the top cannot change the minimum, so it may stay.
+    fn active_min(&mut self, gi: usize, now: Now) -> Option<Millis> {
+        let g = &mut self.groups[gi];
+        let devices = &mut self.devices;
+        let back = now.mono < g.fold_mono;
+        g.fold_mono = now.mono;
+        if g.rebuild || back || g.maxima.len() > 2 * g.members.len() + 64 {
+            g.rebuild = false;
+            g.maxima.clear();
+            for &di in &g.members {
+                let d = &mut devices[di as usize];
+                d.wm_key = d.state.max_event;
+                if let Some(m) = d.wm_key {
+                    g.maxima.push(Reverse((m, di)));
+                }
+            }
+        }
+        while let Some(&Reverse((m, di))) = g.maxima.peek() {
+            let d = &mut devices[di as usize];
+            if d.wm_key != Some(m) {
+                g.maxima.pop();
+            } else if now.mono.saturating_sub(d.state.last_arrival) >= g.cfg.idle_timeout_ms {
+                g.maxima.pop();
+                d.wm_key = None;
+            } else {
+                return Some(m);
+            }
+        }
+        None
+    }
+
+    /// SPEC §5, via the pure fold in [`watermark`].
+    fn group_watermark(&mut self, gi: usize, now: Now) -> Option<Millis> {
+        let min = self.active_min(gi, now);
+        let g = &self.groups[gi];
         let clock = watermark::GroupClock {
             max_event: g.state.max_event,
             last_arrival: g.state.last_arrival,
             idle_timeout_ms: g.cfg.idle_timeout_ms,
             out_of_orderness_ms: g.cfg.out_of_orderness_ms,
         };
-        watermark::fold(g.state.wm, members, clock, now.mono)
+        debug_assert_eq!(
+            min,
+            watermark::active_min(
+                g.members.iter().map(|&d| {
+                    let d = &self.devices[d as usize].state;
+                    watermark::Member {
+                        max_event: d.max_event,
+                        last_arrival: d.last_arrival,
+                    }
+                }),
+                clock,
+                now.mono
+            )
+        );
+        watermark::fold_min(g.state.wm, min, clock, now.mono)
     }
 
     /// End of a bounded input (`replay --flush`): every open window with
@@ -794,6 +964,21 @@ impl Engine {
             self.mark_device(di);
         }
     }
+}
+
+/// The watermark at which a device next has something to do: emit a changed
+/// window (its end), purge one (end + allowed lateness), go offline (last
+/// event + heartbeat timeout). Everything below it was done at the last visit.
+fn deadline(d: &Device, lateness: Millis, heartbeat_timeout: Millis) -> Option<Millis> {
+    let windows = d.windows.iter().map(|w| {
+        let purge = w.end.saturating_add(lateness);
+        if w.dirty { w.end.min(purge) } else { purge }
+    });
+    let offline = d
+        .max_event
+        .filter(|_| !d.offline)
+        .map(|m| m.saturating_add(heartbeat_timeout));
+    windows.chain(offline).min()
 }
 
 fn window_result(

@@ -33,11 +33,29 @@ pub fn fold(
     g: GroupClock,
     now_mono: Millis,
 ) -> Option<Millis> {
-    let active = members
+    fold_min(prev, active_min(members, g, now_mono), g, now_mono)
+}
+
+/// The smallest `max_event` among members heard from within `idle_timeout_ms`.
+pub fn active_min(
+    members: impl Iterator<Item = Member>,
+    g: GroupClock,
+    now_mono: Millis,
+) -> Option<Millis> {
+    members
         .filter(|m| now_mono.saturating_sub(m.last_arrival) < g.idle_timeout_ms)
         .filter_map(|m| m.max_event)
-        .min();
-    let candidate = match (active, g.max_event) {
+        .min()
+}
+
+/// [`fold`] given the active members' minimum (kept incrementally by the engine).
+pub fn fold_min(
+    prev: Option<Millis>,
+    active_min: Option<Millis>,
+    g: GroupClock,
+    now_mono: Millis,
+) -> Option<Millis> {
+    let candidate = match (active_min, g.max_event) {
         (Some(m), _) => Some(m.saturating_sub(g.out_of_orderness_ms)),
         (None, Some(max)) => Some(
             max.saturating_add(now_mono.saturating_sub(g.last_arrival))
