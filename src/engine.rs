@@ -204,6 +204,8 @@ pub struct Engine {
     clock_held: bool,
     /// Reused decode buffer (boxed: moved in and out without copying).
     scratch: Option<Box<Decoded>>,
+    /// Reused list of the devices a tick visits in one group.
+    visit: Vec<u32>,
 }
 
 impl Engine {
@@ -228,6 +230,7 @@ impl Engine {
             dirty_devices: Vec::new(),
             clock_held: false,
             scratch: Some(Box::default()),
+            visit: Vec::new(),
         }
     }
 
@@ -493,7 +496,14 @@ impl Engine {
         self.groups[gi].index.insert(device.clone(), di);
         let members = &self.groups[gi].members;
         let pos = members.partition_point(|&d| self.devices[d as usize].state.id < *device);
-        self.groups[gi].members.insert(pos, di);
+        let g = &mut self.groups[gi];
+        g.members.insert(pos, di);
+        // Room for the heaps up to their compaction bound: no allocation on the hot path.
+        let bound = 2 * g.members.len() + 65;
+        g.maxima.reserve(bound.saturating_sub(g.maxima.len()));
+        g.deadlines.reserve(bound.saturating_sub(g.deadlines.len()));
+        self.visit
+            .reserve(g.members.len().saturating_sub(self.visit.len()));
         self.mark_device(i);
         i
     }
@@ -754,7 +764,7 @@ impl Engine {
         if self.clock_held {
             return;
         }
-        let mut visit = Vec::new();
+        let mut visit = std::mem::take(&mut self.visit);
         for oi in 0..self.group_order.len() {
             let gi = self.group_order[oi] as usize;
             let prev = self.groups[gi].state.wm;
@@ -822,6 +832,7 @@ impl Engine {
                     .collect();
             }
         }
+        self.visit = visit;
     }
 
     /// Registers a device's next deadline after a visit.

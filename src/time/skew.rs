@@ -32,6 +32,8 @@
 //! A step no larger than the threshold is taken as ordinary samples and
 //! adopted by the min filter once the pre-step buckets age out.
 
+use std::collections::VecDeque;
+
 use serde::{Deserialize, Serialize};
 
 use crate::model::Millis;
@@ -98,7 +100,10 @@ pub enum Sample {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SkewEstimator {
     /// Oldest first; at most `skew_window` entries.
-    buckets: heapless::Deque<Bucket, MAX_BUCKETS>,
+    /// On the heap, sized to `skew_window` at the first sample: most devices
+    /// report far less than once a second, so an inline 64-bucket array would
+    /// be mostly empty (2.5 KiB per device).
+    buckets: VecDeque<Bucket>,
     /// Step candidate (renamed from an earlier format; an old one is dropped).
     #[serde(default)]
     step: Option<Candidate>,
@@ -112,7 +117,7 @@ pub struct SkewEstimator {
 impl Default for SkewEstimator {
     fn default() -> Self {
         Self {
-            buckets: heapless::Deque::new(),
+            buckets: VecDeque::new(),
             step: None,
             est: None,
             hi: None,
@@ -195,11 +200,14 @@ impl SkewEstimator {
                 last.hi = last.hi.max(offset);
             }
             _ => {
-                while self.buckets.len() >= window.clamp(1, MAX_BUCKETS) {
+                let window = window.clamp(1, MAX_BUCKETS);
+                while self.buckets.len() >= window {
                     self.buckets.pop_front();
                 }
-                // Capacity is MAX_BUCKETS >= window, so this cannot fail after the pops above.
-                let _ = self.buckets.push_back(Bucket {
+                // Allocated once, at its final size.
+                self.buckets
+                    .reserve_exact(window.saturating_sub(self.buckets.len()));
+                self.buckets.push_back(Bucket {
                     sec,
                     min: offset,
                     hi: offset,
