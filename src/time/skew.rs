@@ -97,7 +97,7 @@ pub enum Sample {
 }
 
 /// Min-filter offset estimator over one-second buckets of arrival time.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SkewEstimator {
     /// Oldest first; at most `skew_window` entries.
     /// On the heap, sized to `skew_window` at the first sample: most devices
@@ -112,17 +112,6 @@ pub struct SkewEstimator {
     /// Largest ordinary sample over `buckets`.
     #[serde(default)]
     hi: Option<Millis>,
-}
-
-impl Default for SkewEstimator {
-    fn default() -> Self {
-        Self {
-            buckets: VecDeque::new(),
-            step: None,
-            est: None,
-            hi: None,
-        }
-    }
 }
 
 impl SkewEstimator {
