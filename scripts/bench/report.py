@@ -76,3 +76,169 @@ def workload(readings=2_000_000, devices=10_000):
                         "--capture", cap + ".tmp", "--csv", csv], check=True)
         os.rename(cap + ".tmp", cap)
     return cap, csv
+
+
+# --- processes the benchmarks start -------------------------------------------------
+
+import atexit  # noqa: E402
+import socket  # noqa: E402
+import tempfile  # noqa: E402
+import urllib.request  # noqa: E402
+
+
+_children = []
+
+
+def spawn(cmd, **kw):
+    """Popen, killed when the script exits whatever happens."""
+    p = subprocess.Popen(cmd, **kw)
+    _children.append(p)
+    return p
+
+
+@atexit.register
+def _reap():
+    for p in _children:
+        if p.poll() is None:
+            p.kill()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_mosquitto():
+    if not (shutil_which("mosquitto") and shutil_which("mosquitto_sub")):
+        subprocess.run("apt-get update -q && apt-get install -y -q mosquitto mosquitto-clients",
+                       shell=True, check=True)
+
+
+def shutil_which(name):
+    import shutil
+    return shutil.which(name) or (os.path.exists(f"/usr/sbin/{name}") and f"/usr/sbin/{name}")
+
+
+class Mosquitto:
+    """A mosquitto on a free loopback port with unbounded queues (nothing dropped)."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="tm-bench-mq-")
+        os.chmod(self.dir, 0o777)
+        self.port = free_port()
+        conf = os.path.join(self.dir, "m.conf")
+        with open(conf, "w") as f:
+            f.write(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
+                    "max_queued_messages 0\nmax_inflight_messages 0\nmessage_size_limit 0\n"
+                    f"log_dest file {self.dir}/m.log\nlog_type subscribe\n")
+        self.proc = spawn([shutil_which("mosquitto"), "-c", conf],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: _connects(self.port), "mosquitto to listen")
+
+    def wait_subscribed(self, client_id):
+        """Until the broker logged a subscription of `client_id`."""
+        def seen():
+            try:
+                with open(os.path.join(self.dir, "m.log")) as f:
+                    return any(f"{client_id} " in line for line in f)
+            except OSError:
+                return False
+        wait_for(seen, f"{client_id} to subscribe")
+
+    @property
+    def url(self):
+        return f"mqtt://127.0.0.1:{self.port}"
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def _connects(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
+
+
+def wait_for(cond, what, timeout=600, every=0.02):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = cond()
+        if v:
+            return v
+        time.sleep(every)
+    raise SystemExit(f"timed out waiting for {what}")
+
+
+class Gateway:
+    """`tidemark run` with its HTTP endpoint on; `extra` is appended to the config."""
+
+    def __init__(self, bin, state_dir, source_url, sink_url, extra="", log="warn", env=None,
+                 source_extra="", sink_extra=""):
+        self.http = free_port()
+        self.cfg = os.path.join(state_dir, "bench.toml")
+        os.makedirs(state_dir, exist_ok=True)
+        with open(self.cfg, "w") as f:
+            f.write(f"""[gateway]
+id = "bench"
+state_dir = "{state_dir}"
+[source]
+url = "{source_url}"
+{source_extra}
+[sink]
+url = "{sink_url}"
+{sink_extra}
+[metrics]
+listen = "127.0.0.1:{self.http}"
+[log]
+level = "{log}"
+{extra}
+""")
+        self.bin = bin
+        self.env = env
+        self.start()
+
+    def start(self):
+        self.started = time.monotonic()
+        self.proc = spawn([self.bin, "run", "--config", self.cfg],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     text=True, env=self.env)
+
+    def metrics(self):
+        """Prometheus samples as {name{labels}: value}, or None while not serving."""
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{self.http}/metrics", timeout=2).read()
+        except OSError:
+            return None
+        out = {}
+        for line in text.decode().splitlines():
+            if line and not line.startswith("#"):
+                k, v = line.rsplit(" ", 1)
+                out[k] = float(v)
+        return out
+
+    def metric(self, name):
+        m = self.metrics()
+        return None if m is None else m.get(name)
+
+    def rss_mib(self):
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        return 0.0
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=120)
+
+
+def simulate(bin, url, *args):
+    """`tidemark simulate` to completion; returns its JSON summary."""
+    r = subprocess.run([bin, "simulate", "--url", url, "--quiet", *map(str, args)],
+                       capture_output=True, text=True, check=True)
+    import json
+    return json.loads(r.stdout.strip().splitlines()[-1])
