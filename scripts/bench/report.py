@@ -123,10 +123,10 @@ def shutil_which(name):
 class Mosquitto:
     """A mosquitto on a free loopback port with unbounded queues (nothing dropped)."""
 
-    def __init__(self):
+    def __init__(self, port=None):
         self.dir = tempfile.mkdtemp(prefix="tm-bench-mq-")
         os.chmod(self.dir, 0o777)
-        self.port = free_port()
+        self.port = port or free_port()
         conf = os.path.join(self.dir, "m.conf")
         with open(conf, "w") as f:
             f.write(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"

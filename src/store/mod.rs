@@ -169,6 +169,10 @@ fn cbor<T: Serialize>(v: &T, buf: &mut Vec<u8>) {
     let _ = ciborium::ser::into_writer(v, &mut *buf);
 }
 
+/// redb's page cache (its default is 1 GiB, which would grow with the file
+/// on a small board); the kernel's page cache still holds the file.
+const CACHE_BYTES: usize = 4 << 20;
+
 impl Store {
     /// The database file inside a state directory.
     pub fn file(state_dir: &Path) -> PathBuf {
@@ -194,9 +198,11 @@ impl Store {
                 Err(redb::DatabaseError::RepairAborted) => {}
                 Err(source) => return Err(StoreError::Open { path, source }),
             }
-            Database::open(&path)
+            Database::builder().set_cache_size(CACHE_BYTES).open(&path)
         } else {
-            Database::create(&path)
+            Database::builder()
+                .set_cache_size(CACHE_BYTES)
+                .create(&path)
         }
         .map_err(|source| StoreError::Open {
             path: path.clone(),

@@ -59,14 +59,61 @@ pub const YOUNG_DOWN_MS: i64 = 60_000;
 /// Bucket capacity (the largest allowed `skew_window`).
 pub const MAX_BUCKETS: usize = 64;
 
+/// One second of samples, 24 bytes (a device keeps `skew_window` of them);
+/// persisted as [`BucketRepr`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "BucketRepr", into = "BucketRepr")]
 struct Bucket {
     sec: i64,
-    /// Smallest ordinary sample of the second; None when every sample of it was held out.
+    /// Smallest ordinary sample of the second; [`NONE`] when every sample of it was held out.
+    min: Millis,
+    /// Largest ordinary sample, or [`NONE`].
+    hi: Millis,
+}
+
+/// No sample (offsets are differences of plausible clocks, never this).
+const NONE: Millis = Millis::MIN;
+
+impl Bucket {
+    fn new(sec: i64, offset: Option<Millis>) -> Self {
+        let v = offset.map_or(NONE, |o| o.max(NONE + 1));
+        Self { sec, min: v, hi: v }
+    }
+
+    fn min(&self) -> Option<Millis> {
+        (self.min != NONE).then_some(self.min)
+    }
+
+    fn hi(&self) -> Option<Millis> {
+        (self.hi != NONE).then_some(self.hi)
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct BucketRepr {
+    sec: i64,
     min: Option<Millis>,
-    /// Largest ordinary sample; absent in state written before it existed.
+    /// Absent in state written before it existed.
     #[serde(default)]
     hi: Option<Millis>,
+}
+
+impl From<BucketRepr> for Bucket {
+    fn from(r: BucketRepr) -> Self {
+        let mut b = Bucket::new(r.sec, r.min);
+        b.hi = r.hi.map_or(NONE, |o| o.max(NONE + 1));
+        b
+    }
+}
+
+impl From<Bucket> for BucketRepr {
+    fn from(b: Bucket) -> Self {
+        Self {
+            sec: b.sec,
+            min: b.min(),
+            hi: b.hi(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,9 +147,8 @@ pub enum Sample {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SkewEstimator {
     /// Oldest first; at most `skew_window` entries.
-    /// On the heap, sized to `skew_window` at the first sample: most devices
-    /// report far less than once a second, so an inline 64-bucket array would
-    /// be mostly empty (2.5 KiB per device).
+    /// On the heap at `skew_window` entries (32 by default) rather than inline
+    /// at the 64 maximum: 2.5 KiB per device, most of it never used.
     buckets: VecDeque<Bucket>,
     /// Step candidate (renamed from an earlier format; an old one is dropped).
     #[serde(default)]
@@ -169,7 +215,7 @@ impl SkewEstimator {
             self.step = None;
             self.put(arrival, Some(c.lo), window);
             if let Some(b) = self.buckets.back_mut() {
-                b.hi = Some(c.run_hi);
+                b.hi = c.run_hi.max(NONE + 1);
             }
             self.hi = Some(c.run_hi);
             return Sample::Reset;
@@ -185,29 +231,26 @@ impl SkewEstimator {
         match self.buckets.back_mut() {
             // Same second, or a stepped wall clock running backwards: fold into the newest bucket.
             Some(last) if sec <= last.sec => {
-                last.min = min_some(last.min, offset);
-                last.hi = last.hi.max(offset);
+                let b = Bucket::new(sec, offset);
+                last.min = min_some(last.min(), b.min()).unwrap_or(NONE);
+                last.hi = last.hi.max(b.hi);
             }
             _ => {
                 let window = window.clamp(1, MAX_BUCKETS);
                 while self.buckets.len() >= window {
                     self.buckets.pop_front();
                 }
-                // Allocated once, at its final size.
+                // Every device fills the window in time: allocated once, at that size.
                 self.buckets
                     .reserve_exact(window.saturating_sub(self.buckets.len()));
-                self.buckets.push_back(Bucket {
-                    sec,
-                    min: offset,
-                    hi: offset,
-                });
+                self.buckets.push_back(Bucket::new(sec, offset));
             }
         }
         // A window of held-out samples only (a long unconfirmed divergence) keeps the estimate.
-        if let Some(m) = self.buckets.iter().filter_map(|b| b.min).min() {
+        if let Some(m) = self.buckets.iter().filter_map(Bucket::min).min() {
             self.est = Some(m);
         }
-        self.hi = self.buckets.iter().filter_map(|b| b.hi).max();
+        self.hi = self.buckets.iter().filter_map(Bucket::hi).max();
     }
 }
 
@@ -270,6 +313,26 @@ mod tests {
     use super::*;
 
     const T0: i64 = 1_764_480_000_000;
+
+    #[test]
+    fn persisted_form_keeps_every_bucket_and_absent_samples() {
+        let mut e = SkewEstimator::default();
+        for i in 0..40 {
+            e.observe(T0 + i * 700, T0 + i * 700 - 50 - (i % 3) * 10, 32);
+        }
+        // Held out: a step candidate leaves its second's bucket without a sample.
+        e.observe(T0 + 40 * 700, T0 + 40 * 700 - 600_000, 32);
+        assert!(e.buckets.iter().any(|b| b.min().is_none()));
+        let mut buf = Vec::new();
+        ciborium::ser::into_writer(&e, &mut buf).unwrap();
+        let back: SkewEstimator = ciborium::de::from_reader(&buf[..]).unwrap();
+        assert_eq!(back, e);
+        // State written before `hi` existed.
+        let mut old = Vec::new();
+        ciborium::ser::into_writer(&serde_json::json!({ "sec": 7, "min": 40 }), &mut old).unwrap();
+        let b: Bucket = ciborium::de::from_reader(&old[..]).unwrap();
+        assert_eq!((b.sec, b.min(), b.hi()), (7, Some(40), None));
+    }
 
     /// A device whose clock is `offset` behind the gateway, sending every `every` ms with `delay`.
     fn feed(
