@@ -36,7 +36,7 @@ def inspect(bin, state):
 
 
 def open_windows(doc):
-    return sum(len(d.get("windows", [])) for d in doc.get("devices", []))
+    return sum(len(d.get("open_windows", [])) for d in doc.get("devices", []))
 
 
 def build(bin, state, src, sink_port, devices, messages, rate, lateness_ms, extra=""):
