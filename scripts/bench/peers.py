@@ -55,7 +55,7 @@ def run_tidemark(bin, cfg, cap, out):
     with open(out) as f:
         for line in f:
             o = json.loads(line)
-            if "/window/" in o["topic"]:
+            if "/windows/" in o["topic"]:
                 windows += 1
                 events += o["payload"]["count"]
     return dt, windows, events

@@ -25,7 +25,9 @@ def machine():
     with open("/proc/meminfo") as f:
         mem = int(f.readline().split()[1]) // 1024
     commit = sh(f"git -C {ROOT} rev-parse --short HEAD").strip()
-    dirty = " (uncommitted changes)" if sh(f"git -C {ROOT} status --porcelain -uno").strip() else ""
+    code = "src Cargo.toml Cargo.lock benches"
+    dirty = (" (uncommitted changes)"
+             if sh(f"git -C {ROOT} status --porcelain -uno -- {code}").strip() else "")
     rustc = sh("rustc --version").strip()
     return (f"{cpu}, {os.cpu_count()} cores, {mem} MiB RAM, Linux {platform.release()}, "
             f"{rustc}; tidemark {commit}{dirty}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
