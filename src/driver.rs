@@ -5,6 +5,7 @@
 
 use crate::config::Config;
 use crate::engine::{Engine, Now};
+use crate::journal::Journal;
 use crate::model::Millis;
 use crate::output::Output;
 use crate::output::SinkFormat;
@@ -17,11 +18,14 @@ pub struct Driver {
     tick_ms: Millis,
     commit_ms: Millis,
     next_tick: Option<Millis>,
-    last_commit: Option<Millis>,
     prefix: String,
     format: SinkFormat,
     /// Outputs since the last batch, in emission order.
     pub outputs: Vec<Output>,
+    /// What the engine was given since the last batch (`run`'s write-ahead journal).
+    journal: Option<Journal>,
+    /// Monotonic time of the first change since the last batch that must become durable.
+    first_durable: Option<Millis>,
 }
 
 fn ms(v: u64) -> Millis {
@@ -41,17 +45,28 @@ impl Driver {
             tick_ms: ms(cfg.tick_interval_ms),
             commit_ms: ms(cfg.commit_interval_ms),
             next_tick,
-            last_commit: None,
             prefix: cfg.topic_prefix.clone(),
             format,
             outputs: Vec::new(),
+            journal: None,
+            first_durable: None,
         }
+    }
+
+    /// Records what the engine is given, for batches cut with [`Driver::take_journal`].
+    #[must_use]
+    pub fn with_journal(mut self) -> Self {
+        self.journal = Some(Journal::default());
+        self
     }
 
     /// Starts (or restarts, on a source reconnect) the processing clock at `now`:
     /// idleness is measured from here and the next tick is one interval away.
     pub fn start(&mut self, now: Now) {
         self.engine.restart_idleness(now);
+        if let Some(j) = &mut self.journal {
+            j.start(now);
+        }
         self.next_tick = Some(now.mono.saturating_add(self.tick_ms));
     }
 
@@ -68,6 +83,23 @@ impl Driver {
         self.ticks_until(now);
         self.engine
             .on_message(topic, payload, now, &mut self.outputs);
+        if let Some(j) = &mut self.journal {
+            j.message(now, topic, payload);
+        }
+        self.durable(now.mono);
+    }
+
+    /// Notes a change that must become durable at monotonic time `mono`: the
+    /// next commit is due at most `commit_interval_ms` later.
+    pub fn durable(&mut self, mono: Millis) {
+        if self.first_durable.is_none() {
+            self.first_durable = Some(mono);
+        }
+    }
+
+    /// Whether anything must become durable (input, outputs, or [`Driver::durable`]).
+    pub fn has_durable(&self) -> bool {
+        self.first_durable.is_some() || !self.outputs.is_empty()
     }
 
     /// Runs every tick due at or before `now`, each at its own instant.
@@ -77,7 +109,16 @@ impl Driver {
                 wall: now.wall.saturating_sub(now.mono - tick),
                 mono: tick,
             };
+            let before = self.outputs.len();
             self.engine.on_tick(at, &mut self.outputs);
+            if let Some(j) = &mut self.journal
+                && !self.engine.clock_held()
+            {
+                j.tick(at);
+            }
+            if self.outputs.len() > before {
+                self.durable(at.mono);
+            }
             self.next_tick = Some(tick.saturating_add(self.tick_ms));
         }
     }
@@ -102,21 +143,51 @@ impl Driver {
         self.next_tick
     }
 
-    /// Whether a commit is due at monotonic time `mono`.
+    /// Whether a commit is due at monotonic time `mono`: `commit_interval_ms`
+    /// after the first durable change since the last batch. A tick that only
+    /// moved watermarks or idleness is not durable work (restore recomputes it).
     pub fn commit_due(&self, mono: Millis) -> bool {
-        self.last_commit
-            .is_none_or(|c| mono.saturating_sub(c) >= self.commit_ms)
+        self.first_durable
+            .is_some_and(|c| mono.saturating_sub(c) >= self.commit_ms)
     }
 
-    /// When the next commit is due (monotonic ms).
-    pub fn commit_at(&self) -> Option<Millis> {
-        self.last_commit.map(|c| c.saturating_add(self.commit_ms))
+    /// The journal recorded since the last batch (`run`).
+    pub fn journal(&self) -> Option<&Journal> {
+        self.journal.as_ref()
     }
 
     /// Cuts a batch: the changed state and every output since the last one,
     /// encoded for the outbox. The caller adds positions and delivered marks.
     pub fn take_batch(&mut self, now: Now) -> Batch {
-        self.last_commit = Some(now.mono);
+        Batch {
+            changes: self.engine.take_changes(),
+            ..self.cut(now)
+        }
+    }
+
+    /// Cuts a journal batch (`run` between checkpoints): the ops the engine was
+    /// given and the outputs since the last batch; the engine's changed state
+    /// stays marked for the next checkpoint.
+    pub fn take_journal(&mut self, now: Now) -> Batch {
+        let ops = self.journal.as_mut().map(Journal::cut).unwrap_or_default();
+        Batch {
+            journal: Some(ops),
+            ..self.cut(now)
+        }
+    }
+
+    /// Cuts a checkpoint batch: the whole changed state; the journal so far is
+    /// covered by it.
+    pub fn take_checkpoint(&mut self, now: Now) -> Batch {
+        if let Some(j) = &mut self.journal {
+            j.clear();
+        }
+        self.take_batch(now)
+    }
+
+    fn cut(&mut self, now: Now) -> Batch {
+        let _ = now.mono;
+        self.first_durable = None;
         let outputs = self
             .outputs
             .drain(..)
@@ -128,10 +199,8 @@ impl Driver {
             })
             .collect();
         Batch {
-            changes: self.engine.take_changes(),
             outputs,
-            meta: Vec::new(),
-            delivered: None,
+            ..Batch::default()
         }
     }
 

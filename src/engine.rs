@@ -280,6 +280,13 @@ impl Engine {
         for d in &mut self.devices {
             d.state.last_arrival = now.mono;
         }
+        // A checkpoint must hold the restarted clocks: a journal after it counts from them.
+        for gi in 0..self.groups.len() {
+            self.mark_group(gi);
+        }
+        for di in 0..self.devices.len() {
+            self.mark_device(di);
+        }
         // Members dropped from `maxima` as idle are active again.
         for g in &mut self.groups {
             g.rebuild = true;
@@ -338,6 +345,11 @@ impl Engine {
         !self.dirty_groups.is_empty()
             || !self.dirty_devices.is_empty()
             || self.persisted_names < self.metric_names.len()
+    }
+
+    /// Devices changed since the last [`Engine::take_changes`].
+    pub fn dirty_devices(&self) -> usize {
+        self.dirty_devices.len()
     }
 
     /// Per-group liveness at `now` (metrics): devices active, idle and offline.

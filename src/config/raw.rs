@@ -14,7 +14,7 @@ use crate::time::{InvalidPolicy, TimePolicy};
 pub const DEFAULTS: &str = r#"
 [gateway]
 state_dir = "/var/lib/tidemark"
-commit_interval_ms = 50
+commit_interval_ms = 1000
 tick_interval_ms = 200
 
 [broker]

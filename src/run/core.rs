@@ -42,6 +42,26 @@ pub enum Inbound {
 /// Messages taken per wake-up before ticks and commits are looked at.
 const BURST: usize = 4096;
 
+/// When a batch is cut sooner than `commit_interval_ms` after its first
+/// durable change: when waiting would stall the input.
+#[derive(Debug, Clone, Copy)]
+pub struct Cadence {
+    /// Held acks at which the broker stops sending (its in-flight window; v3.1.1:
+    /// mosquitto's `max_inflight_messages` defaults to 20).
+    pub hold_limit: usize,
+    /// Held acks and no message for this long: the broker may be waiting on
+    /// them (a v3.1.1 window smaller than `hold_limit`).
+    pub quiet_ms: Option<Millis>,
+}
+
+/// Journal bytes in one batch at which it is cut at once (a backlog burst).
+const BATCH_BYTES: usize = 1 << 20;
+/// Journal bytes since the last checkpoint at which the next batch is a
+/// checkpoint (bounds the journal, and the replay at the next start).
+const CHECKPOINT_BYTES: u64 = 4 << 20;
+/// ... unless the checkpoint would write more: about this many bytes per changed device.
+const DEVICE_BYTES: u64 = 1024;
+
 /// Runs until `Stop` or until every sender is gone.
 pub fn run(
     mut driver: Driver,
@@ -50,8 +70,11 @@ pub fn run(
     store_tx: SyncSender<StoreJob>,
     shared: Arc<Shared>,
     metrics_every_ms: Millis,
+    cadence: Cadence,
 ) {
-    let mut held: Vec<(u64, Held)> = Vec::new();
+    let mut held: Vec<(u64, Held, Millis)> = Vec::new();
+    let mut last_message = clock.mono();
+    let mut journal_since_checkpoint: u64 = 0;
     let mut source_up = false;
     let mut next_metrics = clock.mono().saturating_add(metrics_every_ms);
     let mut next_prometheus = clock.mono();
@@ -84,7 +107,8 @@ pub fn run(
                     driver.skip_missed_ticks(now);
                     driver.message(now, &topic, &payload);
                     shared.received.fetch_add(1, Ordering::Relaxed);
-                    held.extend(h);
+                    held.extend(h.map(|(g, t)| (g, t, now.mono)));
+                    last_message = now.mono;
                 }
                 Inbound::Connected => {
                     source_up = true;
@@ -142,13 +166,37 @@ pub fn run(
             report.rates(driver.engine(), now.mono);
         }
         let delivered = shared.delivered.load(Ordering::Acquire);
-        let work = !held.is_empty()
-            || !driver.outputs.is_empty()
-            || driver.engine().has_changes()
-            || delivered != committed_delivered;
-        if (work && driver.commit_due(now.mono)) || stopping {
+        if delivered != committed_delivered {
+            // Delivered outputs leave the outbox with the next commit (not urgent:
+            // after a crash they are published again, and ids make that harmless).
+            driver.durable(now.mono);
+        }
+        let journal = driver.journal().map_or(0, |j| j.len());
+        let urgent = held.len() >= cadence.hold_limit
+            || journal >= BATCH_BYTES
+            || cadence
+                .quiet_ms
+                .is_some_and(|q| !held.is_empty() && now.mono.saturating_sub(last_message) >= q);
+        if (driver.has_durable() && (urgent || driver.commit_due(now.mono))) || stopping {
             committed_delivered = delivered;
-            let batch = driver.take_batch(now);
+            let dirty = u64::try_from(driver.engine().dirty_devices()).unwrap_or(u64::MAX);
+            let checkpoint = stopping
+                || shared.want_checkpoint.swap(false, Ordering::Relaxed)
+                || journal_since_checkpoint
+                    >= CHECKPOINT_BYTES.max(dirty.saturating_mul(DEVICE_BYTES));
+            let batch = if checkpoint {
+                journal_since_checkpoint = 0;
+                driver.take_checkpoint(now)
+            } else {
+                let b = driver.take_journal(now);
+                let outputs: usize = b
+                    .outputs
+                    .iter()
+                    .map(|o| o.topic.len() + o.payload.len() + 24)
+                    .sum();
+                journal_since_checkpoint += u64::try_from(journal + outputs).unwrap_or(0);
+                b
+            };
             reported = 0;
             tracing::debug!(acks = held.len(), outputs = batch.outputs.len(), "batch");
             let job = StoreJob {

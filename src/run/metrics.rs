@@ -1,13 +1,41 @@
 //! `P/metrics` (SPEC §8): gateway state at an instant, published at QoS 0.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 
 use super::Shared;
 use crate::engine::{Engine, Now};
 use crate::model::{Millis, Reason};
+
+/// Upper bounds (ms) of the ack-delay histogram's buckets.
+const ACK_BUCKETS_MS: [Millis; 9] = [10, 50, 100, 250, 500, 1000, 1500, 2000, 5000];
+
+/// A fixed-bucket histogram of durations, shared between threads.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    /// Counts per bucket of [`ACK_BUCKETS_MS`], then +Inf.
+    buckets: [AtomicU64; 10],
+    sum_ms: AtomicU64,
+}
+
+impl Histogram {
+    /// One observation of `ms`.
+    pub fn observe(&self, ms: Millis) {
+        let i = ACK_BUCKETS_MS.partition_point(|&b| b < ms);
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_ms
+            .fetch_add(u64::try_from(ms).unwrap_or(0), Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> ([u64; 10], u64) {
+        (
+            std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed)),
+            self.sum_ms.load(Ordering::Relaxed),
+        )
+    }
+}
 
 #[derive(Serialize)]
 struct Group {
@@ -37,6 +65,19 @@ struct Connections {
     sink: bool,
 }
 
+/// Durable writes since the gateway started.
+#[derive(Serialize)]
+struct StoreIo {
+    /// Group commits written to the journal.
+    journal_commits: u64,
+    /// Checkpoints written to redb.
+    checkpoints: u64,
+    /// Bytes appended to the journal.
+    journal_bytes: u64,
+    /// Bytes the process sent to storage (`/proc/self/io` write_bytes), if readable.
+    disk_write_bytes: Option<u64>,
+}
+
 /// Gateway state at `now`.
 #[derive(Serialize)]
 pub struct Metrics {
@@ -47,6 +88,9 @@ pub struct Metrics {
     outbox_oldest_age_ms: Option<Millis>,
     connected: Connections,
     clock_held: bool,
+    store: StoreIo,
+    #[serde(skip)]
+    ack_delay: ([u64; 10], u64),
 }
 
 impl Metrics {
@@ -152,6 +196,60 @@ impl Metrics {
             "1 while the gateway clock is implausible and processing time is held.",
         );
         let _ = writeln!(o, "tidemark_clock_held {}", u8::from(self.clock_held));
+        metric(
+            &mut o,
+            "commits_total",
+            "counter",
+            "Durable writes: group commits to the journal, checkpoints to the state file.",
+        );
+        let _ = writeln!(
+            o,
+            "tidemark_commits_total{{kind=\"journal\"}} {}\ntidemark_commits_total{{kind=\"checkpoint\"}} {}",
+            self.store.journal_commits, self.store.checkpoints
+        );
+        metric(
+            &mut o,
+            "journal_bytes_total",
+            "counter",
+            "Bytes appended to the write-ahead journal.",
+        );
+        let _ = writeln!(
+            o,
+            "tidemark_journal_bytes_total {}",
+            self.store.journal_bytes
+        );
+        if let Some(b) = self.store.disk_write_bytes {
+            metric(
+                &mut o,
+                "disk_write_bytes_total",
+                "counter",
+                "Bytes this process sent to storage (/proc/self/io write_bytes).",
+            );
+            let _ = writeln!(o, "tidemark_disk_write_bytes_total {b}");
+        }
+        metric(
+            &mut o,
+            "ack_delay_seconds",
+            "histogram",
+            "Time from receipt of a QoS 1 message to the release of its ack (after the commit).",
+        );
+        let (buckets, sum_ms) = self.ack_delay;
+        let mut cumulative = 0;
+        for (i, n) in buckets.iter().enumerate() {
+            cumulative += n;
+            let le = ACK_BUCKETS_MS
+                .get(i)
+                .map_or_else(|| "+Inf".to_string(), |&b| seconds(b));
+            let _ = writeln!(
+                o,
+                "tidemark_ack_delay_seconds_bucket{{le=\"{le}\"}} {cumulative}"
+            );
+        }
+        let _ = writeln!(
+            o,
+            "tidemark_ack_delay_seconds_sum {}\ntidemark_ack_delay_seconds_count {cumulative}",
+            seconds(i64::try_from(sum_ms).unwrap_or(i64::MAX))
+        );
         metric(
             &mut o,
             "uptime_seconds",
@@ -269,5 +367,20 @@ pub fn collect(engine: &Engine, now: Now, shared: &Shared, source_up: bool) -> M
             sink: shared.sink_up.load(Ordering::Relaxed),
         },
         clock_held: engine.clock_held(),
+        store: StoreIo {
+            journal_commits: shared.commits[0].load(Ordering::Relaxed),
+            checkpoints: shared.commits[1].load(Ordering::Relaxed),
+            journal_bytes: shared.journal_bytes.load(Ordering::Relaxed),
+            disk_write_bytes: disk_write_bytes(),
+        },
+        ack_delay: shared.ack_delay.snapshot(),
     }
+}
+
+/// What this process has sent to storage, as the kernel counts it.
+fn disk_write_bytes() -> Option<u64> {
+    let io = std::fs::read_to_string("/proc/self/io").ok()?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("write_bytes: "))
+        .and_then(|v| v.trim().parse().ok())
 }

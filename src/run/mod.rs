@@ -64,14 +64,23 @@ pub struct Shared {
     pub health: Arc<health::Health>,
     /// The HTTP endpoint is on: keep its Prometheus text fresh.
     pub http: bool,
+    /// Durable writes: journal records \[0\], checkpoints \[1\].
+    pub commits: [AtomicU64; 2],
+    /// Bytes appended to the journal.
+    pub journal_bytes: AtomicU64,
+    /// The store asks the core for a checkpoint (the outbox went over its bound).
+    pub want_checkpoint: AtomicBool,
+    /// Time from receipt to release of QoS 1 acks.
+    pub ack_delay: metrics::Histogram,
 }
 
 /// A batch for the store thread and the acks it releases.
 pub struct StoreJob {
     /// What to commit.
     pub batch: Batch,
-    /// Acks of the messages the batch covers, in receive order.
-    pub acks: Vec<(u64, link::Held)>,
+    /// Acks of the messages the batch covers, in receive order, with the
+    /// monotonic time each message was taken.
+    pub acks: Vec<(u64, link::Held, crate::model::Millis)>,
     /// The final batch of a graceful stop.
     pub last: bool,
 }
@@ -111,18 +120,30 @@ fn encode<T: Serialize>(v: &T, format: SinkFormat) -> Vec<u8> {
 pub fn run(cfg: &Config) -> Result<(), RunError> {
     let clock = SystemClock::new();
     let (store, snap) = Store::open(&cfg.state_dir, cfg.outbox_max_messages)?;
+    let (groups, devices) = (snap.groups.len(), snap.devices.len());
+    let mut engine = Engine::new(cfg);
+    engine.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
+    // What the journal holds since the last checkpoint goes into the engine and the state file.
+    let (durable, replayed) =
+        storer::Durable::recover(store, &cfg.state_dir, &snap.meta, &mut engine)?;
+    let outbox_depth = durable.store().outbox_depth()?;
+    let outbox_dropped = durable.store().outbox_dropped();
     tracing::info!(
-        state = %store.path().display(),
-        groups = snap.groups.len(),
-        devices = snap.devices.len(),
-        outbox_depth = snap.outbox_depth,
+        state = %durable.store().path().display(),
+        groups,
+        devices,
+        journal_records = replayed,
+        outbox_depth,
         "state restored"
     );
-    let mut engine = Engine::new(cfg);
-    let outbox_depth = snap.outbox_depth;
-    let outbox_dropped = snap.outbox_dropped;
-    engine.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
-    let driver = Driver::new(engine, cfg, cfg.sink_format, None);
+    if cfg.source_protocol == Protocol::V311 {
+        tracing::warn!(
+            "source protocol v3.1.1: the site broker sends at most its in-flight window of QoS 1 messages \
+             (mosquitto max_inflight_messages, default 20) before their acks, and drops queued ones past \
+             max_queued_messages (default 1000); raise both on the broker (README: The site broker) or use v5"
+        );
+    }
+    let driver = Driver::new(engine, cfg, cfg.sink_format, None).with_journal();
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -133,7 +154,7 @@ pub fn run(cfg: &Config) -> Result<(), RunError> {
     rt.block_on(gateway(
         cfg,
         clock,
-        store,
+        durable,
         driver,
         outbox_depth,
         outbox_dropped,
@@ -144,7 +165,7 @@ pub fn run(cfg: &Config) -> Result<(), RunError> {
 async fn gateway(
     cfg: &Config,
     clock: SystemClock,
-    store: Store,
+    store: storer::Durable,
     driver: Driver,
     outbox_depth: u64,
     outbox_dropped: u64,
@@ -163,6 +184,10 @@ async fn gateway(
         metrics_tx,
         health: Arc::new(health::Health::new(clock)),
         http: cfg.metrics_listen.is_some(),
+        commits: [AtomicU64::new(0), AtomicU64::new(0)],
+        journal_bytes: AtomicU64::new(0),
+        want_checkpoint: AtomicBool::new(false),
+        ack_delay: metrics::Histogram::default(),
     });
     let seed = u64::try_from(clock.now().wall).unwrap_or(1) ^ u64::from(std::process::id());
     let version = env!("CARGO_PKG_VERSION");
@@ -224,16 +249,38 @@ async fn gateway(
 
     let metrics_ms = i64::try_from(cfg.metrics_interval_s.saturating_mul(1000)).unwrap_or(i64::MAX);
     let core_shared = shared.clone();
+    let cadence = if cfg.source_protocol == Protocol::V311 {
+        core::Cadence {
+            hold_limit: 20,
+            quiet_ms: Some(100),
+        }
+    } else {
+        // v5: the broker honours our Receive Maximum (65535).
+        core::Cadence {
+            hold_limit: 4096,
+            quiet_ms: None,
+        }
+    };
     let core = std::thread::Builder::new()
         .name("tidemark-core".into())
-        .spawn(move || core::run(driver, clock, core_rx, store_tx, core_shared, metrics_ms))
+        .spawn(move || {
+            core::run(
+                driver,
+                clock,
+                core_rx,
+                store_tx,
+                core_shared,
+                metrics_ms,
+                cadence,
+            )
+        })
         .map_err(|e| RunError::Runtime(e.to_string()))?;
-    let reader = store.reader();
+    let reader = store.store().reader();
     let store_shared = shared.clone();
     let storer = std::thread::Builder::new()
         .name("tidemark-store".into())
         .spawn(move || {
-            let r = storer::run(store, store_rx, acks_tx, sink_tx, store_shared);
+            let r = storer::run(store, store_rx, acks_tx, sink_tx, store_shared, clock);
             if let Err(e) = r {
                 let _ = fatal_tx.send(e);
             }

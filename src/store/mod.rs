@@ -6,6 +6,7 @@
 //! commit boundary and the input after it is processed again.
 
 pub mod schema;
+pub mod wal;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -152,7 +153,17 @@ pub struct Batch {
     pub meta: Vec<(&'static str, Vec<u8>)>,
     /// Outbox entries up to this sequence number (inclusive) were delivered.
     pub delivered: Option<u64>,
+    /// Outputs already numbered by the journal, folded into the outbox at a checkpoint.
+    pub folded: Vec<(u64, OutboxEntry)>,
+    /// `run` between checkpoints: the engine input since the last batch, for the journal
+    /// (then `changes` is empty and the batch goes to the journal, not to redb).
+    pub journal: Option<Vec<u8>>,
 }
+
+/// Outputs in the journal and not yet in the outbox table, oldest first,
+/// shared with the sink's reader.
+pub type Unfolded =
+    std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<(u64, OutboxEntry)>>>;
 
 /// The state store.
 pub struct Store {
@@ -161,6 +172,7 @@ pub struct Store {
     outbox: OutboxMeta,
     max_outbox: u64,
     buf: Vec<u8>,
+    unfolded: Unfolded,
 }
 
 fn cbor<T: Serialize>(v: &T, buf: &mut Vec<u8>) {
@@ -262,6 +274,7 @@ impl Store {
                 outbox,
                 max_outbox: max_outbox.max(1),
                 buf: Vec::new(),
+                unfolded: Unfolded::default(),
             },
             snapshot,
         ))
@@ -270,6 +283,28 @@ impl Store {
     /// Path of the database file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Numbers `n` outputs going to the journal; returns the first number.
+    pub fn reserve_seqs(&mut self, n: u64) -> u64 {
+        let first = self.outbox.next_seq;
+        self.outbox.next_seq += n;
+        first
+    }
+
+    /// The next outbox sequence number.
+    pub fn next_seq(&self) -> u64 {
+        self.outbox.next_seq
+    }
+
+    /// The outbox bound.
+    pub fn max_outbox(&self) -> u64 {
+        self.max_outbox
+    }
+
+    /// Outputs in the journal and not yet in the outbox table (the sink reads them too).
+    pub fn unfolded(&self) -> &Unfolded {
+        &self.unfolded
     }
 
     /// Outputs dropped so far because the outbox was full.
@@ -312,6 +347,14 @@ impl Store {
             if let Some(upto) = batch.delivered {
                 outbox.retain_in(..=upto, |_, _| false)?;
             }
+            for (seq, o) in &batch.folded {
+                if batch.delivered.is_none_or(|d| *seq > d) {
+                    cbor(o, &mut self.buf);
+                    outbox.insert(*seq, self.buf.as_slice())?;
+                }
+                self.outbox.next_seq = self.outbox.next_seq.max(seq + 1);
+            }
+            stats.first_seq = self.outbox.next_seq;
             for o in &batch.outputs {
                 cbor(o, &mut self.buf);
                 outbox.insert(self.outbox.next_seq, self.buf.as_slice())?;
@@ -360,6 +403,7 @@ impl Store {
         OutboxReader {
             db: self.db.clone(),
             path: self.path.clone(),
+            unfolded: self.unfolded.clone(),
         }
     }
 
@@ -375,6 +419,7 @@ impl Store {
 pub struct OutboxReader {
     db: std::sync::Arc<Database>,
     path: PathBuf,
+    unfolded: Unfolded,
 }
 
 impl OutboxReader {
@@ -384,6 +429,11 @@ impl OutboxReader {
         after: Option<u64>,
         limit: usize,
     ) -> Result<Vec<(u64, OutboxEntry)>, StoreError> {
+        // Under the lock a checkpoint moving entries from the journal to the table holds.
+        let pending = self
+            .unfolded
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let r = self.db.begin_read()?;
         let t = r.open_table(OUTBOX)?;
         let start = after.map_or(0, |a| a + 1);
@@ -396,6 +446,12 @@ impl OutboxReader {
                 detail: e.to_string(),
             })?;
             out.push((k.value(), e));
+        }
+        // Then the journal's outputs: all numbered after the table's.
+        if out.len() < limit {
+            let from = out.last().map_or(start, |(s, _)| s + 1);
+            let skip = pending.partition_point(|(s, _)| *s < from);
+            out.extend(pending.iter().skip(skip).take(limit - out.len()).cloned());
         }
         Ok(out)
     }

@@ -1,7 +1,8 @@
 //! The redb schema, in one place. Values are CBOR; keys fixed-width or tuples.
 //!
 //! Version history:
-//! - 1: meta, groups, devices, metric_names, outbox.
+//! - 1: meta, groups, devices, metric_names, outbox. `meta.wal_generation` (added
+//!   later, compatible) names the journal generation that follows the checkpoint.
 
 use redb::TableDefinition;
 
@@ -25,3 +26,5 @@ pub const K_SCHEMA: &str = "schema_version";
 pub const K_COUNTERS: &str = "counters";
 /// `META` key of the outbox cursor and drop count.
 pub const K_OUTBOX: &str = "outbox";
+/// `META` key of the write-ahead journal generation its records must carry (u64, big-endian).
+pub const K_WAL: &str = "wal_generation";

@@ -1,0 +1,138 @@
+//! What the engine was given, as a replayable record: the input of the
+//! write-ahead journal ([`crate::store::wal`]).
+//!
+//! The engine is deterministic, so the state after a checkpoint plus the
+//! messages, ticks and idleness restarts it was handed since (each with its
+//! instant) rebuilds exactly the state that was committed: a few dozen bytes
+//! per reading instead of the device records it touched.
+//!
+//! Ticks between two inputs collapse into the last one. With no input in
+//! between, a tick's watermark is a non-decreasing function of its instant
+//! (members only go idle, the all-idle formula grows with time), and closing
+//! windows at W1 then at W2 >= W1 leaves the same state as closing at W2 once;
+//! only the outputs differ, and replayed outputs are discarded (they are in
+//! the outbox already). So a silent fleet's journal does not grow.
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{Engine, Now};
+use crate::model::Millis;
+use crate::output::Output;
+
+#[derive(Serialize)]
+enum OpRef<'a> {
+    S(Millis, Millis),
+    T(Millis, Millis),
+    M(
+        Millis,
+        Millis,
+        &'a str,
+        #[serde(with = "serde_bytes")] &'a [u8],
+    ),
+}
+
+#[derive(Deserialize)]
+enum Op {
+    S(Millis, Millis),
+    T(Millis, Millis),
+    M(
+        Millis,
+        Millis,
+        String,
+        #[serde(with = "serde_bytes")] Vec<u8>,
+    ),
+}
+
+/// The ops since the last cut, encoded.
+#[derive(Debug, Default)]
+pub struct Journal {
+    buf: Vec<u8>,
+    /// Offset of a trailing tick (collapsed into the next one).
+    tick_at: Option<usize>,
+    /// Messages since the last cut.
+    messages: usize,
+}
+
+impl Journal {
+    /// The processing clock (re)started at `now` (idleness restart).
+    pub fn start(&mut self, now: Now) {
+        self.push(&OpRef::S(now.wall, now.mono));
+        self.tick_at = None;
+    }
+
+    /// A tick that ran (a held tick changes nothing and is not recorded).
+    pub fn tick(&mut self, at: Now) {
+        if let Some(o) = self.tick_at {
+            self.buf.truncate(o);
+        }
+        let o = self.buf.len();
+        self.push(&OpRef::T(at.wall, at.mono));
+        self.tick_at = Some(o);
+    }
+
+    /// A message handed to the engine at `now`.
+    pub fn message(&mut self, now: Now, topic: &str, payload: &[u8]) {
+        self.push(&OpRef::M(now.wall, now.mono, topic, payload));
+        self.tick_at = None;
+        self.messages += 1;
+    }
+
+    fn push(&mut self, op: &OpRef<'_>) {
+        // Writing plain data into a Vec cannot fail.
+        let _ = ciborium::ser::into_writer(op, &mut self.buf);
+    }
+
+    /// Messages recorded since the last cut.
+    pub fn messages(&self) -> usize {
+        self.messages
+    }
+
+    /// Bytes recorded since the last cut.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Nothing recorded since the last cut.
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    /// Takes the ops recorded so far.
+    pub fn cut(&mut self) -> Vec<u8> {
+        self.tick_at = None;
+        self.messages = 0;
+        std::mem::take(&mut self.buf)
+    }
+
+    /// Forgets the ops recorded so far (a checkpoint holds their effect).
+    pub fn clear(&mut self) {
+        self.buf.clear();
+        self.tick_at = None;
+        self.messages = 0;
+    }
+}
+
+/// Error replaying a journal record.
+#[derive(Debug, thiserror::Error)]
+#[error("journal record does not decode: {0}")]
+pub struct ReplayError(String);
+
+/// Hands the ops of one record to `engine` again; their outputs are dropped.
+pub fn apply(
+    engine: &mut Engine,
+    mut ops: &[u8],
+    scratch: &mut Vec<Output>,
+) -> Result<(), ReplayError> {
+    while !ops.is_empty() {
+        let op: Op = ciborium::de::from_reader(&mut ops).map_err(|e| ReplayError(e.to_string()))?;
+        match op {
+            Op::S(wall, mono) => engine.restart_idleness(Now { wall, mono }),
+            Op::T(wall, mono) => engine.on_tick(Now { wall, mono }, scratch),
+            Op::M(wall, mono, topic, payload) => {
+                engine.on_message(&topic, &payload, Now { wall, mono }, scratch);
+            }
+        }
+        scratch.clear();
+    }
+    Ok(())
+}
