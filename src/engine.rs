@@ -17,7 +17,7 @@ use crate::model::{Id, Kind, Millis, Reason};
 use crate::output::{
     Alert, AlertType, Late, MetricOut, Output, Rejected, WindowResult, decoded_fields,
 };
-use crate::time::seq::SeqWindow;
+use crate::time::seq::{Seen, SeqWindow};
 use crate::time::skew::SkewEstimator;
 use crate::time::watermark;
 use crate::time::window::{self, MetricIdx, Window};
@@ -65,6 +65,9 @@ pub struct Counters {
     pub windows_emitted: u64,
     /// Alerts raised.
     pub alerts: u64,
+    /// Readings lost before the gateway, by sequence-number gaps (SPEC §4).
+    #[serde(default)]
+    pub readings_missing: u64,
 }
 
 impl Counters {
@@ -97,6 +100,9 @@ pub struct Device {
     pub seq: SeqWindow,
     /// Open windows, sorted by start.
     pub windows: Vec<Window>,
+    /// Readings lost before the gateway (sequence numbers skipped and not arrived since).
+    #[serde(default)]
+    pub missing: u64,
 }
 
 /// Persistent state of one group.
@@ -164,6 +170,8 @@ pub struct GroupStats {
     pub idle: u64,
     /// Devices offline.
     pub offline: u64,
+    /// Readings lost before the gateway, summed over the members.
+    pub missing: u64,
 }
 
 /// The state changed since the last [`Engine::take_changes`], as values: the
@@ -365,6 +373,7 @@ impl Engine {
                 };
                 for &di in &g.members {
                     let d = &self.devices[di as usize].state;
+                    st.missing += d.missing;
                     if d.offline {
                         st.offline += 1;
                     } else if now.mono.saturating_sub(d.last_arrival) >= g.cfg.idle_timeout_ms {
@@ -498,6 +507,7 @@ impl Engine {
                 announced: false,
                 seq: SeqWindow::default(),
                 windows: Vec::new(),
+                missing: 0,
             },
             group: u32::try_from(gi).unwrap_or(u32::MAX),
             dirty: false,
@@ -572,11 +582,21 @@ impl Engine {
             return self.reject(out, Reason::BadTopic, topic, ids, now, detail);
         }
         let di = self.device_slot(&parts.group, &parts.device);
-        if let Some(seq) = decoded.seq
-            && !self.devices[di].state.seq.check_and_insert(seq)
-        {
-            self.counters.duplicates += 1;
-            return;
+        if let Some(seq) = decoded.seq {
+            let dev = &mut self.devices[di].state;
+            match dev.seq.observe(seq) {
+                Seen::Duplicate => {
+                    self.counters.duplicates += 1;
+                    return;
+                }
+                Seen::New { missing } => {
+                    dev.missing = dev.missing.saturating_add_signed(missing);
+                    self.counters.readings_missing = self
+                        .counters
+                        .readings_missing
+                        .saturating_add_signed(missing);
+                }
+            }
         }
         self.mark_device(di);
         let event = match self.event_time(di, decoded, now, out) {

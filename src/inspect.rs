@@ -31,8 +31,10 @@ pub fn run(state_dir: &Path, as_json: bool) -> ExitCode {
     let now = wall_now_ms();
     let oldest_age = view.oldest.as_ref().map(|e| now - e.at);
     let mut windows_per_group: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut missing_per_group: BTreeMap<&str, u64> = BTreeMap::new();
     for d in &s.devices {
         *windows_per_group.entry(d.group.as_str()).or_default() += d.windows.len();
+        *missing_per_group.entry(d.group.as_str()).or_default() += d.missing;
     }
     if as_json {
         let groups: Vec<_> = s
@@ -44,6 +46,7 @@ pub fn run(state_dir: &Path, as_json: bool) -> ExitCode {
                     "watermark": g.wm,
                     "max_event_time": g.max_event,
                     "open_windows": windows_per_group.get(g.name.as_str()).copied().unwrap_or(0),
+                    "readings_missing": missing_per_group.get(g.name.as_str()).copied().unwrap_or(0),
                 })
             })
             .collect();
@@ -58,6 +61,7 @@ pub fn run(state_dir: &Path, as_json: bool) -> ExitCode {
                     "clock_distrusted": d.distrusted,
                     "last_seen": d.max_event,
                     "status": if d.offline { "offline" } else { "online" },
+                    "readings_missing": d.missing,
                     "open_windows": d.windows.iter().map(|w| json!({
                         "start": w.start, "end": w.end, "count": w.count, "heartbeats": w.heartbeats,
                         "emitted_revision": w.emitted,
@@ -71,6 +75,7 @@ pub fn run(state_dir: &Path, as_json: bool) -> ExitCode {
             "devices": devices,
             "counters": s.counters,
             "outbox": {"depth": s.outbox_depth, "dropped": s.outbox_dropped, "oldest_age_ms": oldest_age},
+            "journal_records": view.journal_records,
         });
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
         return ExitCode::SUCCESS;
@@ -78,23 +83,24 @@ pub fn run(state_dir: &Path, as_json: bool) -> ExitCode {
     println!("state file: {}", store::Store::file(state_dir).display());
     println!();
     println!(
-        "{:<24} {:>15} {:>15} {:>12}",
-        "GROUP", "WATERMARK", "MAX EVENT", "OPEN WINDOWS"
+        "{:<24} {:>15} {:>15} {:>12} {:>8}",
+        "GROUP", "WATERMARK", "MAX EVENT", "OPEN WINDOWS", "MISSING"
     );
     for g in &s.groups {
         let open = windows_per_group.get(g.name.as_str()).copied().unwrap_or(0);
         println!(
-            "{:<24} {:>15} {:>15} {:>12}",
+            "{:<24} {:>15} {:>15} {:>12} {:>8}",
             g.name,
             fmt_ms(g.wm),
             fmt_ms(g.max_event),
-            open
+            open,
+            missing_per_group.get(g.name.as_str()).copied().unwrap_or(0)
         );
     }
     println!();
     println!(
-        "{:<24} {:<24} {:>12} {:>15} {:<8} {:>7}",
-        "GROUP", "DEVICE", "OFFSET MS", "LAST SEEN", "STATUS", "WINDOWS"
+        "{:<24} {:<24} {:>12} {:>15} {:<8} {:>7} {:>8}",
+        "GROUP", "DEVICE", "OFFSET MS", "LAST SEEN", "STATUS", "WINDOWS", "MISSING"
     );
     for d in &s.devices {
         let offset = match (d.skew.estimate(), d.distrusted) {
@@ -102,23 +108,25 @@ pub fn run(state_dir: &Path, as_json: bool) -> ExitCode {
             (o, _) => fmt_ms(o),
         };
         println!(
-            "{:<24} {:<24} {:>12} {:>15} {:<8} {:>7}",
+            "{:<24} {:<24} {:>12} {:>15} {:<8} {:>7} {:>8}",
             d.group,
             d.id,
             offset,
             fmt_ms(d.max_event),
             if d.offline { "offline" } else { "online" },
-            d.windows.len()
+            d.windows.len(),
+            d.missing
         );
     }
     println!();
     let c = &s.counters;
     println!(
-        "counters: received {} accepted {} late {} duplicates {} rejected {} windows {} alerts {}",
+        "counters: received {} accepted {} late {} duplicates {} missing {} rejected {} windows {} alerts {}",
         c.received,
         c.accepted,
         c.late,
         c.duplicates,
+        c.readings_missing,
         c.rejected.iter().sum::<u64>(),
         c.windows_emitted,
         c.alerts
@@ -129,5 +137,11 @@ pub fn run(state_dir: &Path, as_json: bool) -> ExitCode {
         s.outbox_dropped,
         oldest_age.map_or_else(|| "-".into(), |a| format!("{a} ms old"))
     );
+    if view.journal_records > 0 {
+        println!(
+            "journal: {} group commits since this checkpoint (the state above is older; the gateway folds them in at its next start)",
+            view.journal_records
+        );
+    }
     ExitCode::SUCCESS
 }

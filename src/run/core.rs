@@ -219,6 +219,9 @@ struct Report {
     late: u64,
     rejected: u64,
     duplicates: u64,
+    missing: u64,
+    /// Devices' missing counts at the last report (only those with any).
+    missing_by_device: std::collections::HashMap<(String, String), u64>,
     clock_held: bool,
     /// The first call only takes the restored totals.
     started: bool,
@@ -233,6 +236,8 @@ impl Report {
             late: 0,
             rejected: 0,
             duplicates: 0,
+            missing: 0,
+            missing_by_device: std::collections::HashMap::new(),
             clock_held: false,
             started: false,
         }
@@ -273,6 +278,43 @@ impl Report {
             tracing::warn!(late, rejected = rej, duplicates = dup, "in the last minute");
         }
         (self.late, self.rejected, self.duplicates) = (c.late, rejected, c.duplicates);
+        if self.started && c.readings_missing > self.missing {
+            self.report_missing(engine, c.readings_missing - self.missing);
+        } else if !self.started {
+            self.remember_missing(engine);
+        }
+        self.missing = c.readings_missing;
         self.started = true;
+    }
+
+    fn remember_missing(&mut self, engine: &Engine) -> Vec<(u64, String)> {
+        let mut grew = Vec::new();
+        for g in engine.groups() {
+            for d in engine.group_devices(&g.name).filter(|d| d.missing > 0) {
+                let key = (d.group.to_string(), d.id.to_string());
+                let before = self.missing_by_device.insert(key, d.missing).unwrap_or(0);
+                if d.missing > before {
+                    grew.push((d.missing - before, format!("{}/{}", d.group, d.id)));
+                }
+            }
+        }
+        grew
+    }
+
+    /// One line naming the devices that lost the most in the last minute.
+    fn report_missing(&mut self, engine: &Engine, missing: u64) {
+        let mut grew = self.remember_missing(engine);
+        grew.sort_unstable_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        let worst: Vec<String> = grew
+            .iter()
+            .take(5)
+            .map(|(n, d)| format!("{d} {n}"))
+            .collect();
+        tracing::warn!(
+            missing,
+            devices = grew.len(),
+            worst = %worst.join(", "),
+            "readings missing before the gateway in the last minute (sequence gaps: a site broker or radio link dropping messages?)"
+        );
     }
 }

@@ -44,6 +44,7 @@ struct Group {
     devices_active: u64,
     devices_idle: u64,
     devices_offline: u64,
+    readings_missing: u64,
 }
 
 #[derive(Serialize)]
@@ -52,6 +53,7 @@ struct Counters {
     accepted: u64,
     late: u64,
     duplicates: u64,
+    readings_missing: u64,
     rejected: BTreeMap<&'static str, u64>,
     windows_emitted: u64,
     alerts: u64,
@@ -291,6 +293,20 @@ impl Metrics {
         }
         metric(
             &mut o,
+            "readings_missing_total",
+            "gauge",
+            "Readings lost before the gateway (sequence-number gaps); a late arrival takes its count back.",
+        );
+        for (g, s) in &self.groups {
+            let _ = writeln!(
+                o,
+                "tidemark_readings_missing_total{{group=\"{}\"}} {}",
+                label(g),
+                s.readings_missing
+            );
+        }
+        metric(
+            &mut o,
             "group_devices",
             "gauge",
             "Devices of the group by state.",
@@ -338,6 +354,7 @@ pub fn collect(engine: &Engine, now: Now, shared: &Shared, source_up: bool) -> M
                     devices_active: g.active,
                     devices_idle: g.idle,
                     devices_offline: g.offline,
+                    readings_missing: g.missing,
                 },
             )
         })
@@ -352,6 +369,7 @@ pub fn collect(engine: &Engine, now: Now, shared: &Shared, source_up: bool) -> M
             accepted: c.accepted,
             late: c.late,
             duplicates: c.duplicates,
+            readings_missing: c.readings_missing,
             rejected: Reason::ALL
                 .iter()
                 .map(|r| (r.as_str(), c.rejected(*r)))

@@ -542,6 +542,8 @@ pub struct Inspect {
     pub snapshot: Snapshot,
     /// Oldest outbox entry, if any.
     pub oldest: Option<OutboxEntry>,
+    /// Journal records after the checkpoint (a gateway that stopped without its final checkpoint).
+    pub journal_records: usize,
 }
 
 /// Opens a state directory read-only.
@@ -557,7 +559,7 @@ pub fn inspect(state_dir: &Path) -> Result<Inspect, StoreError> {
         });
     }
     match redb::ReadOnlyDatabase::open(&path) {
-        Ok(db) => read_inspect(&db, &path),
+        Ok(db) => read_inspect(&db, &path, state_dir),
         Err(redb::DatabaseError::RepairAborted) => {
             // Left by a crash: recover a private copy, never the original.
             let copy =
@@ -571,7 +573,7 @@ pub fn inspect(state_dir: &Path) -> Result<Inspect, StoreError> {
                     path: path.clone(),
                     source,
                 })
-                .and_then(|db| read_inspect(&db, &path));
+                .and_then(|db| read_inspect(&db, &path, state_dir));
             let _ = std::fs::remove_file(&copy);
             result
         }
@@ -579,9 +581,19 @@ pub fn inspect(state_dir: &Path) -> Result<Inspect, StoreError> {
     }
 }
 
-fn read_inspect<D: ReadableDatabase>(db: &D, path: &Path) -> Result<Inspect, StoreError> {
+fn read_inspect<D: ReadableDatabase>(
+    db: &D,
+    path: &Path,
+    state_dir: &Path,
+) -> Result<Inspect, StoreError> {
     check_version(db, path)?;
     let snapshot = read_snapshot(db, path)?;
+    let generation = snapshot
+        .meta
+        .get(schema::K_WAL)
+        .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
+        .map_or(0, u64::from_be_bytes);
+    let journal_records = wal::count(state_dir, generation).unwrap_or(0);
     let r = db.begin_read()?;
     let oldest = match r.open_table(OUTBOX)?.first()? {
         Some((_, v)) => Some(
@@ -590,7 +602,11 @@ fn read_inspect<D: ReadableDatabase>(db: &D, path: &Path) -> Result<Inspect, Sto
         ),
         None => None,
     };
-    Ok(Inspect { snapshot, oldest })
+    Ok(Inspect {
+        snapshot,
+        oldest,
+        journal_records,
+    })
 }
 
 #[cfg(test)]

@@ -162,6 +162,20 @@ impl Wal {
     }
 }
 
+/// Records of `generation` in the journal of `state_dir`, read-only (`inspect`).
+pub fn count(state_dir: &Path, generation: u64) -> io::Result<usize> {
+    let file = File::open(Wal::file(state_dir))?;
+    let mut wal = Wal {
+        file,
+        path: Wal::file(state_dir),
+        generation,
+        index: 0,
+        offset: 0,
+        buf: Vec::new(),
+    };
+    Ok(wal.read_all()?.len())
+}
+
 fn field<const N: usize>(head: &[u8; HEADER], at: usize) -> [u8; N] {
     let mut a = [0u8; N];
     a.copy_from_slice(&head[at..at + N]);

@@ -11,6 +11,23 @@ use serde::{Deserialize, Serialize};
 pub const SEQ_WINDOW: u64 = 1024;
 const WORDS: usize = (SEQ_WINDOW / 64) as usize;
 
+/// A forward jump larger than this is taken for a counter that was reset or
+/// re-based (not a gap): one bad number must not swamp the missing count.
+pub const MAX_GAP: u64 = 1_000_000;
+
+/// What one sequence number says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    /// Already applied.
+    Duplicate,
+    /// New; `missing` is the change of the device's missing count: the
+    /// numbers it skipped over, or -1 when it fills an earlier gap.
+    New {
+        /// Change of the missing count.
+        missing: i64,
+    },
+}
+
 /// Sliding duplicate filter.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SeqWindow {
@@ -18,35 +35,52 @@ pub struct SeqWindow {
     hi: Option<u64>,
     /// Bit `d` set: number `hi - d` was seen (`d < SEQ_WINDOW`).
     bits: [u64; WORDS],
+    /// First number of the stream since the last (re)start: numbers below it
+    /// were never counted missing, so their arrival takes nothing back.
+    /// `None` in state written before missing readings were counted.
+    #[serde(default)]
+    lo: Option<u64>,
 }
 
 impl SeqWindow {
     /// Records `seq`; false if it was already seen (a duplicate).
     pub fn check_and_insert(&mut self, seq: u64) -> bool {
+        self.observe(seq) != Seen::Duplicate
+    }
+
+    /// Records `seq`: a duplicate, or new with the gap it opens or closes
+    /// (SPEC §4 "Missing readings").
+    pub fn observe(&mut self, seq: u64) -> Seen {
         let Some(hi) = self.hi else {
             self.restart(seq);
-            return true;
+            return Seen::New { missing: 0 };
         };
+        let lo = *self.lo.get_or_insert(hi);
         if seq > hi {
+            let gap = seq - hi - 1;
             self.shift(seq - hi);
             self.hi = Some(seq);
             self.set(0);
-            return true;
+            let missing = if gap > MAX_GAP { 0 } else { gap as i64 };
+            return Seen::New { missing };
         }
         let d = hi - seq;
         if d >= SEQ_WINDOW {
             self.restart(seq);
-            return true;
+            return Seen::New { missing: 0 };
         }
         if self.get(d) {
-            return false;
+            return Seen::Duplicate;
         }
         self.set(d);
-        true
+        Seen::New {
+            missing: if seq > lo { -1 } else { 0 },
+        }
     }
 
     fn restart(&mut self, seq: u64) {
         self.hi = Some(seq);
+        self.lo = Some(seq);
         self.bits = [0; WORDS];
         self.set(0);
     }
@@ -109,6 +143,60 @@ mod tests {
         assert!(w.check_and_insert(0), "reboot restarts at 0");
         assert!(w.check_and_insert(1));
         assert!(!w.check_and_insert(0));
+    }
+
+    #[test]
+    fn gaps_count_as_missing_and_late_arrivals_take_it_back() {
+        let mut w = SeqWindow::default();
+        assert_eq!(w.observe(3010), Seen::New { missing: 0 });
+        assert_eq!(w.observe(3014), Seen::New { missing: 3 });
+        assert_eq!(w.observe(3012), Seen::New { missing: -1 });
+        assert_eq!(w.observe(3012), Seen::Duplicate);
+        assert_eq!(w.observe(3015), Seen::New { missing: 0 });
+        // Below the stream's first number: never counted, nothing to take back.
+        assert_eq!(w.observe(3005), Seen::New { missing: 0 });
+        // A reboot restarting the counter is not a gap, nor is the new stream's start.
+        assert_eq!(w.observe(0), Seen::New { missing: 0 });
+        assert_eq!(w.observe(2), Seen::New { missing: 1 });
+        // Nor is a wild jump forward.
+        assert_eq!(w.observe(MAX_GAP + 100), Seen::New { missing: 0 });
+    }
+
+    proptest::proptest! {
+        /// Over any order of arrival of any subset of 0..n (a lossy, reordering link),
+        /// missing = numbers below the highest that never arrived.
+        #[test]
+        fn missing_is_what_never_arrived_below_the_highest(
+            n in 1u64..900,
+            keep in proptest::collection::vec(proptest::bool::weighted(0.8), 900),
+            order in proptest::collection::vec(0usize..900, 0..900),
+            dups in 0usize..50,
+        ) {
+            let mut sent: Vec<u64> = (0..n).filter(|&s| keep[s as usize]).collect();
+            // Reorder within the window (swaps), and redeliver some.
+            for (i, &j) in order.iter().enumerate() {
+                let len = sent.len();
+                if len > 1 { sent.swap(i % len, j % len); }
+            }
+            let extra: Vec<u64> = sent.iter().take(dups).copied().collect();
+            sent.extend(extra);
+            let mut w = SeqWindow::default();
+            let mut missing = 0i64;
+            let mut hi = None;
+            for &s in &sent {
+                if let Seen::New { missing: m } = w.observe(s) {
+                    // The first number is the stream's start: nothing before it counts.
+                    missing += m;
+                }
+                hi = Some(hi.map_or(s, |h: u64| h.max(s)));
+            }
+            if let (Some(hi), Some(&first)) = (hi, sent.first()) {
+                // Numbers between the first received and the highest that never came.
+                let got: BTreeSet<u64> = sent.iter().copied().collect();
+                let expect = (first..=hi).filter(|s| !got.contains(s)).count() as i64;
+                proptest::prop_assert_eq!(missing, expect);
+            }
+        }
     }
 
     proptest::proptest! {

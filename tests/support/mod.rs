@@ -52,6 +52,19 @@ pub struct Mosquitto {
 impl Mosquitto {
     /// Starts mosquitto on a free port; `persist` keeps sessions and queues across restarts.
     pub fn start(persist: bool) -> Self {
+        Self::with_conf(&format!(
+            "persistence {persist}\nautosave_interval 1\nmax_queued_messages 0\n\
+             max_inflight_messages 0\nmessage_size_limit 0\n"
+        ))
+    }
+
+    /// mosquitto with its defaults, as a site installs it: only a listener and anonymous
+    /// access (max_inflight_messages 20, max_queued_messages 1000, no persistence).
+    pub fn stock() -> Self {
+        Self::with_conf("")
+    }
+
+    fn with_conf(extra: &str) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         // mosquitto started as root drops to its own user: it must be able to write here.
         {
@@ -64,9 +77,7 @@ impl Mosquitto {
         let mut f = std::fs::File::create(&conf).expect("conf");
         writeln!(
             f,
-            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence {persist}\n\
-             persistence_location {}/\nautosave_interval 1\nmax_queued_messages 0\n\
-             max_inflight_messages 0\nmessage_size_limit 0\n",
+            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence_location {}/\n{extra}",
             dir.path().display()
         )
         .expect("write conf");

@@ -1,0 +1,255 @@
+//! The gateway on a board: what it writes to its storage, and the loss it
+//! sees before it (readings a stock site broker dropped), against real
+//! mosquitto processes.
+
+mod support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use support::{Collector, Gateway, Mosquitto, Publisher, now_ms, wait_or_explain, wait_until};
+
+fn config(dir: &Path, broker: &Mosquitto, http: u16, extra: &str) -> std::path::PathBuf {
+    let path = dir.join("gateway.toml");
+    let text = format!(
+        "[gateway]\nid = \"gw\"\nstate_dir = \"{state}\"\n\
+         [source]\nurl = \"{url}\"\nclient_id = \"gw-in-{port}\"\n{extra}\n\
+         [sink]\nurl = \"{url}\"\nclient_id = \"gw-out-{port}\"\n\
+         [metrics]\ninterval_s = 1\nlisten = \"127.0.0.1:{http}\"\n",
+        state = dir.join("state").display(),
+        url = broker.url(),
+        port = broker.port,
+    );
+    std::fs::write(&path, text).expect("config");
+    path
+}
+
+fn metrics(port: u16) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    let _ = write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    );
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text
+}
+
+/// Sum of every sample of `name` (all label sets).
+fn total(text: &str, name: &str) -> u64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+        .sum::<f64>() as u64
+}
+
+fn send_fleet(p: &mut Publisher, devices: u64, seqs: std::ops::Range<u64>) -> u64 {
+    let mut n = 0;
+    for seq in seqs {
+        for d in 0..devices {
+            let body = format!(r#"{{"ts": {}, "seq": {seq}, "temp": {d}.5}}"#, now_ms());
+            p.send(&format!("sensors/g{}/d{d}/reading", d % 4), body.as_bytes());
+            n += 1;
+        }
+    }
+    p.flush();
+    n
+}
+
+/// SPEC §4 "Missing readings": a stock mosquitto (max_queued_messages 1000) drops most of
+/// a burst queued for a v3.1.1 gateway; the sequence gaps count exactly what it dropped
+/// once each device's next reading arrives.
+#[test]
+fn readings_a_stock_broker_dropped_are_counted_as_missing() {
+    let broker = Mosquitto::stock();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let http = support::free_port();
+    let cfg = config(dir.path(), &broker, http, "protocol = \"v311\"");
+    let log = dir.path().join("gw.log");
+    let up = Collector::start(broker.port, "tidemark/gw/metrics", "missing-metrics");
+    let devices = 100;
+    // The gateway's session exists (subscribed), then it is away while the burst arrives.
+    let gw = Gateway::start(&cfg, &log);
+    assert!(
+        gw.log_text().contains("source protocol v3.1.1"),
+        "a v3.1.1 source is warned about:\n{}",
+        gw.log_text()
+    );
+    let (code, _) = gw.terminate();
+    assert_eq!(code, Some(0));
+    let mut publisher = Publisher::connect(broker.port, "missing-fleet");
+    let mut sent = send_fleet(&mut publisher, devices, 0..300);
+    let gw = Gateway::start(&cfg, &log);
+    // Each device's next reading reveals the loss at the end of its stream.
+    sent += send_fleet(&mut publisher, devices, 300..301);
+    let counted = |text: &str| {
+        total(text, "tidemark_received_total") + total(text, "tidemark_readings_missing_total")
+    };
+    wait_or_explain(
+        Duration::from_secs(120),
+        || counted(&metrics(http)) == sent,
+        || format!("received + missing != {sent}:\n{}", metrics(http)),
+    );
+    let text = metrics(http);
+    let (received, missing) = (
+        total(&text, "tidemark_received_total"),
+        total(&text, "tidemark_readings_missing_total"),
+    );
+    eprintln!("queued burst: sent {sent}, received {received}, missing {missing}");
+    assert!(
+        missing > 20_000,
+        "the stock broker keeps about 1000 queued messages: {missing} missing"
+    );
+
+    // A burst while the gateway is connected: whatever the broker drops is counted too.
+    let before = sent;
+    sent += send_fleet(&mut publisher, devices, 301..601);
+    sent += send_fleet(&mut publisher, devices, 601..602);
+    wait_or_explain(
+        Duration::from_secs(120),
+        || counted(&metrics(http)) == sent,
+        || format!("received + missing != {sent}:\n{}", metrics(http)),
+    );
+    let text = metrics(http);
+    eprintln!(
+        "live burst of {}: received {}, missing {}",
+        sent - before,
+        total(&text, "tidemark_received_total") - received,
+        total(&text, "tidemark_readings_missing_total") - missing
+    );
+    // P/metrics carries it, per group and in all.
+    wait_until(Duration::from_secs(30), "P/metrics with the count", || {
+        up.all().iter().rev().take(1).any(|m| {
+            let j = m.json();
+            let groups: u64 = j["groups"]
+                .as_object()
+                .map(|g| {
+                    g.values()
+                        .filter_map(|v| v["readings_missing"].as_u64())
+                        .sum()
+                })
+                .unwrap_or(0);
+            j["counters"]["readings_missing"].as_u64() == Some(groups)
+                && groups == total(&text, "tidemark_readings_missing_total")
+        })
+    });
+    // Once a minute, a log line names the devices that lost the most.
+    wait_or_explain(
+        Duration::from_secs(90),
+        || {
+            gw.log_text()
+                .contains("readings missing before the gateway in the last minute")
+        },
+        || gw.log_text(),
+    );
+    let (code, _) = gw.terminate();
+    assert_eq!(code, Some(0));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args(["inspect", "--json", "--state-dir"])
+        .arg(dir.path().join("state"))
+        .output()
+        .expect("inspect");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("inspect json");
+    let per_device: u64 = doc["devices"]
+        .as_array()
+        .expect("devices")
+        .iter()
+        .filter_map(|d| d["readings_missing"].as_u64())
+        .sum();
+    assert_eq!(
+        per_device,
+        doc["counters"]["readings_missing"].as_u64().unwrap()
+    );
+    assert_eq!(per_device, total(&text, "tidemark_readings_missing_total"));
+}
+
+fn files(state: &Path) -> Vec<(String, u64, std::time::SystemTime)> {
+    let mut v: Vec<_> = std::fs::read_dir(state)
+        .expect("state dir")
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let m = e.metadata().ok()?;
+            Some((
+                e.file_name().to_string_lossy().into_owned(),
+                m.len(),
+                m.modified().ok()?,
+            ))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// SPEC §9: a gateway with nothing to make durable writes nothing — watermarks keep
+/// moving for a silent fleet, but no commit follows and the state files stay untouched.
+#[test]
+fn a_gateway_with_nothing_to_persist_does_not_commit() {
+    let broker = Mosquitto::start(false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let http = support::free_port();
+    let cfg = config(
+        dir.path(),
+        &broker,
+        http,
+        "[time]\npolicy = \"device\"\n[group_defaults]\nwindow = { kind = \"tumbling\", size_ms = 1000 }\n\
+         out_of_orderness_ms = 0\nidle_timeout_ms = 500\nheartbeat_timeout_ms = 2000\nallowed_lateness_ms = 500\n",
+    );
+    let log = dir.path().join("gw.log");
+    let gw = Gateway::start(&cfg, &log);
+    let mut publisher = Publisher::connect(broker.port, "quiet-fleet");
+    let sent = send_fleet(&mut publisher, 8, 0..5);
+    // Every reading taken, every device offline (its windows fired and purged long before),
+    // every output delivered: nothing left that must become durable.
+    wait_or_explain(
+        Duration::from_secs(60),
+        || {
+            let t = metrics(http);
+            total(&t, "tidemark_received_total") == sent
+                && t.contains("tidemark_group_devices{group=\"g0\",state=\"offline\"} 2")
+                && total(&t, "tidemark_outbox_depth") == 0
+        },
+        || metrics(http),
+    );
+    let commits = |t: &str| total(t, "tidemark_commits_total");
+    // The delivered marks of the last outputs make one more commit, at most a commit interval on.
+    let settled = {
+        let mut last = commits(&metrics(http));
+        let mut uptime = total(&metrics(http), "tidemark_uptime_seconds");
+        wait_until(Duration::from_secs(60), "commits to settle", || {
+            let t = metrics(http);
+            let (c, u) = (commits(&t), total(&t, "tidemark_uptime_seconds"));
+            if c != last {
+                (last, uptime) = (c, u);
+            }
+            u >= uptime + 2
+        });
+        last
+    };
+    let state = dir.path().join("state");
+    let before = files(&state);
+    let watermark = |t: &str| total(t, "tidemark_group_watermark_seconds");
+    let (t0, w0) = {
+        let t = metrics(http);
+        (total(&t, "tidemark_uptime_seconds"), watermark(&t))
+    };
+    // Five seconds of gateway time in which the silent groups' watermarks keep advancing.
+    wait_until(Duration::from_secs(60), "five seconds of ticks", || {
+        total(&metrics(http), "tidemark_uptime_seconds") >= t0 + 5
+    });
+    let t = metrics(http);
+    assert!(
+        watermark(&t) > w0,
+        "watermarks of the idle groups advance:\n{t}"
+    );
+    assert_eq!(commits(&t), settled, "no commit without durable work:\n{t}");
+    assert_eq!(files(&state), before, "state files untouched");
+    let (code, _) = gw.terminate();
+    assert_eq!(code, Some(0));
+}
