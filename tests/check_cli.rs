@@ -130,8 +130,8 @@ fn broken_configs_exit_2_naming_the_key() {
         (ex.replace("password_file = \"\"                # password", "password_file = \"/nonexistent/pw\" #"), "source.password_file: cannot read"),
         (ex.replacen("protocol = \"v5\"", "protocol = \"v4\"", 1), "source.protocol: unknown variant `v4`"),
         (ex.replace("skew_window = 32", "skew_window = 65"), "time.skew_window: must be between 1 and 64"),
-        (ex.replace("commit_interval_ms = 50", "commit_interval_ms = 0"), "gateway.commit_interval_ms: must be > 0"),
-        (ex.replace("commit_interval_ms = 50", "commit_interval_ms = -5"), "gateway.commit_interval_ms: invalid value"),
+        (ex.replace("commit_interval_ms = 1000", "commit_interval_ms = 0"), "gateway.commit_interval_ms: must be > 0"),
+        (ex.replace("commit_interval_ms = 1000", "commit_interval_ms = -5"), "gateway.commit_interval_ms: invalid value"),
         (ex.replace("topic_pattern = \"sensors/{group}/{device}/{kind}\"", "topic_pattern = \"sensors/{group}/{kind}\""), "source.topic_pattern:"),
         (ex.replace("topics = [\"sensors/+/+/+\"]", "topics = [\"sensors/#/x\"]"), "source.topics[0]:"),
         (ex.replace("format = \"json\"                   # json | cbor", "format = \"xml\""), "sink.format: unknown variant"),
@@ -259,7 +259,7 @@ fn layered_files_and_env_report_effective_values_and_their_sources() {
         (
             "gateway",
             "commit_interval_ms",
-            "commit_interval_ms = 50  # default".to_owned(),
+            "commit_interval_ms = 1000  # default".to_owned(),
         ),
         (
             "source",

@@ -56,11 +56,13 @@ pub struct Cadence {
 
 /// Journal bytes in one batch at which it is cut at once (a backlog burst).
 const BATCH_BYTES: usize = 1 << 20;
-/// Journal bytes since the last checkpoint at which the next batch is a
-/// checkpoint (bounds the journal, and the replay at the next start).
-const CHECKPOINT_BYTES: u64 = 4 << 20;
-/// ... unless the checkpoint would write more: about this many bytes per changed device.
+/// Journal bytes (uncompressed) since the last checkpoint at which the next batch
+/// is a checkpoint (bounds the journal, and the replay at the next start).
+const CHECKPOINT_BYTES: u64 = 16 << 20;
+/// ... unless the checkpoint would write more: about this many bytes per changed device ...
 const DEVICE_BYTES: u64 = 1024;
+/// ... up to this much journal (replayed at the next start after a crash).
+const CHECKPOINT_MAX_BYTES: u64 = 64 << 20;
 
 /// Runs until `Stop` or until every sender is gone.
 pub fn run(
@@ -183,7 +185,9 @@ pub fn run(
             let checkpoint = stopping
                 || shared.want_checkpoint.swap(false, Ordering::Relaxed)
                 || journal_since_checkpoint
-                    >= CHECKPOINT_BYTES.max(dirty.saturating_mul(DEVICE_BYTES));
+                    >= CHECKPOINT_BYTES
+                        .max(dirty.saturating_mul(DEVICE_BYTES))
+                        .min(CHECKPOINT_MAX_BYTES);
             let batch = if checkpoint {
                 journal_since_checkpoint = 0;
                 driver.take_checkpoint(now)
