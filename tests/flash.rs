@@ -140,7 +140,14 @@ fn readings_a_stock_broker_dropped_are_counted_as_missing() {
     // A burst while the gateway is connected: whatever the broker drops is counted too.
     let before = sent;
     sent += send_fleet(&mut publisher, devices, next..next + 300);
-    finish(&mut publisher, devices, next + 300, &mut sent, http, counted);
+    finish(
+        &mut publisher,
+        devices,
+        next + 300,
+        &mut sent,
+        http,
+        counted,
+    );
     let text = metrics(http);
     eprintln!(
         "live burst of {}: received {}, missing {}",

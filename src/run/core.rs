@@ -56,13 +56,13 @@ pub struct Cadence {
 
 /// Journal bytes in one batch at which it is cut at once (a backlog burst).
 const BATCH_BYTES: usize = 1 << 20;
-/// Journal bytes (uncompressed) since the last checkpoint at which the next batch
-/// is a checkpoint (bounds the journal, and the replay at the next start).
-const CHECKPOINT_BYTES: u64 = 16 << 20;
+/// Journal bytes on disk since the last checkpoint at which the next batch is
+/// a checkpoint (bounds the journal, and the replay at the next start) ...
+const CHECKPOINT_BYTES: u64 = 4 << 20;
 /// ... unless the checkpoint would write more: about this many bytes per changed device ...
 const DEVICE_BYTES: u64 = 1024;
-/// ... up to this much journal (replayed at the next start after a crash).
-const CHECKPOINT_MAX_BYTES: u64 = 64 << 20;
+/// ... up to this much journal.
+const CHECKPOINT_MAX_BYTES: u64 = 16 << 20;
 
 /// Runs until `Stop` or until every sender is gone.
 pub fn run(
@@ -76,7 +76,6 @@ pub fn run(
 ) {
     let mut held: Vec<(u64, Held, Millis)> = Vec::new();
     let mut last_message = clock.mono();
-    let mut journal_since_checkpoint: u64 = 0;
     let mut source_up = false;
     let mut next_metrics = clock.mono().saturating_add(metrics_every_ms);
     let mut next_prometheus = clock.mono();
@@ -184,22 +183,14 @@ pub fn run(
             let dirty = u64::try_from(driver.engine().dirty_devices()).unwrap_or(u64::MAX);
             let checkpoint = stopping
                 || shared.want_checkpoint.swap(false, Ordering::Relaxed)
-                || journal_since_checkpoint
+                || shared.journal_len.load(Ordering::Relaxed)
                     >= CHECKPOINT_BYTES
                         .max(dirty.saturating_mul(DEVICE_BYTES))
                         .min(CHECKPOINT_MAX_BYTES);
             let batch = if checkpoint {
-                journal_since_checkpoint = 0;
                 driver.take_checkpoint(now)
             } else {
-                let b = driver.take_journal(now);
-                let outputs: usize = b
-                    .outputs
-                    .iter()
-                    .map(|o| o.topic.len() + o.payload.len() + 24)
-                    .sum();
-                journal_since_checkpoint += u64::try_from(journal + outputs).unwrap_or(0);
-                b
+                driver.take_journal(now)
             };
             reported = 0;
             tracing::debug!(acks = held.len(), outputs = batch.outputs.len(), "batch");

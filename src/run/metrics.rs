@@ -10,13 +10,13 @@ use crate::engine::{Engine, Now};
 use crate::model::{Millis, Reason};
 
 /// Upper bounds (ms) of the ack-delay histogram's buckets.
-const ACK_BUCKETS_MS: [Millis; 9] = [10, 50, 100, 250, 500, 1000, 1500, 2000, 5000];
+const ACK_BUCKETS_MS: [Millis; 10] = [10, 50, 100, 250, 500, 1000, 1250, 1500, 2000, 5000];
 
 /// A fixed-bucket histogram of durations, shared between threads.
 #[derive(Debug, Default)]
 pub struct Histogram {
     /// Counts per bucket of [`ACK_BUCKETS_MS`], then +Inf.
-    buckets: [AtomicU64; 10],
+    buckets: [AtomicU64; 11],
     sum_ms: AtomicU64,
 }
 
@@ -29,7 +29,7 @@ impl Histogram {
             .fetch_add(u64::try_from(ms).unwrap_or(0), Ordering::Relaxed);
     }
 
-    fn snapshot(&self) -> ([u64; 10], u64) {
+    fn snapshot(&self) -> ([u64; 11], u64) {
         (
             std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed)),
             self.sum_ms.load(Ordering::Relaxed),
@@ -92,7 +92,7 @@ pub struct Metrics {
     clock_held: bool,
     store: StoreIo,
     #[serde(skip)]
-    ack_delay: ([u64; 10], u64),
+    ack_delay: ([u64; 11], u64),
 }
 
 impl Metrics {

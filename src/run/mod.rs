@@ -68,6 +68,8 @@ pub struct Shared {
     pub commits: [AtomicU64; 2],
     /// Bytes appended to the journal.
     pub journal_bytes: AtomicU64,
+    /// Bytes in the journal since the last checkpoint.
+    pub journal_len: AtomicU64,
     /// The store asks the core for a checkpoint (the outbox went over its bound).
     pub want_checkpoint: AtomicBool,
     /// Time from receipt to release of QoS 1 acks.
@@ -186,6 +188,7 @@ async fn gateway(
         http: cfg.metrics_listen.is_some(),
         commits: [AtomicU64::new(0), AtomicU64::new(0)],
         journal_bytes: AtomicU64::new(0),
+        journal_len: AtomicU64::new(0),
         want_checkpoint: AtomicBool::new(false),
         ack_delay: metrics::Histogram::default(),
     });

@@ -247,6 +247,9 @@ pub fn run(
         let kind = usize::from(w.checkpoint);
         shared.commits[kind].fetch_add(1, Ordering::Relaxed);
         shared.journal_bytes.fetch_add(w.bytes, Ordering::Relaxed);
+        shared
+            .journal_len
+            .store(durable.wal.len(), Ordering::Relaxed);
         let (depth, oldest) = durable.depth(delivered);
         shared.outbox_depth.store(depth, Ordering::Relaxed);
         shared
