@@ -138,7 +138,17 @@ impl Durable {
     }
 
     fn checkpoint(&mut self, mut batch: Batch) -> Result<crate::store::CommitStats, StoreError> {
-        let next = self.wal.generation() + 1;
+        let next = match self.wal.generation() {
+            // A new state file's first generation is random: records of an earlier
+            // state file's journal left beside it can never match.
+            0 => {
+                use std::hash::{BuildHasher, Hasher};
+                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+                h.write(self.wal.path().as_os_str().as_encoded_bytes());
+                (h.finish() >> 1).max(1)
+            }
+            g => g + 1,
+        };
         batch.meta.push((K_WAL, next.to_be_bytes().to_vec()));
         let unfolded = self.store.unfolded().clone();
         // The sink's reader waits while entries move from the journal to the table.
@@ -388,6 +398,29 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn a_journal_left_beside_a_new_state_file_is_not_replayed() {
+        let cfg = cfg();
+        let dir = tempfile::tempdir().unwrap();
+        let (mut d, mut drv, _) = open(dir.path(), &cfg);
+        drv.start(Now::at(T0));
+        let steps: Vec<Step> = (0..40)
+            .map(|i| Step::Msg(i % 6, u16::from(i), 0, 500))
+            .chain([Step::Commit])
+            .collect();
+        let mut at = T0;
+        run_steps(&mut d, &mut drv, &steps, &mut at);
+        drop(d);
+        let (_, again, replayed) = open(dir.path(), &cfg);
+        assert!(replayed > 0);
+        assert_eq!(state(again.engine()), state(drv.engine()));
+        // The operator removes the state file but not the journal.
+        std::fs::remove_file(Store::file(dir.path())).unwrap();
+        let (_, fresh, replayed) = open(dir.path(), &cfg);
+        assert_eq!(replayed, 0);
+        assert_eq!(fresh.engine().groups().count(), 0);
     }
 
     proptest! {
