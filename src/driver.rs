@@ -26,6 +26,8 @@ pub struct Driver {
     journal: Option<Journal>,
     /// Monotonic time of the first change since the last batch that must become durable.
     first_durable: Option<Millis>,
+    /// Monotonic time of the last batch.
+    last_commit: Option<Millis>,
 }
 
 fn ms(v: u64) -> Millis {
@@ -50,6 +52,7 @@ impl Driver {
             outputs: Vec::new(),
             journal: None,
             first_durable: None,
+            last_commit: None,
         }
     }
 
@@ -143,12 +146,17 @@ impl Driver {
         self.next_tick
     }
 
-    /// Whether a commit is due at monotonic time `mono`: `commit_interval_ms`
-    /// after the first durable change since the last batch. A tick that only
-    /// moved watermarks or idleness is not durable work (restore recomputes it).
+    /// Whether a commit of pending durable work is due at monotonic time `mono`:
+    /// at once when the last batch is `commit_interval_ms` old (a first reading
+    /// after a quiet spell is not kept waiting), else when it gets that old — so
+    /// at most one commit per interval, and none later than an interval after
+    /// the first durable change. A tick that only moved watermarks or idleness
+    /// is not durable work (restore recomputes it).
     pub fn commit_due(&self, mono: Millis) -> bool {
-        self.first_durable
-            .is_some_and(|c| mono.saturating_sub(c) >= self.commit_ms)
+        self.has_durable()
+            && self
+                .last_commit
+                .is_none_or(|c| mono.saturating_sub(c) >= self.commit_ms)
     }
 
     /// The journal recorded since the last batch (`run`).
@@ -186,7 +194,7 @@ impl Driver {
     }
 
     fn cut(&mut self, now: Now) -> Batch {
-        let _ = now.mono;
+        self.last_commit = Some(now.mono);
         self.first_durable = None;
         let outputs = self
             .outputs
