@@ -227,3 +227,62 @@ impl Driver {
         self.engine
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: Millis = 1_764_480_000_000;
+
+    fn driver() -> Driver {
+        let cfg = crate::config::load_str(
+            "[gateway]\nid = \"gw\"\ncommit_interval_ms = 1000\ntick_interval_ms = 200\n\
+             [group_defaults]\nidle_timeout_ms = 500\n",
+            &std::collections::BTreeMap::new(),
+        )
+        .unwrap();
+        Driver::new(Engine::new(&cfg), &cfg, SinkFormat::Json, None).with_journal()
+    }
+
+    fn reading(d: &mut Driver, at: Millis) {
+        let p = format!(r#"{{"ts": {at}, "temp": 1}}"#);
+        d.message(Now::at(at), "sensors/g/d/reading", p.as_bytes());
+    }
+
+    #[test]
+    fn one_commit_per_interval_and_the_first_reading_after_quiet_is_not_kept_waiting() {
+        let mut d = driver();
+        assert!(!d.commit_due(T0));
+        reading(&mut d, T0);
+        assert!(d.commit_due(T0), "nothing committed yet: at once");
+        let b = d.take_journal(Now::at(T0));
+        assert!(!b.journal.unwrap().is_empty());
+        reading(&mut d, T0 + 10);
+        assert!(!d.commit_due(T0 + 999));
+        assert!(d.commit_due(T0 + 1000));
+        d.take_journal(Now::at(T0 + 1000));
+        // A quiet spell, then a reading: committed at once.
+        reading(&mut d, T0 + 5000);
+        assert!(d.commit_due(T0 + 5000));
+    }
+
+    #[test]
+    fn ticks_that_only_move_watermarks_are_not_durable_work() {
+        let mut d = driver();
+        reading(&mut d, T0);
+        d.take_journal(Now::at(T0));
+        // The group goes idle and its watermark follows the clock, tick after tick.
+        let wm = |d: &Driver| d.engine().watermark("g");
+        d.ticks_until(Now::at(T0 + 2000));
+        let first = wm(&d);
+        d.ticks_until(Now::at(T0 + 4000));
+        assert!(wm(&d) > first, "the idle group's watermark moves");
+        assert!(d.outputs.is_empty());
+        assert!(!d.has_durable());
+        assert!(!d.commit_due(T0 + 4000));
+        // The journal keeps one collapsed tick, not one per tick.
+        let ticks = d.journal().unwrap().len();
+        d.ticks_until(Now::at(T0 + 8000));
+        assert_eq!(d.journal().unwrap().len(), ticks);
+    }
+}

@@ -145,7 +145,8 @@ def main():
 by `tidemark simulate --rate 0` over {a.connections} connections as fast as mosquitto takes them,
 to a consumer subscribed beforehand: a bare `mosquitto_sub -q 1` (the physical limit of the
 path: it takes each message and does nothing with it), or `tidemark run` with durability on
-(redb commits every 50 ms, each QoS 1 ack held until the state it caused is committed), window
+(journal commits at most once per second, sooner when 4096 acks are held on v5 or 20 on
+v3.1.1; each QoS 1 ack held until the commit that holds its effect), window
 results and status going to a second mosquitto at QoS 1. Time: from the first publish until the
 consumer has taken every message (the gateway's `tidemark_received_total` on its HTTP endpoint).
 "Queued backlog": the same load published while the consumer is away (its session kept by the

@@ -162,6 +162,32 @@ mod tests {
         assert_eq!(w.observe(MAX_GAP + 100), Seen::New { missing: 0 });
     }
 
+    #[test]
+    fn state_written_before_missing_readings_were_counted_reads_and_counts_from_then_on() {
+        #[derive(Serialize)]
+        struct Before {
+            hi: Option<u64>,
+            bits: [u64; WORDS],
+        }
+        let mut bits = [0; WORDS];
+        bits[0] = 0b101; // 100 and 98 seen, 99 never came
+        let mut buf = Vec::new();
+        ciborium::ser::into_writer(
+            &Before {
+                hi: Some(100),
+                bits,
+            },
+            &mut buf,
+        )
+        .unwrap();
+        let mut w: SeqWindow = ciborium::de::from_reader(buf.as_slice()).unwrap();
+        // 99 was never counted missing, so its arrival takes nothing back.
+        assert_eq!(w.observe(99), Seen::New { missing: 0 });
+        assert_eq!(w.observe(98), Seen::Duplicate);
+        assert_eq!(w.observe(103), Seen::New { missing: 2 });
+        assert_eq!(w.observe(101), Seen::New { missing: -1 });
+    }
+
     proptest::proptest! {
         /// Over any order of arrival of any subset of 0..n (a lossy, reordering link),
         /// missing = numbers below the highest that never arrived.
