@@ -284,3 +284,63 @@ fn a_gateway_with_nothing_to_persist_does_not_commit() {
     let (code, _) = gw.terminate();
     assert_eq!(code, Some(0));
 }
+
+/// The outbox bound holds with outputs that sit in the journal between checkpoints:
+/// past `outbox_max_messages` the oldest are dropped and counted, the newest delivered.
+#[test]
+fn the_outbox_bound_holds_while_the_uplink_is_down() {
+    let source = Mosquitto::start(false);
+    let mut sink = Mosquitto::start(false);
+    sink.stop();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let http = support::free_port();
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[gateway]\nid = \"gw\"\nstate_dir = \"{state}\"\n\
+             [source]\nurl = \"{src}\"\nclient_id = \"gw-in-bound\"\n\
+             [sink]\nurl = \"{snk}\"\nclient_id = \"gw-out-bound\"\noutbox_max_messages = 50\n\
+             [metrics]\ninterval_s = 1\nlisten = \"127.0.0.1:{http}\"\n\
+             [time]\npolicy = \"device\"\n\
+             [group_defaults]\nwindow = {{ kind = \"tumbling\", size_ms = 1000 }}\n\
+             out_of_orderness_ms = 0\nidle_timeout_ms = 500\nallowed_lateness_ms = 0\nheartbeat_timeout_ms = 3600000\n",
+            state = dir.path().join("state").display(),
+            src = source.url(),
+            snk = sink.url(),
+        ),
+    )
+    .expect("config");
+    let log = dir.path().join("gw.log");
+    let gw = Gateway::start(&path, &log);
+    let mut p = Publisher::connect(source.port, "bound-fleet");
+    let t0 = now_ms() - 120_000;
+    for i in 0..30 {
+        for d in 0..10 {
+            let body = format!(r#"{{"ts": {}, "seq": {i}, "temp": 1}}"#, t0 + i * 1000);
+            p.send(&format!("sensors/g/d{d}/reading"), body.as_bytes());
+        }
+    }
+    p.flush();
+    // Every reading's window closes (the devices go idle), far more outputs than the bound.
+    wait_or_explain(
+        Duration::from_secs(60),
+        || {
+            let t = metrics(http);
+            total(&t, "tidemark_windows_emitted_total") == 300
+                && total(&t, "tidemark_outbox_depth") == 50
+        },
+        || metrics(http),
+    );
+    let t = metrics(http);
+    // 300 window results and 10 retained `online` statuses went into the outbox.
+    assert_eq!(total(&t, "tidemark_outbox_dropped_total"), 310 - 50, "{t}");
+    sink.restart();
+    wait_or_explain(
+        Duration::from_secs(60),
+        || total(&metrics(http), "tidemark_outbox_depth") == 0,
+        || metrics(http),
+    );
+    let (code, _) = gw.terminate();
+    assert_eq!(code, Some(0));
+}

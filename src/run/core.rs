@@ -172,6 +172,10 @@ pub fn run(
             // after a crash they are published again, and ids make that harmless).
             driver.durable(now.mono);
         }
+        if shared.want_checkpoint.load(Ordering::Relaxed) {
+            // The outbox is over its bound: a checkpoint applies it, even with no input.
+            driver.durable(now.mono);
+        }
         let journal = driver.journal().map_or(0, |j| j.len());
         let urgent = held.len() >= cadence.hold_limit
             || journal >= BATCH_BYTES
