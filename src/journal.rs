@@ -49,8 +49,6 @@ pub struct Journal {
     buf: Vec<u8>,
     /// Offset of a trailing tick (collapsed into the next one).
     tick_at: Option<usize>,
-    /// Messages since the last cut.
-    messages: usize,
 }
 
 impl Journal {
@@ -74,17 +72,11 @@ impl Journal {
     pub fn message(&mut self, now: Now, topic: &str, payload: &[u8]) {
         self.push(&OpRef::M(now.wall, now.mono, topic, payload));
         self.tick_at = None;
-        self.messages += 1;
     }
 
     fn push(&mut self, op: &OpRef<'_>) {
         // Writing plain data into a Vec cannot fail.
         let _ = ciborium::ser::into_writer(op, &mut self.buf);
-    }
-
-    /// Messages recorded since the last cut.
-    pub fn messages(&self) -> usize {
-        self.messages
     }
 
     /// Bytes recorded since the last cut.
@@ -97,18 +89,17 @@ impl Journal {
         self.buf.is_empty()
     }
 
-    /// Takes the ops recorded so far.
+    /// Takes the ops recorded so far (the next batch starts with room for as many).
     pub fn cut(&mut self) -> Vec<u8> {
         self.tick_at = None;
-        self.messages = 0;
-        std::mem::take(&mut self.buf)
+        let room = self.buf.len();
+        std::mem::replace(&mut self.buf, Vec::with_capacity(room))
     }
 
     /// Forgets the ops recorded so far (a checkpoint holds their effect).
     pub fn clear(&mut self) {
         self.buf.clear();
         self.tick_at = None;
-        self.messages = 0;
     }
 }
 

@@ -344,3 +344,62 @@ fn the_outbox_bound_holds_while_the_uplink_is_down() {
     let (code, _) = gw.terminate();
     assert_eq!(code, Some(0));
 }
+
+/// A state disk with little room left: the journal is not preallocated (it would take
+/// the room the state file needs) and grows as it is written; the gateway runs.
+#[test]
+fn a_nearly_full_state_disk_still_runs_without_a_preallocated_journal() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mnt = dir.path().join("small");
+    std::fs::create_dir_all(&mnt).expect("mount point");
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"])
+        .arg(&mnt)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("SKIPPED: cannot mount a tmpfs here (not root?)");
+        return;
+    }
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(mnt.clone());
+    let broker = Mosquitto::start(false);
+    let http = support::free_port();
+    let cfg = config(dir.path(), &broker, http, "");
+    let text = std::fs::read_to_string(&cfg).expect("config").replace(
+        &format!("state_dir = \"{}\"", dir.path().join("state").display()),
+        &format!("state_dir = \"{}\"", mnt.join("state").display()),
+    );
+    std::fs::write(&cfg, text).expect("config");
+    let log = dir.path().join("gw.log");
+    let gw = Gateway::start(&cfg, &log);
+    assert!(
+        gw.log_text().contains("the journal is not preallocated"),
+        "{}",
+        gw.log_text()
+    );
+    let mut p = Publisher::connect(broker.port, "small-disk-fleet");
+    let sent = send_fleet(&mut p, 10, 0..20);
+    wait_or_explain(
+        Duration::from_secs(60),
+        || {
+            let t = metrics(http);
+            total(&t, "tidemark_received_total") == sent && total(&t, "tidemark_commits_total") > 0
+        },
+        || format!("{}\n{}", metrics(http), gw.log_text()),
+    );
+    let (code, _) = gw.terminate();
+    assert_eq!(
+        code,
+        Some(0),
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let wal = std::fs::metadata(mnt.join("state/tidemark.wal")).expect("journal");
+    assert!(wal.len() < 1 << 20, "journal of {} bytes", wal.len());
+}

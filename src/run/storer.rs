@@ -21,7 +21,7 @@ use super::{Shared, StoreJob};
 use crate::engine::Engine;
 use crate::journal;
 use crate::model::Millis;
-use crate::store::schema::K_WAL;
+use crate::store::schema::{K_WAL, wal_generation};
 use crate::store::wal::Wal;
 use crate::store::{Batch, OutboxEntry, Store, StoreError};
 
@@ -81,7 +81,10 @@ pub struct Durable {
 }
 
 fn wal_err(wal: &std::path::Path) -> impl Fn(std::io::Error) -> StoreError + '_ {
-    move |e| StoreError::Redb(format!("journal {}: {e}", wal.display()))
+    move |source| StoreError::Journal {
+        path: wal.to_path_buf(),
+        source,
+    }
 }
 
 impl Durable {
@@ -94,10 +97,7 @@ impl Durable {
         meta: &std::collections::BTreeMap<String, Vec<u8>>,
         engine: &mut Engine,
     ) -> Result<(Self, usize), StoreError> {
-        let generation = meta
-            .get(K_WAL)
-            .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
-            .map_or(0, u64::from_be_bytes);
+        let generation = wal_generation(meta);
         let path = Wal::file(state_dir);
         let (wal, records) = Wal::open(state_dir, generation).map_err(wal_err(&path))?;
         let replayed = records.len();
@@ -127,7 +127,7 @@ impl Durable {
             batch.changes = engine.take_changes();
             d.checkpoint(batch)?;
         } else {
-            d.oldest = d.store.next_seq() - d.store.outbox_depth()?;
+            d.oldest = d.store.next_seq().saturating_sub(d.store.outbox_depth()?);
         }
         Ok((d, replayed))
     }
@@ -161,7 +161,7 @@ impl Durable {
         let stats = self.store.commit(&batch)?;
         drop(pending);
         self.wal.reset(next);
-        self.oldest = self.store.next_seq() - stats.depth;
+        self.oldest = self.store.next_seq().saturating_sub(stats.depth);
         Ok(stats)
     }
 
@@ -218,6 +218,20 @@ impl Durable {
         ))
     }
 
+    /// Forgets the journal's outputs below `delivered` (one past the highest
+    /// acknowledged): the sink never reads them again, a checkpoint would skip
+    /// them, and recovery reads the journal file. Without this the list would
+    /// hold every output since the last checkpoint (tens of MB between them).
+    fn forget_delivered(&self, delivered: u64) {
+        let mut pending = self
+            .store
+            .unfolded()
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = pending.partition_point(|(s, _)| *s < delivered);
+        pending.drain(..n);
+    }
+
     /// Outputs not yet delivered, and the gateway time of the oldest of them.
     fn depth(&self, delivered: u64) -> (u64, Option<Millis>) {
         let floor = self.oldest.max(delivered);
@@ -260,6 +274,7 @@ pub fn run(
         shared
             .journal_len
             .store(durable.wal.len(), Ordering::Relaxed);
+        durable.forget_delivered(delivered);
         let (depth, oldest) = durable.depth(delivered);
         shared.outbox_depth.store(depth, Ordering::Relaxed);
         shared
@@ -398,6 +413,57 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn delivered_outputs_leave_memory_and_the_rest_stay_readable() {
+        let cfg = cfg();
+        let dir = tempfile::tempdir().unwrap();
+        let (mut d, _, _) = open(dir.path(), &cfg);
+        let entry = |i: u64| OutboxEntry {
+            topic: format!("t/{i}"),
+            payload: vec![1],
+            retain: false,
+            at: T0,
+        };
+        for b in 0..3u64 {
+            let batch = Batch {
+                outputs: (0..10).map(|i| entry(b * 10 + i)).collect(),
+                journal: Some(Vec::new()),
+                ..Batch::default()
+            };
+            d.write(batch, 0).unwrap();
+        }
+        let first = d.store.next_seq() - 30;
+        // The sink acknowledged the first 25.
+        d.forget_delivered(first + 25);
+        assert_eq!(d.store.unfolded().lock().unwrap().len(), 5);
+        let reader = d.store.reader();
+        let left = reader.outbox_after(Some(first + 24), 100).unwrap();
+        let topics: Vec<_> = left.iter().map(|(_, e)| e.topic.as_str()).collect();
+        assert_eq!(topics, ["t/25", "t/26", "t/27", "t/28", "t/29"]);
+        drop(reader);
+        assert_eq!(d.depth(first + 25).0, 5);
+        // A crash now: the journal file still holds them all; the delivered mark written
+        // with the next record keeps the acknowledged ones from coming back.
+        d.write(
+            Batch {
+                journal: Some(Vec::new()),
+                ..Batch::default()
+            },
+            first + 25,
+        )
+        .unwrap();
+        drop(d);
+        let (d, _, _) = open(dir.path(), &cfg);
+        let topics: Vec<_> = d
+            .store
+            .outbox_after(None, 100)
+            .unwrap()
+            .into_iter()
+            .map(|(_, e)| e.topic)
+            .collect();
+        assert_eq!(topics, ["t/25", "t/26", "t/27", "t/28", "t/29"]);
     }
 
     #[test]

@@ -1,9 +1,11 @@
 //! Durable state and outbox in redb (SPEC §9).
 //!
-//! One write transaction per commit interval carries the changed engine
-//! state, the outputs it produced (into the outbox) and any caller position
-//! (e.g. the replay input offset) together: after a crash the store is at a
-//! commit boundary and the input after it is processed again.
+//! `run` commits through the write-ahead journal ([`wal`]) and writes redb
+//! only at checkpoints: one transaction carries the changed engine state, the
+//! outputs (into the outbox) and the journal generation that follows. `replay
+//! --state-dir` commits here directly, with its input position in the same
+//! transaction. Either way, after a crash the store is at a commit boundary
+//! and the input after it is processed again.
 
 pub mod schema;
 pub mod wal;
@@ -63,6 +65,14 @@ pub enum StoreError {
     /// A redb operation failed.
     #[error("state store: {0}")]
     Redb(String),
+    /// The write-ahead journal could not be read or written.
+    #[error("journal {path}: {source}")]
+    Journal {
+        /// The file.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
 }
 
 macro_rules! redb_err {
@@ -588,11 +598,7 @@ fn read_inspect<D: ReadableDatabase>(
 ) -> Result<Inspect, StoreError> {
     check_version(db, path)?;
     let snapshot = read_snapshot(db, path)?;
-    let generation = snapshot
-        .meta
-        .get(schema::K_WAL)
-        .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
-        .map_or(0, u64::from_be_bytes);
+    let generation = schema::wal_generation(&snapshot.meta);
     let journal_records = wal::count(state_dir, generation).unwrap_or(0);
     let r = db.begin_read()?;
     let oldest = match r.open_table(OUTBOX)?.first()? {

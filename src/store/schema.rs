@@ -28,3 +28,10 @@ pub const K_COUNTERS: &str = "counters";
 pub const K_OUTBOX: &str = "outbox";
 /// `META` key of the write-ahead journal generation its records must carry (u64, big-endian).
 pub const K_WAL: &str = "wal_generation";
+
+/// The journal generation named by the last checkpoint (0: none yet).
+pub fn wal_generation(meta: &std::collections::BTreeMap<String, Vec<u8>>) -> u64 {
+    meta.get(K_WAL)
+        .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
+        .map_or(0, u64::from_be_bytes)
+}

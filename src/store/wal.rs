@@ -55,7 +55,25 @@ impl Wal {
             .open(&path)?;
         let len = file.metadata()?.len();
         if len < PREALLOCATED {
-            preallocate(&file, len)?;
+            // A nearly full disk keeps its room for the state file: the journal then
+            // grows as it is written (and fails only when the disk is really full).
+            let room = free_bytes(&file).is_none_or(|f| f >= 4 * PREALLOCATED);
+            match if room {
+                preallocate(&file, len)
+            } else {
+                Err(io::ErrorKind::StorageFull.into())
+            } {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::StorageFull => {
+                    file.set_len(len)?;
+                    tracing::warn!(
+                        path = %path.display(),
+                        "little free space: the journal is not preallocated and grows as it is written"
+                    );
+                    drop_cache(&file);
+                }
+                Err(e) => return Err(e),
+            }
             if len == 0
                 && let Ok(dir) = File::open(state_dir)
             {
@@ -192,6 +210,22 @@ fn drop_cache(file: &File) {
     unsafe {
         libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
     }
+}
+
+/// Bytes free to unprivileged users on the file's file system.
+fn free_bytes(file: &File) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: a valid open descriptor and a buffer of the right type.
+    let rc = unsafe { libc::fstatvfs(file.as_raw_fd(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: fstatvfs succeeded, so it filled the buffer.
+    let st = unsafe { st.assume_init() };
+    // The fields are 32 bits wide on armv7.
+    #[allow(clippy::useless_conversion)]
+    Some(u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize)))
 }
 
 /// Writes zeros up to [`PREALLOCATED`] so later records overwrite allocated blocks.
