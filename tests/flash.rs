@@ -25,18 +25,7 @@ fn config(dir: &Path, broker: &Mosquitto, http: u16, extra: &str) -> std::path::
 }
 
 fn metrics(port: u16) -> String {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return String::new();
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
-    let _ = write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    );
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
-    text
+    support::http_get(port, "/metrics").1
 }
 
 /// Sum of every sample of `name` (all label sets).

@@ -871,30 +871,6 @@ fn capture_records_live_traffic_that_replay_reads_even_when_killed_mid_line() {
     assert_eq!(total, 2, "{stdout}");
 }
 
-/// One HTTP/1.1 GET on loopback: (status, body).
-fn http_get(port: u16, path: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect http");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).expect("http response");
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_owned();
-    (status, body)
-}
-
 /// The value of an unlabelled Prometheus sample.
 fn sample(text: &str, name: &str) -> Option<f64> {
     text.lines()
@@ -981,10 +957,10 @@ fn systemd_notify_watchdog_and_the_local_http_endpoint() {
     publisher.send("sensors/hall/d1/bogus", b"{}");
     publisher.flush();
     wait_until(MIN, "accepted in /metrics", || {
-        let (code, body) = http_get(http_port, "/metrics");
+        let (code, body) = support::http_get(http_port, "/metrics");
         code == 200 && sample(&body, "tidemark_accepted_total") == Some(5.0)
     });
-    let (_, body) = http_get(http_port, "/metrics");
+    let (_, body) = support::http_get(http_port, "/metrics");
     assert!(
         body.contains("# TYPE tidemark_received_total counter"),
         "{body}"
@@ -1005,24 +981,27 @@ fn systemd_notify_watchdog_and_the_local_http_endpoint() {
         body.contains("tidemark_group_watermark_seconds{group=\"hall\"}"),
         "{body}"
     );
-    assert_eq!(http_get(http_port, "/healthz"), (200, "ok\n".to_owned()));
-    assert_eq!(http_get(http_port, "/nope").0, 404);
+    assert_eq!(
+        support::http_get(http_port, "/healthz"),
+        (200, "ok\n".to_owned())
+    );
+    assert_eq!(support::http_get(http_port, "/nope").0, 404);
 
     // The source down past health_timeout_s: /healthz fails and says why; the
     // watchdog keeps pinging (a restart would not bring the broker back).
     broker.stop();
     let pings = count("WATCHDOG=1");
     wait_until(MIN, "healthz 503", || {
-        http_get(http_port, "/healthz").0 == 503
+        support::http_get(http_port, "/healthz").0 == 503
     });
-    let (_, why) = http_get(http_port, "/healthz");
+    let (_, why) = support::http_get(http_port, "/healthz");
     assert!(why.contains("source down for"), "{why}");
     wait_until(MIN, "pings while the source is down", || {
         count("WATCHDOG=1") >= pings + 3
     });
     broker.restart();
     wait_until(2 * MIN, "healthz back to 200", || {
-        http_get(http_port, "/healthz").0 == 200
+        support::http_get(http_port, "/healthz").0 == 200
     });
 
     let (code, _) = gw.terminate();
