@@ -182,7 +182,10 @@ pub fn run(
             || cadence
                 .quiet_ms
                 .is_some_and(|q| !held.is_empty() && now.mono.saturating_sub(last_message) >= q);
-        if (driver.has_durable() && (urgent || driver.commit_due(now.mono))) || stopping {
+        // While the store cannot commit, the driver keeps what would be the next
+        // batch (the source is paused, so it stays small) and the core keeps ticking.
+        let store_ok = !shared.store_blocked.load(Ordering::Acquire);
+        if (store_ok && driver.has_durable() && (urgent || driver.commit_due(now.mono))) || stopping {
             committed_delivered = delivered;
             let dirty = u64::try_from(driver.engine().dirty_devices()).unwrap_or(u64::MAX);
             let checkpoint = stopping

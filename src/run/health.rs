@@ -29,6 +29,8 @@ pub struct Health {
     source_down_since: AtomicI64,
     /// The latest Prometheus text, refreshed by the core.
     prometheus: Mutex<String>,
+    /// Why the state store cannot commit, while it cannot.
+    store: Mutex<Option<String>>,
 }
 
 impl Health {
@@ -41,6 +43,14 @@ impl Health {
             commit_since: AtomicI64::new(NONE),
             source_down_since: AtomicI64::new(now),
             prometheus: Mutex::new(String::new()),
+            store: Mutex::new(None),
+        }
+    }
+
+    /// The state store cannot commit (`Some(why)`) or commits again (`None`).
+    pub fn store_problem(&self, problem: Option<String>) {
+        if let Ok(mut p) = self.store.lock() {
+            *p = problem;
         }
     }
 
@@ -238,7 +248,11 @@ fn respond<B>(req: &Request<B>, health: &Health, limit_ms: Millis) -> Response<F
             reply(StatusCode::OK, "text/plain; version=0.0.4", text)
         }
         "/healthz" => {
-            let problems = health.state().problems(limit_ms);
+            let mut problems = health.state().problems(limit_ms);
+            // At once, not after a limit: the store is refusing commits right now.
+            if let Some(p) = health.store.lock().ok().and_then(|p| p.clone()) {
+                problems.insert(0, p);
+            }
             if problems.is_empty() {
                 reply(StatusCode::OK, "text/plain", "ok\n".into())
             } else {

@@ -78,6 +78,8 @@ struct StoreIo {
     journal_bytes: u64,
     /// Bytes the process sent to storage (`/proc/self/io` write_bytes), if readable.
     disk_write_bytes: Option<u64>,
+    /// The state store commits (false while a full disk holds input).
+    ok: bool,
 }
 
 /// Gateway state at `now`.
@@ -198,6 +200,13 @@ impl Metrics {
             "1 while the gateway clock is implausible and processing time is held.",
         );
         let _ = writeln!(o, "tidemark_clock_held {}", u8::from(self.clock_held));
+        metric(
+            &mut o,
+            "state_store_ok",
+            "gauge",
+            "1 while the state store commits; 0 while it cannot (a full disk): input paused, acks held.",
+        );
+        let _ = writeln!(o, "tidemark_state_store_ok {}", u8::from(self.store.ok));
         metric(
             &mut o,
             "commits_total",
@@ -390,6 +399,7 @@ pub fn collect(engine: &Engine, now: Now, shared: &Shared, source_up: bool) -> M
             checkpoints: shared.commits[1].load(Ordering::Relaxed),
             journal_bytes: shared.journal_bytes.load(Ordering::Relaxed),
             disk_write_bytes: disk_write_bytes(),
+            ok: !shared.store_blocked.load(Ordering::Relaxed),
         },
         ack_delay: shared.ack_delay.snapshot(),
     }

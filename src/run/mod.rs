@@ -74,6 +74,29 @@ pub struct Shared {
     pub want_checkpoint: AtomicBool,
     /// Time from receipt to release of QoS 1 acks.
     pub ack_delay: metrics::Histogram,
+    /// The state store cannot commit (a full disk): no new batches, input paused.
+    pub store_blocked: AtomicBool,
+    /// A stop was requested (a store outage gives up then).
+    pub stopping: AtomicBool,
+}
+
+#[derive(Serialize)]
+struct GatewayAlert<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    detail: Option<&'a str>,
+    at: crate::model::Millis,
+}
+
+/// A gateway-level alert for `P/alerts` (SPEC §8).
+pub(crate) fn gateway_alert(
+    format: SinkFormat,
+    kind: &str,
+    detail: Option<&str>,
+    at: crate::model::Millis,
+) -> Vec<u8> {
+    encode(&GatewayAlert { kind, detail, at }, format)
 }
 
 /// A batch for the store thread and the acks it releases.
@@ -191,6 +214,8 @@ async fn gateway(
         journal_len: AtomicU64::new(0),
         want_checkpoint: AtomicBool::new(false),
         ack_delay: metrics::Histogram::default(),
+        store_blocked: AtomicBool::new(false),
+        stopping: AtomicBool::new(false),
     });
     let seed = u64::try_from(clock.now().wall).unwrap_or(1) ^ u64::from(std::process::id());
     let version = env!("CARGO_PKG_VERSION");
@@ -319,6 +344,7 @@ async fn gateway(
             online,
             offline,
             metrics_topic: format!("{}/metrics", cfg.topic_prefix),
+            alerts_topic: format!("{}/alerts", cfg.topic_prefix),
             window: usize::from(sink_window),
             url: endpoint_url(&cfg.sink),
         },
@@ -368,6 +394,7 @@ async fn gateway(
     }
     tracing::info!("stopping: final commit, then acks and the uplink");
     health::notify_stopping();
+    shared.stopping.store(true, Ordering::Release);
     let _ = stop_tx.send(true);
     let _ = core_tx.send(Inbound::Stop).await;
     drop(core_tx);

@@ -22,12 +22,17 @@ use crate::store::{OutboxEntry, OutboxReader};
 pub enum SinkMsg {
     /// Outputs of a commit, with their outbox sequence numbers.
     Live(Vec<(u64, OutboxEntry)>),
+    /// A gateway-level alert for `P/alerts`, published as it is (the state
+    /// store may be what it is about); kept until the uplink is up.
+    Alert(Vec<u8>),
     /// The last commit is done: drain for a few seconds, then go offline.
     Stop,
 }
 
 /// Live outputs kept in memory at most; beyond it they are read back from the outbox.
 const LIVE_MAX: usize = 50_000;
+/// Gateway alerts kept while the uplink is down (the newest).
+const ALERTS_KEPT: usize = 64;
 /// Outbox entries read per backlog step.
 const BACKLOG_READ: usize = 512;
 /// Time given to the uplink to drain at shutdown.
@@ -45,6 +50,8 @@ pub struct SinkOptions {
     pub offline: Vec<u8>,
     /// `P/metrics` topic.
     pub metrics_topic: String,
+    /// `P/alerts`.
+    pub alerts_topic: String,
     /// In-flight publishes at most (≤ the client's inflight limit).
     pub window: usize,
     /// For logs.
@@ -112,7 +119,20 @@ pub async fn run(
     let mut backoff = Backoff::new(seed);
     let mut drain: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
     let mut rx_open = true;
+    // Gateway alerts waiting for the uplink (a few: they report state changes).
+    let mut alerts: VecDeque<Vec<u8>> = VecDeque::new();
     loop {
+        if st.connected {
+            while let Some(a) = alerts.pop_front() {
+                if client.publish(&opts.alerts_topic, a.clone(), opts.qos, false).is_err() {
+                    alerts.push_front(a);
+                    break;
+                }
+                if opts.qos > 0 {
+                    st.inflight.push_back(Flight::Status);
+                }
+            }
+        }
         if st.connected && st.retry_from.is_none() {
             fill(&mut st, &client, &reader, &opts).await;
         }
@@ -170,6 +190,12 @@ pub async fn run(
                             st.live.push_back(item);
                         }
                     }
+                }
+                Some(SinkMsg::Alert(a)) => {
+                    if alerts.len() >= ALERTS_KEPT {
+                        alerts.pop_front();
+                    }
+                    alerts.push_back(a);
                 }
                 Some(SinkMsg::Stop) | None => {
                     rx_open = false;

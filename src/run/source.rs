@@ -41,9 +41,32 @@ pub async fn run(
     let mut connected = false;
     let mut stopping = false;
     let mut received_since_connect: u64 = 0;
+    let mut was_paused = false;
+    // Looks at the store's state even when no message comes.
+    let mut look = tokio::time::interval(std::time::Duration::from_millis(200));
+    look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
+        // The state store cannot commit: stop taking messages (the broker keeps
+        // them; a long pause drops the connection and they come again).
+        let paused = shared.store_blocked.load(Ordering::Acquire) && !stopping;
+        if paused != was_paused {
+            was_paused = paused;
+            // To the core a pause is a disconnect: the broker's backlog grows,
+            // so processing time must not advance anything meanwhile (SPEC §5).
+            let ev = if paused {
+                tracing::warn!(url = %sub.url, "source paused: the state store cannot commit");
+                Inbound::Disconnected
+            } else {
+                tracing::info!(url = %sub.url, "source resumed");
+                Inbound::Connected
+            };
+            if connected && core.send(ev).await.is_err() {
+                return;
+            }
+        }
         tokio::select! {
-            ev = lp.poll() => match ev {
+            _ = look.tick() => {}
+            ev = lp.poll(), if !paused => match ev {
                 Ok(Event::Connected { session_present }) => {
                     let generation = shared.source_gen.fetch_add(1, Ordering::AcqRel) + 1;
                     connected = true;

@@ -38,7 +38,7 @@ pub enum AckJob {
 struct RecordRef<'a> {
     #[serde(with = "serde_bytes")]
     ops: &'a [u8],
-    outputs: &'a [(u64, OutboxEntry)],
+    outputs: &'a [(u64, &'a OutboxEntry)],
     delivered: Option<u64>,
 }
 
@@ -78,6 +78,8 @@ pub struct Durable {
     /// Lowest outbox number that may still exist (below it: delivered, dropped or folded away).
     oldest: u64,
     buf: Vec<u8>,
+    /// The start's checkpoint, when the disk was full then.
+    startup: Option<Batch>,
 }
 
 fn wal_err(wal: &std::path::Path) -> impl Fn(std::io::Error) -> StoreError + '_ {
@@ -122,14 +124,53 @@ impl Durable {
             wal,
             oldest: 0,
             buf: Vec::new(),
+            startup: None,
         };
         if replayed > 0 || generation == 0 {
             batch.changes = engine.take_changes();
-            d.checkpoint(batch)?;
+            match d.checkpoint(&mut batch) {
+                Ok(_) => {}
+                Err(e) if e.is_io() && generation != 0 => {
+                    // A full disk: the journal still holds it all; the store thread
+                    // retries this checkpoint before anything else.
+                    tracing::warn!(error = %e, "checkpoint after journal replay failed; retried once the gateway runs");
+                    d.defer_startup(batch)?;
+                }
+                Err(e) => return Err(e),
+            }
         } else {
             d.oldest = d.store.next_seq().saturating_sub(d.store.outbox_depth()?);
         }
         Ok((d, replayed))
+    }
+
+    /// Keeps the start's checkpoint for the store thread: its outputs become the
+    /// journal's (numbered, visible to the sink), later numbers follow them.
+    fn defer_startup(&mut self, mut batch: Batch) -> Result<(), StoreError> {
+        let delivered = batch.delivered;
+        let folded = std::mem::take(&mut batch.folded);
+        let end = folded.last().map_or(0, |(s, _)| s + 1);
+        self.store
+            .reserve_seqs(end.saturating_sub(self.store.next_seq()));
+        let mut pending = self
+            .store
+            .unfolded()
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        pending.extend(
+            folded
+                .into_iter()
+                .filter(|(s, _)| delivered.is_none_or(|d| *s > d)),
+        );
+        let waiting = u64::try_from(pending.len()).unwrap_or(u64::MAX);
+        drop(pending);
+        let table = self.store.outbox_depth().unwrap_or(0);
+        self.oldest = self
+            .store
+            .next_seq()
+            .saturating_sub(table.saturating_add(waiting));
+        self.startup = Some(batch);
+        Ok(())
     }
 
     /// The redb store.
@@ -137,7 +178,9 @@ impl Durable {
         &self.store
     }
 
-    fn checkpoint(&mut self, mut batch: Batch) -> Result<crate::store::CommitStats, StoreError> {
+    /// Writes `batch` with the journal's outputs into redb and starts the next
+    /// journal generation. On failure nothing changed: the same batch may be retried.
+    fn checkpoint(&mut self, batch: &mut Batch) -> Result<crate::store::CommitStats, StoreError> {
         let next = match self.wal.generation() {
             // A new state file's first generation is random: records of an earlier
             // state file's journal left beside it can never match.
@@ -149,16 +192,19 @@ impl Durable {
             }
             g => g + 1,
         };
-        batch.meta.push((K_WAL, next.to_be_bytes().to_vec()));
         let unfolded = self.store.unfolded().clone();
         // The sink's reader waits while entries move from the journal to the table.
         let mut pending = unfolded
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut folded: Vec<_> = pending.drain(..).collect();
-        folded.append(&mut batch.folded);
-        batch.folded = folded;
-        let stats = self.store.commit(&batch)?;
+        let own = std::mem::take(&mut batch.folded);
+        batch.folded = pending.iter().chain(own.iter()).cloned().collect();
+        batch.meta.push((K_WAL, next.to_be_bytes().to_vec()));
+        let result = self.store.commit(batch);
+        batch.meta.pop();
+        batch.folded = own;
+        let stats = result?;
+        pending.clear();
         drop(pending);
         self.wal.reset(next);
         self.oldest = self.store.next_seq().saturating_sub(stats.depth);
@@ -166,18 +212,17 @@ impl Durable {
     }
 
     /// Writes one batch; returns the outputs with their numbers, the outbox depth
-    /// and what was dropped.
+    /// and what was dropped. On failure nothing changed: the same batch may be retried.
     fn write(
         &mut self,
-        mut batch: Batch,
+        batch: &mut Batch,
         delivered: u64,
     ) -> Result<(Vec<(u64, OutboxEntry)>, Written), StoreError> {
         batch.delivered = delivered.checked_sub(1);
-        let Some(ops) = batch.journal.take() else {
-            let outputs = batch.outputs.clone();
+        let Some(ops) = batch.journal.as_ref() else {
             let stats = self.checkpoint(batch)?;
             return Ok((
-                (stats.first_seq..).zip(outputs).collect(),
+                (stats.first_seq..).zip(std::mem::take(&mut batch.outputs)).collect(),
                 Written {
                     bytes: 0,
                     checkpoint: true,
@@ -185,14 +230,11 @@ impl Durable {
                 },
             ));
         };
-        let first = self
-            .store
-            .reserve_seqs(u64::try_from(batch.outputs.len()).unwrap_or(0));
-        let numbered: Vec<(u64, OutboxEntry)> =
-            (first..).zip(std::mem::take(&mut batch.outputs)).collect();
+        let first = self.store.next_seq();
+        let numbered: Vec<(u64, &OutboxEntry)> = (first..).zip(batch.outputs.iter()).collect();
         self.buf.clear();
         let rec = RecordRef {
-            ops: &ops,
+            ops,
             outputs: &numbered,
             delivered: batch.delivered,
         };
@@ -203,6 +245,10 @@ impl Durable {
         body.extend_from_slice(&lz4_flex::block::compress_prepend_size(&self.buf));
         let path = self.wal.path().to_path_buf();
         let bytes = self.wal.append(&body).map_err(wal_err(&path))?;
+        self.store
+            .reserve_seqs(u64::try_from(batch.outputs.len()).unwrap_or(0));
+        let numbered: Vec<(u64, OutboxEntry)> =
+            (first..).zip(std::mem::take(&mut batch.outputs)).collect();
         self.store
             .unfolded()
             .lock()
@@ -263,11 +309,40 @@ pub fn run(
     shared: Arc<Shared>,
     clock: SystemClock,
 ) -> Result<(), StoreError> {
-    while let Ok(mut job) = rx.recv() {
-        let delivered = shared.delivered.load(Ordering::Acquire);
-        shared.health.committing(true);
-        let (mut live, w) = durable.write(std::mem::take(&mut job.batch), delivered)?;
-        shared.health.committing(false);
+    let mut outage = Outage::new(clock);
+    let mut queued = std::collections::VecDeque::new();
+    if let Some(mut batch) = durable.startup.take() {
+        loop {
+            let delivered = shared.delivered.load(Ordering::Acquire).checked_sub(1);
+            batch.delivered = batch.delivered.max(delivered);
+            match durable.checkpoint(&mut batch) {
+                Ok(_) => break,
+                Err(e) if e.is_io() => outage.wait(&e, &durable, &shared, &sink, &rx, &mut queued)?,
+                Err(e) => return Err(e),
+            }
+        }
+        outage.over(&shared, &sink);
+    }
+    loop {
+        let mut job = match queued.pop_front() {
+            Some(j) => j,
+            None => match rx.recv() {
+                Ok(j) => j,
+                Err(_) => break,
+            },
+        };
+        let (delivered, (mut live, w)) = loop {
+            let delivered = shared.delivered.load(Ordering::Acquire);
+            shared.health.committing(true);
+            let r = durable.write(&mut job.batch, delivered);
+            shared.health.committing(false);
+            match r {
+                Ok(v) => break (delivered, v),
+                Err(e) if e.is_io() => outage.wait(&e, &durable, &shared, &sink, &rx, &mut queued)?,
+                Err(e) => return Err(e),
+            }
+        };
+        outage.over(&shared, &sink);
         let kind = usize::from(w.checkpoint);
         shared.commits[kind].fetch_add(1, Ordering::Relaxed);
         shared.journal_bytes.fetch_add(w.bytes, Ordering::Relaxed);
@@ -315,6 +390,112 @@ pub fn run(
         }
     }
     Ok(())
+}
+
+/// A state store that cannot commit (SPEC §9: a full disk is not a crash):
+/// input is paused and acks held while the same batch is retried with backoff.
+struct Outage {
+    clock: SystemClock,
+    /// Monotonic start of the outage (`None`: the store is fine).
+    since: Option<Millis>,
+    next_log: Millis,
+    delay_ms: u64,
+}
+
+const RETRY_FIRST_MS: u64 = 500;
+const RETRY_MAX_MS: u64 = 30_000;
+const OUTAGE_LOG_MS: Millis = 60_000;
+
+impl Outage {
+    fn new(clock: SystemClock) -> Self {
+        Self {
+            clock,
+            since: None,
+            next_log: 0,
+            delay_ms: RETRY_FIRST_MS,
+        }
+    }
+
+    /// After a failed write: report (once, then a log line a minute), wait
+    /// the backoff while taking the core's next jobs off the channel (so it
+    /// never stalls on it), then reopen the store for the retry. Gives up
+    /// only when the gateway is stopping.
+    fn wait(
+        &mut self,
+        e: &StoreError,
+        durable: &Durable,
+        shared: &Shared,
+        sink: &UnboundedSender<SinkMsg>,
+        rx: &Receiver<StoreJob>,
+        queued: &mut std::collections::VecDeque<StoreJob>,
+    ) -> Result<(), StoreError> {
+        let now = self.clock.mono();
+        let detail = e.to_string();
+        if self.since.is_none() {
+            self.since = Some(now);
+            self.next_log = now.saturating_add(OUTAGE_LOG_MS);
+            self.delay_ms = RETRY_FIRST_MS;
+            shared.store_blocked.store(true, Ordering::Release);
+            tracing::error!(
+                error = %detail,
+                "state store cannot commit: input paused, acks held, retrying (nothing is lost; free disk space under the state dir)"
+            );
+            let at = self.clock.now().wall;
+            let _ = sink.send(SinkMsg::Alert(super::gateway_alert(
+                shared.format,
+                "state_store",
+                Some(&detail),
+                at,
+            )));
+        } else if now >= self.next_log {
+            self.next_log = now.saturating_add(OUTAGE_LOG_MS);
+            let secs = now.saturating_sub(self.since.unwrap_or(now)) / 1000;
+            tracing::warn!(error = %detail, for_s = secs, "state store still cannot commit: input paused");
+        }
+        shared.health.store_problem(Some(format!("state store cannot commit: {detail}")));
+        let until = now.saturating_add(i64::try_from(self.delay_ms).unwrap_or(i64::MAX));
+        self.delay_ms = (self.delay_ms * 2).min(RETRY_MAX_MS);
+        loop {
+            while let Ok(job) = rx.try_recv() {
+                queued.push_back(job);
+            }
+            if shared.stopping.load(Ordering::Acquire) {
+                tracing::error!(
+                    "stopping while the state store cannot commit: input since the last commit stays with the source broker (acks were held)"
+                );
+                return Err(StoreError::Io(detail));
+            }
+            let left = until.saturating_sub(self.clock.mono());
+            if left <= 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(
+                u64::try_from(left.min(100)).unwrap_or(100),
+            ));
+        }
+        if let Err(e) = durable.store.reopen() {
+            tracing::debug!(error = %e, "reopening the state file");
+        }
+        Ok(())
+    }
+
+    /// After a successful write: ends an outage.
+    fn over(&mut self, shared: &Shared, sink: &UnboundedSender<SinkMsg>) {
+        let Some(since) = self.since.take() else {
+            return;
+        };
+        let secs = self.clock.mono().saturating_sub(since) / 1000;
+        tracing::info!(after_s = secs, "state store commits again: input resumes");
+        shared.health.store_problem(None);
+        shared.store_blocked.store(false, Ordering::Release);
+        let at = self.clock.now().wall;
+        let _ = sink.send(SinkMsg::Alert(super::gateway_alert(
+            shared.format,
+            "state_store_ok",
+            None,
+            at,
+        )));
+    }
 }
 
 #[cfg(test)]
@@ -398,7 +579,7 @@ mod tests {
                 }
                 Step::Reconnect => drv.start(Now::at(*at)),
                 Step::Commit | Step::Checkpoint => {
-                    let b = if matches!(s, Step::Commit) {
+                    let mut b = if matches!(s, Step::Commit) {
                         drv.take_journal(Now::at(*at))
                     } else {
                         drv.take_checkpoint(Now::at(*at))
@@ -408,7 +589,7 @@ mod tests {
                             .iter()
                             .map(|o| format!("{} {:?}", o.topic, o.payload)),
                     );
-                    d.write(b, 0).unwrap();
+                    d.write(&mut b, 0).unwrap();
                 }
             }
         }
@@ -427,12 +608,12 @@ mod tests {
             at: T0,
         };
         for b in 0..3u64 {
-            let batch = Batch {
+            let mut batch = Batch {
                 outputs: (0..10).map(|i| entry(b * 10 + i)).collect(),
                 journal: Some(Vec::new()),
                 ..Batch::default()
             };
-            d.write(batch, 0).unwrap();
+            d.write(&mut batch, 0).unwrap();
         }
         let first = d.store.next_seq() - 30;
         // The sink acknowledged the first 25.
@@ -447,7 +628,7 @@ mod tests {
         // A crash now: the journal file still holds them all; the delivered mark written
         // with the next record keeps the acknowledged ones from coming back.
         d.write(
-            Batch {
+            &mut Batch {
                 journal: Some(Vec::new()),
                 ..Batch::default()
             },
@@ -507,8 +688,8 @@ mod tests {
             drv.start(Now::at(at));
             run_steps(&mut d, &mut drv, &before, &mut at);
             // Whatever is not committed yet is lost in the crash (its acks were never sent).
-            let b = drv.take_journal(Now::at(at));
-            d.write(b, 0).unwrap();
+            let mut b = drv.take_journal(Now::at(at));
+            d.write(&mut b, 0).unwrap();
             let committed = state(drv.engine());
             drop(d);
             let (mut d2, mut drv2, _) = open(dir.path(), &cfg);

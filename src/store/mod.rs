@@ -23,7 +23,8 @@ use schema::{
     DEVICES, GROUPS, K_COUNTERS, K_OUTBOX, K_SCHEMA, META, METRIC_NAMES, OUTBOX, SCHEMA_VERSION,
 };
 
-/// Store failures. All are fatal for the process (exit 1).
+/// Store failures. [`StoreError::is_io`] ones (a full disk) are retried by
+/// `run`; the others are fatal for the process (exit 1).
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The database file could not be opened (corrupt, locked, unreadable).
@@ -65,6 +66,9 @@ pub enum StoreError {
     /// A redb operation failed.
     #[error("state store: {0}")]
     Redb(String),
+    /// The state file could not be written or read (a full disk, an I/O error).
+    #[error("state store: {0}")]
+    Io(String),
     /// The write-ahead journal could not be read or written.
     #[error("journal {path}: {source}")]
     Journal {
@@ -79,10 +83,22 @@ macro_rules! redb_err {
     ($($t:ty),*) => {$(
         impl From<$t> for StoreError {
             fn from(e: $t) -> Self {
-                StoreError::Redb(e.to_string())
+                match redb::Error::from(e) {
+                    e @ (redb::Error::Io(_) | redb::Error::PreviousIo | redb::Error::Backend(_)) => {
+                        StoreError::Io(e.to_string())
+                    }
+                    e => StoreError::Redb(e.to_string()),
+                }
             }
         }
     )*};
+}
+
+impl StoreError {
+    /// A write that may succeed later (a full disk): retried, not fatal.
+    pub fn is_io(&self) -> bool {
+        matches!(self, StoreError::Io(_) | StoreError::Journal { .. })
+    }
 }
 redb_err!(
     redb::TransactionError,
@@ -175,9 +191,27 @@ pub struct Batch {
 pub type Unfolded =
     std::sync::Arc<std::sync::Mutex<std::collections::VecDeque<(u64, OutboxEntry)>>>;
 
+/// The open database, replaceable: after an I/O error redb fails every call
+/// until it is closed and opened again ([`Store::reopen`]).
+pub struct DbSlot(std::sync::RwLock<Option<std::sync::Arc<Database>>>);
+
+impl DbSlot {
+    fn new(db: Database) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self(std::sync::RwLock::new(Some(std::sync::Arc::new(db)))))
+    }
+
+    fn get(&self) -> Result<std::sync::Arc<Database>, StoreError> {
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| StoreError::Io("state file closed after an I/O error".into()))
+    }
+}
+
 /// The state store.
 pub struct Store {
-    db: std::sync::Arc<Database>,
+    db: std::sync::Arc<DbSlot>,
     path: PathBuf,
     outbox: OutboxMeta,
     max_outbox: u64,
@@ -190,6 +224,9 @@ fn cbor<T: Serialize>(v: &T, buf: &mut Vec<u8>) {
     // Serializing plain data into a Vec cannot fail.
     let _ = ciborium::ser::into_writer(v, &mut *buf);
 }
+
+/// The path of an in-memory store.
+const MEMORY: &str = ":memory:";
 
 /// redb's page cache (its default is 1 GiB, which would grow with the file
 /// on a small board); the kernel's page cache still holds the file.
@@ -236,10 +273,19 @@ impl Store {
     /// A store in memory (tests, benchmarks).
     pub fn in_memory(max_outbox: u64) -> Result<(Self, Snapshot), StoreError> {
         let db = Database::builder().create_with_backend(redb::backends::InMemoryBackend::new())?;
-        Self::init(db, PathBuf::from(":memory:"), max_outbox)
+        Self::init(db, PathBuf::from(MEMORY), max_outbox)
     }
 
     fn init(db: Database, path: PathBuf, max_outbox: u64) -> Result<(Self, Snapshot), StoreError> {
+        if !has_tables(&db)? {
+            Self::create_tables(&db, &path)?;
+        }
+        let snapshot = read_snapshot(&db, &path)?;
+        Self::finish(db, path, max_outbox, snapshot)
+    }
+
+    /// Tables and schema version in a new file (an existing file of another version is refused).
+    fn create_tables(db: &Database, path: &Path) -> Result<(), StoreError> {
         let txn = db.begin_write()?;
         {
             let mut meta = txn.open_table(META)?;
@@ -252,7 +298,10 @@ impl Store {
                     let found =
                         <[u8; 4]>::try_from(v.as_slice()).map_or(u32::MAX, u32::from_be_bytes);
                     if found != SCHEMA_VERSION {
-                        return Err(StoreError::Version { path, found });
+                        return Err(StoreError::Version {
+                            path: path.to_path_buf(),
+                            found,
+                        });
                     }
                 }
             }
@@ -262,7 +311,15 @@ impl Store {
             txn.open_table(OUTBOX)?;
         }
         txn.commit()?;
-        let snapshot = read_snapshot(&db, &path)?;
+        Ok(())
+    }
+
+    fn finish(
+        db: Database,
+        path: PathBuf,
+        max_outbox: u64,
+        snapshot: Snapshot,
+    ) -> Result<(Self, Snapshot), StoreError> {
         let outbox = OutboxMeta {
             next_seq: {
                 let r = db.begin_read()?;
@@ -279,7 +336,7 @@ impl Store {
         };
         Ok((
             Self {
-                db: std::sync::Arc::new(db),
+                db: DbSlot::new(db),
                 path,
                 outbox,
                 max_outbox: max_outbox.max(1),
@@ -325,7 +382,51 @@ impl Store {
     /// Writes one [`Batch`] in ONE transaction: the engine state changed
     /// since the last commit, its outputs appended to the outbox, meta
     /// entries, and the removal of delivered outbox entries.
+    /// A failed commit changes nothing: it may be retried with the same batch.
     pub fn commit(&mut self, batch: &Batch) -> Result<CommitStats, StoreError> {
+        let before = self.outbox;
+        let r = self.commit_txn(batch);
+        if r.is_err() {
+            self.outbox = before;
+        }
+        r
+    }
+
+    /// Closes the database and opens it again: after an I/O error (a full
+    /// disk) redb refuses every call until then. Waits for readers to finish.
+    pub fn reopen(&self) -> Result<(), StoreError> {
+        if self.path == Path::new(MEMORY) {
+            return Ok(());
+        }
+        let mut slot = self
+            .db
+            .0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(mut old) = slot.take() {
+            // Readers hold a clone only for the length of one read.
+            loop {
+                match std::sync::Arc::try_unwrap(old) {
+                    Ok(db) => {
+                        drop(db);
+                        break;
+                    }
+                    Err(still) => {
+                        old = still;
+                        std::thread::sleep(std::time::Duration::from_millis(5));
+                    }
+                }
+            }
+        }
+        let db = Database::builder()
+            .set_cache_size(CACHE_BYTES)
+            .open(&self.path)
+            .map_err(|source| StoreError::Io(format!("{}: {source}", self.path.display())))?;
+        *slot = Some(std::sync::Arc::new(db));
+        Ok(())
+    }
+
+    fn commit_txn(&mut self, batch: &Batch) -> Result<CommitStats, StoreError> {
         let ch = &batch.changes;
         let mut stats = CommitStats {
             devices: ch.devices.len(),
@@ -336,7 +437,8 @@ impl Store {
             depth: 0,
             oldest_at: None,
         };
-        let mut txn = self.db.begin_write()?;
+        let db = self.db.get()?;
+        let mut txn = db.begin_write()?;
         txn.set_durability(redb::Durability::Immediate)?;
         {
             let mut devices = txn.open_table(DEVICES)?;
@@ -419,7 +521,7 @@ impl Store {
 
     /// Entries in the outbox.
     pub fn outbox_depth(&self) -> Result<u64, StoreError> {
-        let r = self.db.begin_read()?;
+        let r = self.db.get()?.begin_read()?;
         Ok(r.open_table(OUTBOX)?.len()?)
     }
 }
@@ -427,7 +529,7 @@ impl Store {
 /// Reads the outbox beside the writer (the sink's backlog after a restart or an outage).
 #[derive(Clone)]
 pub struct OutboxReader {
-    db: std::sync::Arc<Database>,
+    db: std::sync::Arc<DbSlot>,
     path: PathBuf,
     unfolded: Unfolded,
 }
@@ -444,7 +546,7 @@ impl OutboxReader {
             .unfolded
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let r = self.db.begin_read()?;
+        let r = self.db.get()?.begin_read()?;
         let t = r.open_table(OUTBOX)?;
         let start = after.map_or(0, |a| a + 1);
         let mut out = Vec::new();
@@ -465,6 +567,32 @@ impl OutboxReader {
         }
         Ok(out)
     }
+}
+
+/// Every table exists and the schema version matches: starting writes nothing
+/// (a gateway restarted on a full disk must get as far as its retry loop).
+fn has_tables(db: &Database) -> Result<bool, StoreError> {
+    let r = db.begin_read()?;
+    let version = match r.open_table(META) {
+        Ok(t) => t.get(K_SCHEMA)?.map(|v| v.value().to_vec()),
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    };
+    if version.as_deref() != Some(&SCHEMA_VERSION.to_be_bytes()[..]) {
+        // Missing or another version: the write path creates or refuses it.
+        return Ok(false);
+    }
+    for exists in [
+        r.open_table(GROUPS).is_ok(),
+        r.open_table(DEVICES).is_ok(),
+        r.open_table(METRIC_NAMES).is_ok(),
+        r.open_table(OUTBOX).is_ok(),
+    ] {
+        if !exists {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 fn corrupt<'a>(path: &'a Path, table: &'static str) -> impl Fn(String) -> StoreError + 'a {
@@ -671,7 +799,7 @@ mod tests {
         feed(&mut a, 0, 90, &mut out);
         store.commit(&batch_of(&mut a)).unwrap();
         // Reopen the same database: read everything back.
-        let snap = read_snapshot(&*store.db, store.path()).unwrap();
+        let snap = read_snapshot(&*store.db.get().unwrap(), store.path()).unwrap();
         assert_eq!(snap.devices.len(), 4);
         assert_eq!(snap.counters, *a.counters());
         let mut b = Engine::new(&cfg);
@@ -702,7 +830,7 @@ mod tests {
             &mut out,
         );
         store.commit(&batch_of(&mut a)).unwrap();
-        let snap = read_snapshot(&*store.db, store.path()).unwrap();
+        let snap = read_snapshot(&*store.db.get().unwrap(), store.path()).unwrap();
         let mut b = Engine::new(&cfg);
         b.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
         // Same instant as the last tick: the watermark does not move.
@@ -750,7 +878,7 @@ mod tests {
             .map(|(_, e)| e.topic)
             .collect();
         assert_eq!(left, vec!["t/5", "t/6", "t/7", "t/8"]);
-        let snap = read_snapshot(&*store.db, store.path()).unwrap();
+        let snap = read_snapshot(&*store.db.get().unwrap(), store.path()).unwrap();
         assert_eq!((snap.outbox_depth, snap.outbox_dropped), (4, 3));
     }
 

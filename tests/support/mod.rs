@@ -132,6 +132,11 @@ impl Mosquitto {
         self.spawn();
     }
 
+    /// What the broker logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("mosquitto.log")).unwrap_or_default()
+    }
+
     pub fn url(&self) -> String {
         format!("mqtt://127.0.0.1:{}", self.port)
     }
