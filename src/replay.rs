@@ -393,7 +393,8 @@ fn run_durable(
     drain_ms: Millis,
     flush: bool,
 ) -> Result<(Engine, Summary), ReplayError> {
-    let (store, snap) = Store::open(dir, cfg.outbox_max_messages)?;
+    let (mut store, snap) = Store::open(dir, cfg.outbox_max_messages)?;
+    store.set_max_bytes(cfg.outbox_max_bytes);
     let pos: Position = match snap.meta.get(K_REPLAY) {
         Some(b) => ciborium::de::from_reader(&b[..]).map_err(|e| StoreError::Corrupt {
             path: store.path().to_path_buf(),

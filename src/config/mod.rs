@@ -62,6 +62,8 @@ pub struct Config {
     pub sink_format: SinkFormat,
     /// Outbox bound.
     pub outbox_max_messages: u64,
+    /// Outbox bound in bytes of stored outputs (0: none).
+    pub outbox_max_bytes: u64,
     /// Metrics period in seconds.
     pub metrics_interval_s: u64,
     /// Local HTTP endpoint (`/metrics`, `/healthz`), loopback only.

@@ -71,6 +71,7 @@ qos = 1
 topic_prefix = "tidemark/{gateway}"
 format = "json"
 outbox_max_messages = 1000000
+outbox_max_mb = 0
 
 [metrics]
 interval_s = 10
@@ -291,6 +292,8 @@ pub struct RawSink {
     pub format: SinkFormat,
     /// Store-and-forward bound; beyond it the oldest outputs are dropped and counted.
     pub outbox_max_messages: u64,
+    /// The same bound in MiB of the state file (0: none).
+    pub outbox_max_mb: u64,
 }
 
 /// `[metrics]`

@@ -251,6 +251,9 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     }
     let topic_prefix = prefix.replace("{gateway}", &gid);
     p.positive("sink.outbox_max_messages", raw.sink.outbox_max_messages);
+    if raw.sink.outbox_max_mb > 1 << 24 {
+        p.add("sink.outbox_max_mb", "must be at most 16777216 (16 TiB); 0 turns the byte bound off");
+    }
     p.positive("metrics.interval_s", raw.metrics.interval_s);
     p.positive("metrics.health_timeout_s", raw.metrics.health_timeout_s);
     let metrics_listen = if raw.metrics.listen.is_empty() {
@@ -316,6 +319,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         topic_prefix,
         sink_format: raw.sink.format,
         outbox_max_messages: raw.sink.outbox_max_messages,
+        outbox_max_bytes: raw.sink.outbox_max_mb.saturating_mul(1 << 20),
         metrics_interval_s: raw.metrics.interval_s,
         metrics_listen,
         health_timeout_ms: i64::try_from(raw.metrics.health_timeout_s.saturating_mul(1000))

@@ -144,7 +144,8 @@ fn encode<T: Serialize>(v: &T, format: SinkFormat) -> Vec<u8> {
 /// Runs the gateway until SIGTERM/SIGINT (then flushes and returns Ok).
 pub fn run(cfg: &Config) -> Result<(), RunError> {
     let clock = SystemClock::new();
-    let (store, snap) = Store::open(&cfg.state_dir, cfg.outbox_max_messages)?;
+    let (mut store, snap) = Store::open(&cfg.state_dir, cfg.outbox_max_messages)?;
+    store.set_max_bytes(cfg.outbox_max_bytes);
     let (groups, devices) = (snap.groups.len(), snap.devices.len());
     let mut engine = Engine::new(cfg);
     engine.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);

@@ -80,6 +80,13 @@ pub struct Durable {
     buf: Vec<u8>,
     /// The start's checkpoint, when the disk was full then.
     startup: Option<Batch>,
+    /// About the bytes the journal's outputs take once in the outbox table.
+    unfolded_bytes: u64,
+}
+
+/// About the bytes `e` takes in the outbox table (CBOR of topic, payload, flags).
+fn entry_bytes(e: &OutboxEntry) -> u64 {
+    (e.topic.len() + e.payload.len() + 24) as u64
 }
 
 fn wal_err(wal: &std::path::Path) -> impl Fn(std::io::Error) -> StoreError + '_ {
@@ -125,6 +132,7 @@ impl Durable {
             oldest: 0,
             buf: Vec::new(),
             startup: None,
+            unfolded_bytes: 0,
         };
         if replayed > 0 || generation == 0 {
             batch.changes = engine.take_changes();
@@ -163,6 +171,7 @@ impl Durable {
                 .filter(|(s, _)| delivered.is_none_or(|d| *s > d)),
         );
         let waiting = u64::try_from(pending.len()).unwrap_or(u64::MAX);
+        self.unfolded_bytes = pending.iter().map(|(_, e)| entry_bytes(e)).sum();
         drop(pending);
         let table = self.store.outbox_depth().unwrap_or(0);
         self.oldest = self
@@ -205,6 +214,7 @@ impl Durable {
         batch.folded = own;
         let stats = result?;
         pending.clear();
+        self.unfolded_bytes = 0;
         drop(pending);
         self.wal.reset(next);
         self.oldest = self.store.next_seq().saturating_sub(stats.depth);
@@ -249,6 +259,7 @@ impl Durable {
             .reserve_seqs(u64::try_from(batch.outputs.len()).unwrap_or(0));
         let numbered: Vec<(u64, OutboxEntry)> =
             (first..).zip(std::mem::take(&mut batch.outputs)).collect();
+        self.unfolded_bytes += numbered.iter().map(|(_, e)| entry_bytes(e)).sum::<u64>();
         self.store
             .unfolded()
             .lock()
@@ -268,14 +279,15 @@ impl Durable {
     /// acknowledged): the sink never reads them again, a checkpoint would skip
     /// them, and recovery reads the journal file. Without this the list would
     /// hold every output since the last checkpoint (tens of MB between them).
-    fn forget_delivered(&self, delivered: u64) {
+    fn forget_delivered(&mut self, delivered: u64) {
         let mut pending = self
             .store
             .unfolded()
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let n = pending.partition_point(|(s, _)| *s < delivered);
-        pending.drain(..n);
+        let gone: u64 = pending.drain(..n).map(|(_, e)| entry_bytes(&e)).sum();
+        self.unfolded_bytes = self.unfolded_bytes.saturating_sub(gone);
     }
 
     /// Outputs not yet delivered, and the gateway time of the oldest of them.
@@ -358,7 +370,11 @@ pub fn run(
         shared
             .outbox_dropped
             .store(durable.store.outbox_dropped(), Ordering::Relaxed);
-        if depth > durable.store.max_outbox() {
+        let bytes = durable
+            .store
+            .outbox_bytes()
+            .saturating_add(durable.unfolded_bytes);
+        if depth > durable.store.max_outbox() || bytes > durable.store.max_bytes() {
             // The bound is applied when the journal's outputs are folded into the table.
             shared.want_checkpoint.store(true, Ordering::Relaxed);
         }

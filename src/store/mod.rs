@@ -127,6 +127,9 @@ pub struct OutboxEntry {
 struct OutboxMeta {
     next_seq: u64,
     dropped: u64,
+    /// Bytes of the outbox table's values (absent in files written before it: counted at open).
+    #[serde(default)]
+    bytes: Option<u64>,
 }
 
 /// Everything persisted, as read at startup.
@@ -215,8 +218,17 @@ pub struct Store {
     path: PathBuf,
     outbox: OutboxMeta,
     max_outbox: u64,
+    /// Byte bound of the outbox table (`u64::MAX`: none).
+    max_bytes: u64,
     buf: Vec<u8>,
     unfolded: Unfolded,
+}
+
+fn stored_meta(snapshot: &Snapshot) -> Option<OutboxMeta> {
+    snapshot
+        .meta
+        .get(K_OUTBOX)
+        .and_then(|b| ciborium::de::from_reader::<OutboxMeta, _>(&b[..]).ok())
 }
 
 fn cbor<T: Serialize>(v: &T, buf: &mut Vec<u8>) {
@@ -325,14 +337,22 @@ impl Store {
                 let r = db.begin_read()?;
                 let t = r.open_table(OUTBOX)?;
                 let last = t.last()?.map(|(k, _)| k.value() + 1).unwrap_or(0);
-                let stored = snapshot
-                    .meta
-                    .get(K_OUTBOX)
-                    .and_then(|b| ciborium::de::from_reader::<OutboxMeta, _>(&b[..]).ok())
-                    .map_or(0, |m| m.next_seq);
+                let stored = stored_meta(&snapshot).map_or(0, |m| m.next_seq);
                 last.max(stored)
             },
             dropped: snapshot.outbox_dropped,
+            bytes: Some(match stored_meta(&snapshot).and_then(|m| m.bytes) {
+                Some(b) => b,
+                None => {
+                    let r = db.begin_read()?;
+                    let t = r.open_table(OUTBOX)?;
+                    let mut sum = 0u64;
+                    for item in t.iter()? {
+                        sum += item?.1.value().len() as u64;
+                    }
+                    sum
+                }
+            }),
         };
         Ok((
             Self {
@@ -340,6 +360,7 @@ impl Store {
                 path,
                 outbox,
                 max_outbox: max_outbox.max(1),
+                max_bytes: u64::MAX,
                 buf: Vec::new(),
                 unfolded: Unfolded::default(),
             },
@@ -364,7 +385,22 @@ impl Store {
         self.outbox.next_seq
     }
 
-    /// The outbox bound.
+    /// Bounds the outbox's bytes too (`sink.outbox_max_mb`; 0: no byte bound).
+    pub fn set_max_bytes(&mut self, bytes: u64) {
+        self.max_bytes = if bytes == 0 { u64::MAX } else { bytes };
+    }
+
+    /// The outbox's byte bound (`u64::MAX`: none).
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
+    }
+
+    /// Bytes in the outbox table after the last commit.
+    pub fn outbox_bytes(&self) -> u64 {
+        self.outbox.bytes.unwrap_or(0)
+    }
+
+    /// The outbox bound in entries.
     pub fn max_outbox(&self) -> u64 {
         self.max_outbox
     }
@@ -456,13 +492,20 @@ impl Store {
                 names.insert(*i, n.as_str())?;
             }
             let mut outbox = txn.open_table(OUTBOX)?;
+            let mut bytes = self.outbox.bytes.unwrap_or(0);
             if let Some(upto) = batch.delivered {
+                for item in outbox.range(..=upto)? {
+                    bytes = bytes.saturating_sub(item?.1.value().len() as u64);
+                }
                 outbox.retain_in(..=upto, |_, _| false)?;
             }
             for (seq, o) in &batch.folded {
                 if batch.delivered.is_none_or(|d| *seq > d) {
                     cbor(o, &mut self.buf);
-                    outbox.insert(*seq, self.buf.as_slice())?;
+                    if let Some(old) = outbox.insert(*seq, self.buf.as_slice())? {
+                        bytes = bytes.saturating_sub(old.value().len() as u64);
+                    }
+                    bytes += self.buf.len() as u64;
                 }
                 self.outbox.next_seq = self.outbox.next_seq.max(seq + 1);
             }
@@ -470,17 +513,22 @@ impl Store {
             for o in &batch.outputs {
                 cbor(o, &mut self.buf);
                 outbox.insert(self.outbox.next_seq, self.buf.as_slice())?;
+                bytes += self.buf.len() as u64;
                 self.outbox.next_seq += 1;
             }
-            let len = outbox.len()?;
-            if len > self.max_outbox {
-                let excess = len - self.max_outbox;
-                for _ in 0..excess {
-                    outbox.pop_first()?;
-                }
-                stats.dropped = excess;
-                self.outbox.dropped += excess;
+            let mut len = outbox.len()?;
+            let mut dropped = 0;
+            while len > self.max_outbox || (bytes > self.max_bytes && len > 0) {
+                let Some((_, v)) = outbox.pop_first()? else {
+                    break;
+                };
+                bytes = bytes.saturating_sub(v.value().len() as u64);
+                len -= 1;
+                dropped += 1;
             }
+            stats.dropped = dropped;
+            self.outbox.dropped += dropped;
+            self.outbox.bytes = Some(bytes);
             stats.depth = outbox.len()?;
             stats.oldest_at = match outbox.first()? {
                 Some((_, v)) => ciborium::de::from_reader::<OutboxEntry, _>(v.value())
@@ -880,6 +928,68 @@ mod tests {
         assert_eq!(left, vec!["t/5", "t/6", "t/7", "t/8"]);
         let snap = read_snapshot(&*store.db.get().unwrap(), store.path()).unwrap();
         assert_eq!((snap.outbox_depth, snap.outbox_dropped), (4, 3));
+    }
+
+    /// The byte bound drops oldest first, the byte count follows deliveries, and it
+    /// survives a restart; a file written before the count existed is counted at open.
+    #[test]
+    fn outbox_byte_bound_drops_oldest_and_its_count_survives_restarts() {
+        let cfg = build_config();
+        let mut e = Engine::new(&cfg);
+        let dir = tempfile::tempdir().unwrap();
+        let big = |i: u64| OutboxEntry {
+            topic: format!("t/{i:03}"),
+            payload: vec![7; 1000],
+            ..entry(i)
+        };
+        let size = {
+            let mut b = Vec::new();
+            cbor(&big(0), &mut b);
+            b.len() as u64
+        };
+        let (mut store, _) = Store::open(dir.path(), 1000).unwrap();
+        store.set_max_bytes(10 * size + size / 2);
+        let stats = store
+            .commit(&Batch {
+                outputs: (0..25).map(big).collect(),
+                ..batch_of(&mut e)
+            })
+            .unwrap();
+        assert_eq!((stats.dropped, stats.depth), (15, 10));
+        assert_eq!(store.outbox_bytes(), 10 * size);
+        let first = store.outbox_after(None, 1).unwrap()[0].0;
+        assert_eq!(store.outbox_after(None, 1).unwrap()[0].1.topic, "t/015");
+        store
+            .commit(&Batch {
+                delivered: Some(first + 3),
+                ..batch_of(&mut e)
+            })
+            .unwrap();
+        assert_eq!(store.outbox_bytes(), 6 * size);
+        drop(store);
+        let (store, _) = Store::open(dir.path(), 1000).unwrap();
+        assert_eq!(store.outbox_bytes(), 6 * size);
+        assert_eq!(store.outbox_dropped(), 15);
+        // As an older build wrote it: no byte count in the outbox meta.
+        {
+            let db = store.db.get().unwrap();
+            drop(store);
+            let db = std::sync::Arc::try_unwrap(db).ok().unwrap();
+            let txn = db.begin_write().unwrap();
+            {
+                let mut m = txn.open_table(META).unwrap();
+                let mut old = std::collections::BTreeMap::new();
+                old.insert("next_seq", first + 10);
+                old.insert("dropped", 15);
+                let mut b = Vec::new();
+                cbor(&old, &mut b);
+                m.insert(K_OUTBOX, b.as_slice()).unwrap();
+            }
+            txn.commit().unwrap();
+        }
+        let (store, _) = Store::open(dir.path(), 1000).unwrap();
+        assert_eq!(store.outbox_bytes(), 6 * size);
+        assert_eq!(store.next_seq(), first + 10);
     }
 
     #[test]
