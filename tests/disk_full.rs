@@ -228,3 +228,71 @@ fn a_full_state_disk_pauses_input_reports_it_and_resumes_losing_nothing() {
     let (code, _) = gw.terminate();
     assert_eq!(code, Some(0), "{}", std::fs::read_to_string(&log).unwrap_or_default());
 }
+
+/// Killed while the disk is full and started again before space returns (as
+/// systemd would): the start gets as far as the retry loop instead of exiting.
+#[test]
+fn a_gateway_restarted_on_a_full_disk_waits_for_space_instead_of_exiting() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Some(mnt) = Mount::tmpfs(&dir.path().join("small"), "6m") else {
+        return;
+    };
+    let broker = Mosquitto::start(false);
+    let up = Collector::start(broker.port, "tidemark/gw/#", "restart-full-upstream");
+    let http = support::free_port();
+    let cfg = config(dir.path(), &mnt.0.join("state"), &broker, http);
+    let log = dir.path().join("gw.log");
+    let gw = Gateway::start(&cfg, &log);
+    gw.wait_ready();
+    let mut p = Publisher::connect(broker.port, "restart-full-fleet");
+    let devices = 6;
+    let mut sent = send(&mut p, devices, 0..20);
+    wait_or_explain(
+        Duration::from_secs(60),
+        || metric(http, "tidemark_received_total") == Some(sent),
+        || gw.log_text(),
+    );
+    fill(&mnt.0.join("filler"));
+    // Until a commit needs a page the disk no longer has.
+    let mut seq = 20;
+    let full = (0..60).any(|_| {
+        sent += send(&mut p, devices, seq..seq + 10);
+        seq += 10;
+        let t = std::time::Instant::now();
+        while t.elapsed() < Duration::from_secs(2) {
+            if support::http_get(http, "/healthz").0 == 503 {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    });
+    assert!(full, "{}", gw.log_text());
+    gw.kill9();
+    let log2 = dir.path().join("gw2.log");
+    // Paused from the start: it never subscribes before the disk frees.
+    let gw = Gateway::spawn(&cfg, &log2);
+    sent += send(&mut p, devices, seq..seq + 10);
+    wait_or_explain(
+        Duration::from_secs(60),
+        || {
+            let (code, body) = support::http_get(http, "/healthz");
+            code == 503 && body.contains("state store cannot commit")
+        },
+        || format!("{:?}\n{}", support::http_get(http, "/healthz"), gw.log_text()),
+    );
+    std::fs::remove_file(mnt.0.join("filler")).expect("free the disk");
+    let counted = || -> u64 {
+        support::final_windows(&up.all())
+            .values()
+            .map(|w| w["count"].as_u64().unwrap_or(0))
+            .sum()
+    };
+    wait_or_explain(
+        Duration::from_secs(90),
+        || counted() == sent,
+        || format!("windows count {} of {sent}\n{}", counted(), gw.log_text()),
+    );
+    let (code, _) = gw.terminate();
+    assert_eq!(code, Some(0), "{}", std::fs::read_to_string(&log2).unwrap_or_default());
+}

@@ -177,6 +177,13 @@ pub struct Gateway {
 
 impl Gateway {
     pub fn start(config: &Path, log: &Path) -> Self {
+        let g = Self::spawn(config, log);
+        g.wait_ready();
+        g
+    }
+
+    /// Started, without waiting for the source subscription.
+    pub fn spawn(config: &Path, log: &Path) -> Self {
         let before = std::fs::read_to_string(log).unwrap_or_default();
         let ready_seen =
             before.matches("source subscribed").count() + before.matches("session resumed").count();
@@ -193,13 +200,11 @@ impl Gateway {
             .stderr(f)
             .spawn()
             .expect("start tidemark");
-        let g = Self {
+        Self {
             child,
             log: log.to_path_buf(),
             ready_seen,
-        };
-        g.wait_ready();
-        g
+        }
     }
 
     /// A gateway started by the caller (own arguments or environment).
