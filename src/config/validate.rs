@@ -252,7 +252,10 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let topic_prefix = prefix.replace("{gateway}", &gid);
     p.positive("sink.outbox_max_messages", raw.sink.outbox_max_messages);
     if raw.sink.outbox_max_mb > 1 << 24 {
-        p.add("sink.outbox_max_mb", "must be at most 16777216 (16 TiB); 0 turns the byte bound off");
+        p.add(
+            "sink.outbox_max_mb",
+            "must be at most 16777216 (16 TiB); 0 turns the byte bound off",
+        );
     }
     p.positive("metrics.interval_s", raw.metrics.interval_s);
     p.positive("metrics.health_timeout_s", raw.metrics.health_timeout_s);

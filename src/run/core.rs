@@ -185,7 +185,8 @@ pub fn run(
         // While the store cannot commit, the driver keeps what would be the next
         // batch (the source is paused, so it stays small) and the core keeps ticking.
         let store_ok = !shared.store_blocked.load(Ordering::Acquire);
-        if (store_ok && driver.has_durable() && (urgent || driver.commit_due(now.mono))) || stopping {
+        if (store_ok && driver.has_durable() && (urgent || driver.commit_due(now.mono))) || stopping
+        {
             committed_delivered = delivered;
             let dirty = u64::try_from(driver.engine().dirty_devices()).unwrap_or(u64::MAX);
             let checkpoint = stopping

@@ -124,7 +124,10 @@ pub async fn run(
     loop {
         if st.connected {
             while let Some(a) = alerts.pop_front() {
-                if client.publish(&opts.alerts_topic, a.clone(), opts.qos, false).is_err() {
+                if client
+                    .publish(&opts.alerts_topic, a.clone(), opts.qos, false)
+                    .is_err()
+                {
                     alerts.push_front(a);
                     break;
                 }

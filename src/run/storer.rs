@@ -232,7 +232,9 @@ impl Durable {
         let Some(ops) = batch.journal.as_ref() else {
             let stats = self.checkpoint(batch)?;
             return Ok((
-                (stats.first_seq..).zip(std::mem::take(&mut batch.outputs)).collect(),
+                (stats.first_seq..)
+                    .zip(std::mem::take(&mut batch.outputs))
+                    .collect(),
                 Written {
                     bytes: 0,
                     checkpoint: true,
@@ -329,7 +331,9 @@ pub fn run(
             batch.delivered = batch.delivered.max(delivered);
             match durable.checkpoint(&mut batch) {
                 Ok(_) => break,
-                Err(e) if e.is_io() => outage.wait(&e, &durable, &shared, &sink, &rx, &mut queued)?,
+                Err(e) if e.is_io() => {
+                    outage.wait(&e, &durable, &shared, &sink, &rx, &mut queued)?
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -350,7 +354,9 @@ pub fn run(
             shared.health.committing(false);
             match r {
                 Ok(v) => break (delivered, v),
-                Err(e) if e.is_io() => outage.wait(&e, &durable, &shared, &sink, &rx, &mut queued)?,
+                Err(e) if e.is_io() => {
+                    outage.wait(&e, &durable, &shared, &sink, &rx, &mut queued)?
+                }
                 Err(e) => return Err(e),
             }
         };
@@ -468,7 +474,9 @@ impl Outage {
             let secs = now.saturating_sub(self.since.unwrap_or(now)) / 1000;
             tracing::warn!(error = %detail, for_s = secs, "state store still cannot commit: input paused");
         }
-        shared.health.store_problem(Some(format!("state store cannot commit: {detail}")));
+        shared
+            .health
+            .store_problem(Some(format!("state store cannot commit: {detail}")));
         let until = now.saturating_add(i64::try_from(self.delay_ms).unwrap_or(i64::MAX));
         self.delay_ms = (self.delay_ms * 2).min(RETRY_MAX_MS);
         loop {
