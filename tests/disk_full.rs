@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use support::{Collector, Gateway, Mosquitto, Publisher, now_ms, wait_or_explain};
+use support::{Collector, Gateway, Mosquitto, Publisher, send_fleet, wait_or_explain};
 
 struct Mount(PathBuf);
 
@@ -68,35 +68,8 @@ fn config(dir: &Path, state: &Path, broker: &Mosquitto, http: u16) -> PathBuf {
     path
 }
 
-/// Sum of the samples of `name` (every label set, unless `name` gives them).
-fn metric(port: u16, name: &str) -> Option<u64> {
-    let (_, text) = support::http_get(port, "/metrics");
-    let values: Vec<f64> = text
-        .lines()
-        .filter_map(|l| {
-            let rest = l.strip_prefix(name)?;
-            let rest = if rest.starts_with('{') && !name.contains('{') {
-                rest.split_once("} ")?.1
-            } else {
-                rest.strip_prefix(' ')?
-            };
-            rest.parse::<f64>().ok()
-        })
-        .collect();
-    (!values.is_empty()).then(|| values.iter().sum::<f64>() as u64)
-}
-
-fn send(p: &mut Publisher, devices: u64, seqs: std::ops::Range<u64>) -> u64 {
-    let mut n = 0;
-    for seq in seqs {
-        for d in 0..devices {
-            let body = format!(r#"{{"ts": {}, "seq": {seq}, "v": 1}}"#, now_ms());
-            p.send(&format!("sensors/g{}/d{d}/reading", d % 2), body.as_bytes());
-            n += 1;
-        }
-    }
-    p.flush();
-    n
+fn metric(port: u16, name: &str) -> u64 {
+    support::total(&support::metrics(port), name)
 }
 
 fn alerts(c: &Collector) -> Vec<String> {
@@ -107,33 +80,73 @@ fn alerts(c: &Collector) -> Vec<String> {
         .collect()
 }
 
+/// A gateway with its state on a small tmpfs, a broker, an upstream collector
+/// and a fleet that has sent its first readings.
+struct Site {
+    dir: tempfile::TempDir,
+    mnt: Mount,
+    broker: Mosquitto,
+    up: Collector,
+    http: u16,
+    cfg: PathBuf,
+    gw: Gateway,
+    p: Publisher,
+    sent: u64,
+}
+
+impl Site {
+    fn start(name: &str, devices: u64) -> Option<Self> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mnt = Mount::tmpfs(&dir.path().join("small"), "6m")?;
+        let broker = Mosquitto::start(false);
+        let up = Collector::start(broker.port, "tidemark/gw/#", &format!("{name}-upstream"));
+        let http = support::free_port();
+        let cfg = config(dir.path(), &mnt.0.join("state"), &broker, http);
+        let gw = Gateway::start(&cfg, &dir.path().join("gw.log"));
+        let mut p = Publisher::connect(broker.port, &format!("{name}-fleet"));
+        let sent = send_fleet(&mut p, devices, 0..20);
+        wait_or_explain(
+            Duration::from_secs(60),
+            || metric(http, "tidemark_received_total") == sent,
+            || gw.log_text(),
+        );
+        Some(Self {
+            dir,
+            mnt,
+            broker,
+            up,
+            http,
+            cfg,
+            gw,
+            p,
+            sent,
+        })
+    }
+}
+
 /// The whole SPEC §9 promise on a real full filesystem, held long enough that
 /// the paused source connection times out and the broker redelivers.
 #[test]
 fn a_full_state_disk_pauses_input_reports_it_and_resumes_losing_nothing() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let Some(mnt) = Mount::tmpfs(&dir.path().join("small"), "6m") else {
+    let Some(Site {
+        dir,
+        mnt,
+        broker,
+        up,
+        http,
+        cfg: _,
+        gw,
+        mut p,
+        mut sent,
+    }) = Site::start("full", 10)
+    else {
         return;
     };
-    let broker = Mosquitto::start(false);
-    let up = Collector::start(broker.port, "tidemark/gw/#", "disk-full-upstream");
-    let http = support::free_port();
-    let cfg = config(dir.path(), &mnt.0.join("state"), &broker, http);
-    let log = dir.path().join("gw.log");
-    let gw = Gateway::start(&cfg, &log);
-    gw.wait_ready();
-    let mut p = Publisher::connect(broker.port, "disk-full-fleet");
     let devices = 10;
-    let mut sent = send(&mut p, devices, 0..20);
-    wait_or_explain(
-        Duration::from_secs(60),
-        || metric(http, "tidemark_received_total") == Some(sent),
-        || gw.log_text(),
-    );
 
     fill(&mnt.0.join("filler"));
     let before = sent;
-    sent += send(&mut p, devices, 20..60);
+    sent += send_fleet(&mut p, devices, 20..60);
     wait_or_explain(
         Duration::from_secs(60),
         || {
@@ -168,7 +181,7 @@ fn a_full_state_disk_pauses_input_reports_it_and_resumes_losing_nothing() {
     assert!(alert["at"].as_i64().is_some(), "{alert}");
     wait_or_explain(
         Duration::from_secs(10),
-        || metric(http, "tidemark_state_store_ok") == Some(0),
+        || metric(http, "tidemark_state_store_ok") == 0,
         || support::http_get(http, "/metrics").1,
     );
     assert!(
@@ -179,11 +192,11 @@ fn a_full_state_disk_pauses_input_reports_it_and_resumes_losing_nothing() {
     );
     // Input is paused: the broker keeps the rest. Long enough for the paused
     // source connection to time out (keep_alive 5 s): the broker then redelivers.
-    let received = metric(http, "tidemark_received_total").unwrap_or(0);
-    sent += send(&mut p, devices, 60..80);
+    let received = metric(http, "tidemark_received_total");
+    sent += send_fleet(&mut p, devices, 60..80);
     wait_or_explain(
         Duration::from_secs(30),
-        || metric(http, r#"tidemark_connected{link="source"}"#) == Some(0),
+        || metric(http, r#"tidemark_connected{link="source"}"#) == 0,
         || support::http_get(http, "/metrics").1,
     );
     let client = format!("gw-in-{}", broker.port);
@@ -197,7 +210,7 @@ fn a_full_state_disk_pauses_input_reports_it_and_resumes_losing_nothing() {
         },
         || broker.log_text(),
     );
-    let paused = metric(http, "tidemark_received_total").unwrap_or(0);
+    let paused = metric(http, "tidemark_received_total");
     // At most what was already on its way to the core when the pause began.
     assert!(
         paused <= received + 10 && paused < sent,
@@ -217,16 +230,11 @@ fn a_full_state_disk_pauses_input_reports_it_and_resumes_losing_nothing() {
     );
     wait_or_explain(
         Duration::from_secs(10),
-        || metric(http, "tidemark_state_store_ok") == Some(1),
+        || metric(http, "tidemark_state_store_ok") == 1,
         || support::http_get(http, "/metrics").1,
     );
     // Every reading sent, exactly once in the windows (the redelivered ones are duplicates).
-    let counted = || -> u64 {
-        support::final_windows(&up.all())
-            .values()
-            .map(|w| w["count"].as_u64().unwrap_or(0))
-            .sum()
-    };
+    let counted = || support::window_readings(&up.all());
     wait_or_explain(
         Duration::from_secs(90),
         || counted() == sent,
@@ -238,13 +246,13 @@ fn a_full_state_disk_pauses_input_reports_it_and_resumes_losing_nothing() {
             )
         },
     );
-    assert_eq!(metric(http, "tidemark_readings_missing_total"), Some(0));
+    assert_eq!(metric(http, "tidemark_readings_missing_total"), 0);
     let (code, _) = gw.terminate();
     assert_eq!(
         code,
         Some(0),
         "{}",
-        std::fs::read_to_string(&log).unwrap_or_default()
+        std::fs::read_to_string(dir.path().join("gw.log")).unwrap_or_default()
     );
 }
 
@@ -252,30 +260,26 @@ fn a_full_state_disk_pauses_input_reports_it_and_resumes_losing_nothing() {
 /// systemd would): the start gets as far as the retry loop instead of exiting.
 #[test]
 fn a_gateway_restarted_on_a_full_disk_waits_for_space_instead_of_exiting() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let Some(mnt) = Mount::tmpfs(&dir.path().join("small"), "6m") else {
+    let Some(Site {
+        dir,
+        mnt,
+        broker: _broker,
+        up,
+        http,
+        cfg,
+        gw,
+        mut p,
+        mut sent,
+    }) = Site::start("restart", 6)
+    else {
         return;
     };
-    let broker = Mosquitto::start(false);
-    let up = Collector::start(broker.port, "tidemark/gw/#", "restart-full-upstream");
-    let http = support::free_port();
-    let cfg = config(dir.path(), &mnt.0.join("state"), &broker, http);
-    let log = dir.path().join("gw.log");
-    let gw = Gateway::start(&cfg, &log);
-    gw.wait_ready();
-    let mut p = Publisher::connect(broker.port, "restart-full-fleet");
     let devices = 6;
-    let mut sent = send(&mut p, devices, 0..20);
-    wait_or_explain(
-        Duration::from_secs(60),
-        || metric(http, "tidemark_received_total") == Some(sent),
-        || gw.log_text(),
-    );
     fill(&mnt.0.join("filler"));
     // Until a commit needs a page the disk no longer has.
     let mut seq = 20;
     let full = (0..60).any(|_| {
-        sent += send(&mut p, devices, seq..seq + 10);
+        sent += send_fleet(&mut p, devices, seq..seq + 10);
         seq += 10;
         (0..40).any(|_| {
             std::thread::sleep(Duration::from_millis(50));
@@ -287,7 +291,7 @@ fn a_gateway_restarted_on_a_full_disk_waits_for_space_instead_of_exiting() {
     let log2 = dir.path().join("gw2.log");
     // Paused from the start: it never subscribes before the disk frees.
     let gw = Gateway::spawn(&cfg, &log2);
-    sent += send(&mut p, devices, seq..seq + 10);
+    sent += send_fleet(&mut p, devices, seq..seq + 10);
     wait_or_explain(
         Duration::from_secs(60),
         || {
@@ -303,12 +307,7 @@ fn a_gateway_restarted_on_a_full_disk_waits_for_space_instead_of_exiting() {
         },
     );
     std::fs::remove_file(mnt.0.join("filler")).expect("free the disk");
-    let counted = || -> u64 {
-        support::final_windows(&up.all())
-            .values()
-            .map(|w| w["count"].as_u64().unwrap_or(0))
-            .sum()
-    };
+    let counted = || support::window_readings(&up.all());
     wait_or_explain(
         Duration::from_secs(90),
         || counted() == sent,

@@ -7,7 +7,10 @@ mod support;
 use std::path::Path;
 use std::time::Duration;
 
-use support::{Collector, Gateway, Mosquitto, Publisher, now_ms, wait_or_explain, wait_until};
+use support::{
+    Collector, Gateway, Mosquitto, Publisher, metrics, now_ms, send_fleet, total, wait_or_explain,
+    wait_until,
+};
 
 fn config(dir: &Path, broker: &Mosquitto, http: u16, extra: &str) -> std::path::PathBuf {
     let path = dir.join("gateway.toml");
@@ -22,34 +25,6 @@ fn config(dir: &Path, broker: &Mosquitto, http: u16, extra: &str) -> std::path::
     );
     std::fs::write(&path, text).expect("config");
     path
-}
-
-fn metrics(port: u16) -> String {
-    support::http_get(port, "/metrics").1
-}
-
-/// Sum of every sample of `name` (all label sets).
-fn total(text: &str, name: &str) -> u64 {
-    text.lines()
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
-        })
-        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
-        .sum::<f64>() as u64
-}
-
-fn send_fleet(p: &mut Publisher, devices: u64, seqs: std::ops::Range<u64>) -> u64 {
-    let mut n = 0;
-    for seq in seqs {
-        for d in 0..devices {
-            let body = format!(r#"{{"ts": {}, "seq": {seq}, "temp": {d}.5}}"#, now_ms());
-            p.send(&format!("sensors/g{}/d{d}/reading", d % 4), body.as_bytes());
-            n += 1;
-        }
-    }
-    p.flush();
-    n
 }
 
 /// Sends every device its next reading until received + missing accounts for all that was

@@ -211,12 +211,8 @@ impl Client {
             }
             Client::V5(c) => {
                 let q = qos5(qos);
-                c.try_subscribe_many(
-                    filters
-                        .iter()
-                        .map(|f| rumqttc::v5::mqttbytes::v5::Filter::new(f.clone(), q)),
-                )
-                .map_err(req)
+                c.try_subscribe_many(filters.iter().map(|f| filter5(f.clone(), q)))
+                    .map_err(req)
             }
         }
     }
@@ -236,13 +232,9 @@ impl Client {
             }
             Client::V5(c) => {
                 let q = qos5(qos);
-                c.subscribe_many(
-                    filters
-                        .into_iter()
-                        .map(|f| rumqttc::v5::mqttbytes::v5::Filter::new(f, q)),
-                )
-                .await
-                .map_err(req)
+                c.subscribe_many(filters.into_iter().map(|f| filter5(f, q)))
+                    .await
+                    .map_err(req)
             }
         }
     }
@@ -318,6 +310,14 @@ fn qos5(q: u8) -> rumqttc::v5::mqttbytes::QoS {
     } else {
         rumqttc::v5::mqttbytes::QoS::AtLeastOnce
     }
+}
+
+/// A v5 filter that, subscribed again on a resumed session, does not send
+/// retained messages a second time.
+fn filter5(path: String, qos: rumqttc::v5::mqttbytes::QoS) -> rumqttc::v5::mqttbytes::v5::Filter {
+    let mut f = rumqttc::v5::mqttbytes::v5::Filter::new(path, qos);
+    f.retain_forward_rule = rumqttc::v5::mqttbytes::v5::RetainForwardRule::OnNewSubscribe;
+    f
 }
 
 impl Loop {

@@ -76,15 +76,19 @@ pub async fn run(
                         tracing::info!(url = %sub.url, generation, "source connected, session resumed");
                     } else {
                         tracing::info!(url = %sub.url, generation, "source connected, new session: subscribing");
-                        if client.subscribe(&sub.topics, sub.qos).is_err() {
-                            // The request channel is full (acks): wait for room off the polling task.
-                            let (c, topics, qos) = (client.clone(), sub.topics.clone(), sub.qos);
-                            tokio::spawn(async move {
-                                if let Err(e) = c.subscribe_wait(topics, qos).await {
-                                    tracing::error!(error = %e, "source subscribe failed");
-                                }
-                            });
-                        }
+                    }
+                    // Subscribed on every connect: a broker has been seen claiming a
+                    // session (mosquitto 2.0.11, now and then) without its subscriptions,
+                    // and an idle source is then silent for good. Subscribing again is
+                    // harmless (v5: retained messages are not sent again).
+                    if client.subscribe(&sub.topics, sub.qos).is_err() {
+                        // The request channel is full (acks): wait for room off the polling task.
+                        let (c, topics, qos) = (client.clone(), sub.topics.clone(), sub.qos);
+                        tokio::spawn(async move {
+                            if let Err(e) = c.subscribe_wait(topics, qos).await {
+                                tracing::error!(error = %e, "source subscribe failed");
+                            }
+                        });
                     }
                     if core.send(Inbound::Connected).await.is_err() {
                         return;

@@ -523,3 +523,100 @@ pub fn http_get(port: u16, path: &str) -> (u16, String) {
         .to_owned();
     (status, body)
 }
+
+/// A TCP proxy in front of a broker whose connections can be cut at will (a
+/// flapping link): `cut` closes every connection through it; new ones are accepted.
+pub struct Proxy {
+    pub port: u16,
+    open: Arc<Mutex<Vec<TcpStream>>>,
+    pub cuts: Arc<AtomicU64>,
+}
+
+impl Proxy {
+    pub fn start(upstream: u16) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("proxy listen");
+        let port = listener.local_addr().expect("addr").port();
+        let open: Arc<Mutex<Vec<TcpStream>>> = Arc::new(Mutex::new(Vec::new()));
+        let conns = open.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let pipe = |mut from: TcpStream, mut to: TcpStream| {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                        let _ = from.shutdown(std::net::Shutdown::Both);
+                    });
+                };
+                if let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) {
+                    let mut list = conns.lock().expect("lock");
+                    list.push(c2);
+                    list.push(s2);
+                }
+                match (client.try_clone(), server.try_clone()) {
+                    (Ok(c), Ok(s)) => {
+                        pipe(c, server);
+                        pipe(s, client);
+                    }
+                    _ => continue,
+                }
+            }
+        });
+        Self {
+            port,
+            open,
+            cuts: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Closes every connection through the proxy.
+    pub fn cut(&self) {
+        for s in self.open.lock().expect("lock").drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        self.cuts.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The gateway's Prometheus text.
+pub fn metrics(port: u16) -> String {
+    http_get(port, "/metrics").1
+}
+
+/// Sum of every sample of `name` (all label sets, unless `name` gives them).
+pub fn total(text: &str, name: &str) -> u64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+        .sum::<f64>() as u64
+}
+
+/// Sends every device of a fleet (in 4 groups) one reading per sequence number; returns how many.
+pub fn send_fleet(p: &mut Publisher, devices: u64, seqs: std::ops::Range<u64>) -> u64 {
+    let mut n = 0;
+    for seq in seqs {
+        for d in 0..devices {
+            let body = format!(r#"{{"ts": {}, "seq": {seq}, "temp": {d}.5}}"#, now_ms());
+            p.send(&format!("sensors/g{}/d{d}/reading", d % 4), body.as_bytes());
+            n += 1;
+        }
+    }
+    p.flush();
+    n
+}
+
+/// Readings in the final revision of every window result seen.
+pub fn window_readings(seen: &[Seen]) -> u64 {
+    final_windows(seen)
+        .values()
+        .map(|w| w["count"].as_u64().unwrap_or(0))
+        .sum()
+}
