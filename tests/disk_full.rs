@@ -1,6 +1,6 @@
 //! A state disk that fills up (SPEC §9): the gateway stays up, holds its acks,
 //! pauses input, says so, and resumes by itself once space returns, losing
-//! nothing — against a real mosquitto and a real (small) tmpfs.
+//! nothing — against a stock mosquitto and a real (small) tmpfs.
 
 mod support;
 
@@ -8,34 +8,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use support::{Collector, Gateway, Mosquitto, Publisher, send_fleet, wait_or_explain};
-
-struct Mount(PathBuf);
-
-impl Mount {
-    /// A tmpfs of `size`; `None` (with a visible message) where mounting is impossible.
-    fn tmpfs(at: &Path, size: &str) -> Option<Self> {
-        std::fs::create_dir_all(at).expect("mount point");
-        let ok = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(at)
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            eprintln!("SKIPPED: cannot mount a tmpfs here (not root?)");
-        }
-        ok.then(|| Self(at.to_path_buf()))
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.0)
-            .status();
-    }
-}
+use support::{Collector, Gateway, Mosquitto, Mount, Publisher, send_fleet, wait_or_explain};
 
 /// Writes zeros into `path` until the filesystem refuses (ENOSPC).
 fn fill(path: &Path) {
@@ -51,25 +24,40 @@ fn fill(path: &Path) {
     }
 }
 
-fn config(dir: &Path, state: &Path, broker: &Mosquitto, http: u16) -> PathBuf {
-    let path = dir.join("gateway.toml");
-    let text = format!(
-        "[gateway]\nid = \"gw\"\nstate_dir = \"{state}\"\ncommit_interval_ms = 100\ntick_interval_ms = 100\n\
-         [source]\nurl = \"{url}\"\nclient_id = \"gw-in-{port}\"\nkeep_alive_s = 5\n\
-         [group_defaults]\nout_of_orderness_ms = 0\nidle_timeout_ms = 1500\nallowed_lateness_ms = 0\n\
-         heartbeat_timeout_ms = 600000\nwindow = {{ kind = \"tumbling\", size_ms = 1000 }}\n\
-         [sink]\nurl = \"{url}\"\nclient_id = \"gw-out-{port}\"\n\
-         [metrics]\ninterval_s = 1\nlisten = \"127.0.0.1:{http}\"\n",
-        state = state.display(),
-        url = broker.url(),
-        port = broker.port,
-    );
-    std::fs::write(&path, text).expect("config");
-    path
+fn config(dir: &Path, state: &Path, source: &Mosquitto, sink: &Mosquitto, http: u16) -> PathBuf {
+    support::gateway_config(
+        dir,
+        state,
+        source.port,
+        sink,
+        http,
+        "commit_interval_ms = 100\ntick_interval_ms = 100",
+        "keep_alive_s = 5\n[group_defaults]\nout_of_orderness_ms = 0\nidle_timeout_ms = 1500\n\
+         allowed_lateness_ms = 0\nheartbeat_timeout_ms = 600000\n\
+         window = { kind = \"tumbling\", size_ms = 1000 }",
+    )
 }
 
 fn metric(port: u16, name: &str) -> u64 {
     support::total(&support::metrics(port), name)
+}
+
+/// Until `/healthz` says the state store cannot commit.
+fn wait_blocked(http: u16, gw: &Gateway) {
+    wait_or_explain(
+        Duration::from_secs(60),
+        || {
+            let (code, body) = support::http_get(http, "/healthz");
+            code == 503 && body.contains("state store cannot commit")
+        },
+        || {
+            format!(
+                "{:?}\n{}",
+                support::http_get(http, "/healthz"),
+                gw.log_text()
+            )
+        },
+    );
 }
 
 fn alerts(c: &Collector) -> Vec<String> {
@@ -80,12 +68,14 @@ fn alerts(c: &Collector) -> Vec<String> {
         .collect()
 }
 
-/// A gateway with its state on a small tmpfs, a broker, an upstream collector
-/// and a fleet that has sent its first readings.
+/// A gateway with its state on a small tmpfs, a stock site broker, an upstream
+/// broker (persistent: its collector's session survives a stop) with a
+/// collector, and a fleet that has sent its first readings.
 struct Site {
     dir: tempfile::TempDir,
     mnt: Mount,
     broker: Mosquitto,
+    sink: Mosquitto,
     up: Collector,
     http: u16,
     cfg: PathBuf,
@@ -98,10 +88,11 @@ impl Site {
     fn start(name: &str, devices: u64) -> Option<Self> {
         let dir = tempfile::tempdir().expect("tempdir");
         let mnt = Mount::tmpfs(&dir.path().join("small"), "6m")?;
-        let broker = Mosquitto::start(false);
-        let up = Collector::start(broker.port, "tidemark/gw/#", &format!("{name}-upstream"));
+        let broker = Mosquitto::stock();
+        let sink = Mosquitto::start(true);
+        let up = Collector::start(sink.port, "tidemark/gw/#", &format!("{name}-upstream"));
         let http = support::free_port();
-        let cfg = config(dir.path(), &mnt.0.join("state"), &broker, http);
+        let cfg = config(dir.path(), &mnt.0.join("state"), &broker, &sink, http);
         let gw = Gateway::start(&cfg, &dir.path().join("gw.log"));
         let mut p = Publisher::connect(broker.port, &format!("{name}-fleet"));
         let sent = send_fleet(&mut p, devices, 0..20);
@@ -114,6 +105,7 @@ impl Site {
             dir,
             mnt,
             broker,
+            sink,
             up,
             http,
             cfg,
@@ -132,6 +124,7 @@ fn a_full_state_disk_pauses_input_reports_it_and_resumes_losing_nothing() {
         dir,
         mnt,
         broker,
+        sink,
         up,
         http,
         cfg: _,
@@ -147,20 +140,7 @@ fn a_full_state_disk_pauses_input_reports_it_and_resumes_losing_nothing() {
     fill(&mnt.0.join("filler"));
     let before = sent;
     sent += send_fleet(&mut p, devices, 20..60);
-    wait_or_explain(
-        Duration::from_secs(60),
-        || {
-            let (code, body) = support::http_get(http, "/healthz");
-            code == 503 && body.contains("state store cannot commit")
-        },
-        || {
-            format!(
-                "{:?}\n{}",
-                support::http_get(http, "/healthz"),
-                gw.log_text()
-            )
-        },
-    );
+    wait_blocked(http, &gw);
     wait_or_explain(
         Duration::from_secs(30),
         || alerts(&up).contains(&"state_store".to_string()),
@@ -199,7 +179,7 @@ fn a_full_state_disk_pauses_input_reports_it_and_resumes_losing_nothing() {
         || metric(http, r#"tidemark_connected{link="source"}"#) == 0,
         || support::http_get(http, "/metrics").1,
     );
-    let client = format!("gw-in-{}", broker.port);
+    let client = format!("gw-in-{}", sink.port);
     wait_or_explain(
         Duration::from_secs(60),
         || {
@@ -258,12 +238,15 @@ fn a_full_state_disk_pauses_input_reports_it_and_resumes_losing_nothing() {
 
 /// Killed while the disk is full and started again before space returns (as
 /// systemd would): the start gets as far as the retry loop instead of exiting.
+/// The uplink is down too, so the journal holds undelivered window results
+/// that the start's checkpoint (failing, and retried) must not lose.
 #[test]
 fn a_gateway_restarted_on_a_full_disk_waits_for_space_instead_of_exiting() {
     let Some(Site {
         dir,
         mnt,
         broker: _broker,
+        mut sink,
         up,
         http,
         cfg,
@@ -275,9 +258,20 @@ fn a_gateway_restarted_on_a_full_disk_waits_for_space_instead_of_exiting() {
         return;
     };
     let devices = 6;
+    sink.stop();
+    sent += send_fleet(&mut p, devices, 20..30);
+    // The fleet falls silent: its windows close into the journal, undelivered.
+    wait_or_explain(
+        Duration::from_secs(60),
+        || {
+            metric(http, "tidemark_received_total") == sent
+                && metric(http, "tidemark_outbox_depth") > 0
+        },
+        || support::metrics(http),
+    );
     fill(&mnt.0.join("filler"));
     // Until a commit needs a page the disk no longer has.
-    let mut seq = 20;
+    let mut seq = 30;
     let full = (0..60).any(|_| {
         sent += send_fleet(&mut p, devices, seq..seq + 10);
         seq += 10;
@@ -292,21 +286,15 @@ fn a_gateway_restarted_on_a_full_disk_waits_for_space_instead_of_exiting() {
     // Paused from the start: it never subscribes before the disk frees.
     let gw = Gateway::spawn(&cfg, &log2);
     sent += send_fleet(&mut p, devices, seq..seq + 10);
-    wait_or_explain(
-        Duration::from_secs(60),
-        || {
-            let (code, body) = support::http_get(http, "/healthz");
-            code == 503 && body.contains("state store cannot commit")
-        },
-        || {
-            format!(
-                "{:?}\n{}",
-                support::http_get(http, "/healthz"),
-                gw.log_text()
-            )
-        },
+    wait_blocked(http, &gw);
+    assert!(
+        gw.log_text()
+            .contains("checkpoint after journal replay failed"),
+        "{}",
+        gw.log_text()
     );
     std::fs::remove_file(mnt.0.join("filler")).expect("free the disk");
+    sink.restart();
     let counted = || support::window_readings(&up.all());
     wait_or_explain(
         Duration::from_secs(90),

@@ -13,20 +13,17 @@ use std::time::Duration;
 use support::{Collector, Gateway, Mosquitto, Proxy, Publisher, now_ms, wait_or_explain};
 
 fn config(dir: &Path, source_port: u16, broker: &Mosquitto, http: u16) -> std::path::PathBuf {
-    let path = dir.join("gateway.toml");
-    let text = format!(
-        "[gateway]\nid = \"gw\"\nstate_dir = \"{state}\"\ncommit_interval_ms = 200\ntick_interval_ms = 100\n\
-         [source]\nurl = \"mqtt://127.0.0.1:{source_port}\"\nclient_id = \"gw-in-{port}\"\nkeep_alive_s = 5\n\
-         [group_defaults]\nout_of_orderness_ms = 2000\nidle_timeout_ms = 3000\nallowed_lateness_ms = 60000\n\
-         heartbeat_timeout_ms = 600000\nwindow = {{ kind = \"tumbling\", size_ms = 5000 }}\n\
-         [sink]\nurl = \"{url}\"\nclient_id = \"gw-out-{port}\"\n\
-         [metrics]\ninterval_s = 1\nlisten = \"127.0.0.1:{http}\"\n",
-        state = dir.join("state").display(),
-        url = broker.url(),
-        port = broker.port,
-    );
-    std::fs::write(&path, text).expect("config");
-    path
+    support::gateway_config(
+        dir,
+        &dir.join("state"),
+        source_port,
+        broker,
+        http,
+        "commit_interval_ms = 200\ntick_interval_ms = 100",
+        "keep_alive_s = 5\n[group_defaults]\nout_of_orderness_ms = 2000\nidle_timeout_ms = 3000\n\
+         allowed_lateness_ms = 60000\nheartbeat_timeout_ms = 600000\n\
+         window = { kind = \"tumbling\", size_ms = 5000 }",
+    )
 }
 
 fn metric(port: u16, name: &str) -> u64 {
@@ -36,7 +33,7 @@ fn metric(port: u16, name: &str) -> u64 {
 #[test]
 fn a_source_link_cut_every_few_seconds_loses_nothing_and_counts_nothing_twice() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let broker = Mosquitto::start(false);
+    let broker = Mosquitto::stock();
     let proxy = Proxy::start(broker.port);
     let up = Collector::start(broker.port, "tidemark/gw/windows/#", "flap-upstream");
     let http = support::free_port();

@@ -13,18 +13,15 @@ use support::{
 };
 
 fn config(dir: &Path, broker: &Mosquitto, http: u16, extra: &str) -> std::path::PathBuf {
-    let path = dir.join("gateway.toml");
-    let text = format!(
-        "[gateway]\nid = \"gw\"\nstate_dir = \"{state}\"\n\
-         [source]\nurl = \"{url}\"\nclient_id = \"gw-in-{port}\"\n{extra}\n\
-         [sink]\nurl = \"{url}\"\nclient_id = \"gw-out-{port}\"\n\
-         [metrics]\ninterval_s = 1\nlisten = \"127.0.0.1:{http}\"\n",
-        state = dir.join("state").display(),
-        url = broker.url(),
-        port = broker.port,
-    );
-    std::fs::write(&path, text).expect("config");
-    path
+    support::gateway_config(
+        dir,
+        &dir.join("state"),
+        broker.port,
+        broker,
+        http,
+        "",
+        extra,
+    )
 }
 
 /// Sends every device its next reading until received + missing accounts for all that was
@@ -314,32 +311,20 @@ fn the_outbox_bound_holds_while_the_uplink_is_down() {
 #[test]
 fn a_nearly_full_state_disk_still_runs_without_a_preallocated_journal() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mnt = dir.path().join("small");
-    std::fs::create_dir_all(&mnt).expect("mount point");
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"])
-        .arg(&mnt)
-        .status()
-        .is_ok_and(|s| s.success());
-    if !mounted {
-        eprintln!("SKIPPED: cannot mount a tmpfs here (not root?)");
+    let Some(mnt) = support::Mount::tmpfs(&dir.path().join("small"), "4m") else {
         return;
-    }
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _unmount = Unmount(mnt.clone());
+    };
     let broker = Mosquitto::start(false);
     let http = support::free_port();
-    let cfg = config(dir.path(), &broker, http, "");
-    let text = std::fs::read_to_string(&cfg).expect("config").replace(
-        &format!("state_dir = \"{}\"", dir.path().join("state").display()),
-        &format!("state_dir = \"{}\"", mnt.join("state").display()),
+    let cfg = support::gateway_config(
+        dir.path(),
+        &mnt.0.join("state"),
+        broker.port,
+        &broker,
+        http,
+        "",
+        "",
     );
-    std::fs::write(&cfg, text).expect("config");
     let log = dir.path().join("gw.log");
     let gw = Gateway::start(&cfg, &log);
     assert!(
@@ -364,6 +349,6 @@ fn a_nearly_full_state_disk_still_runs_without_a_preallocated_journal() {
         "{}",
         std::fs::read_to_string(&log).unwrap_or_default()
     );
-    let wal = std::fs::metadata(mnt.join("state/tidemark.wal")).expect("journal");
+    let wal = std::fs::metadata(mnt.0.join("state/tidemark.wal")).expect("journal");
     assert!(wal.len() < 1 << 20, "journal of {} bytes", wal.len());
 }

@@ -55,7 +55,7 @@ fn results(up: &Collector, gateway: &str) -> BTreeMap<String, serde_json::Value>
 #[test]
 fn two_gateways_with_half_the_groups_each_publish_what_one_publishes_for_all() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let broker = Mosquitto::start(false);
+    let broker = Mosquitto::stock();
     let up = Collector::start(broker.port, "tidemark/+/windows/#", "scale-upstream");
     let gateways = [
         ("all", vec!["sensors/+/+/+"]),

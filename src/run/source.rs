@@ -77,10 +77,11 @@ pub async fn run(
                     } else {
                         tracing::info!(url = %sub.url, generation, "source connected, new session: subscribing");
                     }
-                    // Subscribed on every connect: a broker has been seen claiming a
-                    // session (mosquitto 2.0.11, now and then) without its subscriptions,
-                    // and an idle source is then silent for good. Subscribing again is
-                    // harmless (v5: retained messages are not sent again).
+                    // Subscribed on every connect: a kept session does not prove our
+                    // subscription is in it (a SUBSCRIBE lost in a cut before its SUBACK;
+                    // a CONNECT the broker took whose CONNACK never came back), and without
+                    // it the source is deaf for good. Again is harmless (v5: retained
+                    // messages are not sent again).
                     if client.subscribe(&sub.topics, sub.qos).is_err() {
                         // The request channel is full (acks): wait for room off the polling task.
                         let (c, topics, qos) = (client.clone(), sub.topics.clone(), sub.qos);

@@ -206,14 +206,24 @@ impl Durable {
         let mut pending = unfolded
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let own = std::mem::take(&mut batch.folded);
-        batch.folded = pending.iter().chain(own.iter()).cloned().collect();
+        // Moved, not copied (it may hold every output of an uplink outage); moved
+        // back if the commit fails, so the same batch can be retried.
+        let waiting = pending.len();
+        let mut folded: Vec<_> = pending.drain(..).collect();
+        folded.append(&mut batch.folded);
+        batch.folded = folded;
         batch.meta.push((K_WAL, next.to_be_bytes().to_vec()));
         let result = self.store.commit(batch);
         batch.meta.pop();
+        let own = batch.folded.split_off(waiting);
+        let stats = match result {
+            Ok(stats) => stats,
+            Err(e) => {
+                pending.extend(std::mem::replace(&mut batch.folded, own));
+                return Err(e);
+            }
+        };
         batch.folded = own;
-        let stats = result?;
-        pending.clear();
         self.unfolded_bytes = 0;
         drop(pending);
         self.wal.reset(next);
@@ -497,7 +507,11 @@ impl Outage {
                 u64::try_from(left.min(100)).unwrap_or(100),
             ));
         }
-        if let Err(e) = durable.store.reopen() {
+        // redb refuses every call after an I/O error until it is opened again;
+        // a journal error leaves it as it was.
+        if matches!(e, StoreError::Io(_))
+            && let Err(e) = durable.store.reopen()
+        {
             tracing::debug!(error = %e, "reopening the state file");
         }
         Ok(())
