@@ -246,43 +246,59 @@ fn a_gateway_with_nothing_to_persist_does_not_commit() {
     assert_eq!(code, Some(0));
 }
 
-/// The outbox bound holds with outputs that sit in the journal between checkpoints:
-/// past `outbox_max_messages` the oldest are dropped and counted, the newest delivered.
-#[test]
-fn the_outbox_bound_holds_while_the_uplink_is_down() {
+/// A gateway whose uplink is down, with `bound` in its `[sink]`, fed `steps` readings
+/// (with `fields` metrics each) from each of `devices` devices, all of whose windows close.
+/// Returns the gateway, its HTTP port and the stopped upstream broker.
+fn uplink_down(
+    dir: &Path,
+    bound: &str,
+    devices: i64,
+    steps: i64,
+    fields: usize,
+) -> (Gateway, u16, Mosquitto, Mosquitto) {
     let source = Mosquitto::start(false);
     let mut sink = Mosquitto::start(false);
     sink.stop();
-    let dir = tempfile::tempdir().expect("tempdir");
     let http = support::free_port();
-    let path = dir.path().join("gateway.toml");
+    let path = dir.join("gateway.toml");
     std::fs::write(
         &path,
         format!(
             "[gateway]\nid = \"gw\"\nstate_dir = \"{state}\"\n\
              [source]\nurl = \"{src}\"\nclient_id = \"gw-in-bound\"\n\
-             [sink]\nurl = \"{snk}\"\nclient_id = \"gw-out-bound\"\noutbox_max_messages = 50\n\
+             [sink]\nurl = \"{snk}\"\nclient_id = \"gw-out-bound\"\n{bound}\n\
              [metrics]\ninterval_s = 1\nlisten = \"127.0.0.1:{http}\"\n\
              [time]\npolicy = \"device\"\n\
              [group_defaults]\nwindow = {{ kind = \"tumbling\", size_ms = 1000 }}\n\
              out_of_orderness_ms = 0\nidle_timeout_ms = 500\nallowed_lateness_ms = 0\nheartbeat_timeout_ms = 3600000\n",
-            state = dir.path().join("state").display(),
+            state = dir.join("state").display(),
             src = source.url(),
             snk = sink.url(),
         ),
     )
     .expect("config");
-    let log = dir.path().join("gw.log");
-    let gw = Gateway::start(&path, &log);
+    let gw = Gateway::start(&path, &dir.join("gw.log"));
     let mut p = Publisher::connect(source.port, "bound-fleet");
     let t0 = now_ms() - 120_000;
-    for i in 0..30 {
-        for d in 0..10 {
-            let body = format!(r#"{{"ts": {}, "seq": {i}, "temp": 1}}"#, t0 + i * 1000);
+    let metrics: Vec<String> = (0..fields).map(|f| format!(r#", "m{f}": {f}.5"#)).collect();
+    let metrics = metrics.concat();
+    for i in 0..steps {
+        for d in 0..devices {
+            let body = format!(r#"{{"ts": {}, "seq": {i}{metrics}}}"#, t0 + i * 1000);
             p.send(&format!("sensors/g/d{d}/reading"), body.as_bytes());
         }
     }
     p.flush();
+    (gw, http, source, sink)
+}
+
+/// The outbox bound holds with outputs that sit in the journal between checkpoints:
+/// past `outbox_max_messages` the oldest are dropped and counted, the newest delivered.
+#[test]
+fn the_outbox_bound_holds_while_the_uplink_is_down() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (gw, http, _source, mut sink) =
+        uplink_down(dir.path(), "outbox_max_messages = 50", 10, 30, 1);
     // Every reading's window closes (the devices go idle), far more outputs than the bound.
     wait_or_explain(
         Duration::from_secs(60),
@@ -296,6 +312,40 @@ fn the_outbox_bound_holds_while_the_uplink_is_down() {
     let t = metrics(http);
     // 300 window results and 10 retained `online` statuses went into the outbox.
     assert_eq!(total(&t, "tidemark_outbox_dropped_total"), 310 - 50, "{t}");
+    sink.restart();
+    wait_or_explain(
+        Duration::from_secs(60),
+        || total(&metrics(http), "tidemark_outbox_depth") == 0,
+        || metrics(http),
+    );
+    let (code, _) = gw.terminate();
+    assert_eq!(code, Some(0));
+}
+
+/// `sink.outbox_max_mb`: the same, by the bytes the outputs take in the state file.
+#[test]
+fn the_outbox_byte_bound_holds_while_the_uplink_is_down() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // 3 000 window results of 6 metrics, each well over 600 bytes stored: about 2 MiB.
+    let (gw, http, _source, mut sink) = uplink_down(dir.path(), "outbox_max_mb = 1", 100, 30, 6);
+    let outputs = 3000 + 100;
+    wait_or_explain(
+        Duration::from_secs(120),
+        || {
+            let t = metrics(http);
+            let (depth, dropped) = (
+                total(&t, "tidemark_outbox_depth"),
+                total(&t, "tidemark_outbox_dropped_total"),
+            );
+            total(&t, "tidemark_windows_emitted_total") == 3000
+                && dropped > 0
+                && depth + dropped == outputs
+        },
+        || metrics(http),
+    );
+    let depth = total(&metrics(http), "tidemark_outbox_depth");
+    eprintln!("outbox_max_mb = 1: {depth} of {outputs} outputs kept");
+    assert!(depth * 600 <= 1 << 20, "{depth} outputs kept under 1 MiB");
     sink.restart();
     wait_or_explain(
         Duration::from_secs(60),
