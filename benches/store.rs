@@ -138,6 +138,7 @@ fn restore(state: &std::path::Path) {
     let devices = snap.devices.len();
     let mut e = engine(HOPPING);
     e.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
+    e.restore_clock(snap.gateway_clock);
     let total = start.elapsed();
     let size = std::fs::metadata(Store::file(state)).unwrap().len();
     println!(

@@ -73,6 +73,14 @@ impl Driver {
         self.next_tick = Some(now.mono.saturating_add(self.tick_ms));
     }
 
+    /// A new process: the monotonic clock has a new origin (see [`Engine::new_clock_origin`]).
+    pub fn new_clock_origin(&mut self) {
+        self.engine.new_clock_origin();
+        if let Some(j) = &mut self.journal {
+            j.new_origin();
+        }
+    }
+
     /// Whether [`Driver::start`] (or a resumed clock) has set the processing clock.
     pub fn started(&self) -> bool {
         self.next_tick.is_some()
@@ -111,6 +119,7 @@ impl Driver {
             let at = Now {
                 wall: now.wall.saturating_sub(now.mono - tick),
                 mono: tick,
+                synced: now.synced,
             };
             let before = self.outputs.len();
             self.engine.on_tick(at, &mut self.outputs);

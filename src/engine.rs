@@ -15,9 +15,10 @@ use crate::codec::{Decoded, Decoder, DeviceTs, MetricName};
 use crate::config::{Config, GroupConfig};
 use crate::model::{Id, Kind, Millis, Reason};
 use crate::output::{
-    Alert, AlertType, Late, MetricOut, Output, Rejected, WindowResult, decoded_fields,
+    Alert, AlertType, GatewayAlert, Late, MetricOut, Output, Rejected, WindowResult, decoded_fields,
 };
 use crate::time::seq::{Seen, SeqWindow};
+use crate::time::gateway::{self as gwclock, GatewayClock};
 use crate::time::skew::SkewEstimator;
 use crate::time::watermark;
 use crate::time::window::{self, MetricIdx, Window};
@@ -32,12 +33,18 @@ pub struct Now {
     pub wall: Millis,
     /// Monotonic clock, ms from an arbitrary origin.
     pub mono: Millis,
+    /// The kernel reports the wall clock synchronized (NTP).
+    pub synced: bool,
 }
 
 impl Now {
-    /// Both clocks at the same value (virtual time, tests).
+    /// Both clocks at the same value, synchronized (virtual time, tests).
     pub fn at(t: Millis) -> Self {
-        Self { wall: t, mono: t }
+        Self {
+            wall: t,
+            mono: t,
+            synced: true,
+        }
     }
 }
 
@@ -186,6 +193,8 @@ pub struct Changes {
     pub metric_names: Vec<(u16, MetricName)>,
     /// Counters at this point.
     pub counters: Counters,
+    /// The gateway-clock judgement at this point.
+    pub clock: GatewayClock,
 }
 
 /// The engine.
@@ -210,6 +219,10 @@ pub struct Engine {
     dirty_devices: Vec<u32>,
     /// The gateway wall clock is implausible: processing time is held.
     clock_held: bool,
+    /// Judgement of the gateway's own clock (SPEC §4).
+    clock: GatewayClock,
+    /// Reused list of device offset estimates for the consensus.
+    estimates: Vec<Millis>,
     /// Reused decode buffer (boxed: moved in and out without copying).
     scratch: Option<Box<Decoded>>,
     /// Reused list of the devices a tick visits in one group.
@@ -237,6 +250,8 @@ impl Engine {
             dirty_groups: Vec::new(),
             dirty_devices: Vec::new(),
             clock_held: false,
+            clock: GatewayClock::default(),
+            estimates: Vec::new(),
             scratch: Some(Box::default()),
             visit: Vec::new(),
         }
@@ -299,6 +314,22 @@ impl Engine {
         for g in &mut self.groups {
             g.rebuild = true;
         }
+    }
+
+    /// Restores the persisted gateway-clock judgement (none: state from before it existed).
+    pub fn restore_clock(&mut self, clock: Option<GatewayClock>) {
+        self.clock = clock.unwrap_or_default();
+    }
+
+    /// A new process: its monotonic clock has a new origin, so a jump of
+    /// wall − mono across it is not a step (see the README's contract notes).
+    pub fn new_clock_origin(&mut self) {
+        self.clock.new_origin();
+    }
+
+    /// The gateway-clock judgement (estimated error, verdict).
+    pub fn gateway_clock(&self) -> &GatewayClock {
+        &self.clock
     }
 
     /// Totals.
@@ -394,6 +425,7 @@ impl Engine {
             devices: Vec::with_capacity(self.dirty_devices.len()),
             metric_names: Vec::new(),
             counters: self.counters.clone(),
+            clock: self.clock.clone(),
         };
         for g in self.dirty_groups.drain(..) {
             let slot = &mut self.groups[g as usize];
@@ -553,9 +585,57 @@ impl Engine {
 
     /// Handles one input message that arrived at `now`.
     pub fn on_message(&mut self, topic: &str, payload: &[u8], now: Now, out: &mut Vec<Output>) {
+        let raw_wall = now.wall;
+        let now = self.observe_clock(now, out);
         let mut decoded = self.scratch.take().unwrap_or_default();
-        self.handle(topic, payload, now, &mut decoded, out);
+        self.handle(topic, payload, now, raw_wall, &mut decoded, out);
         self.scratch = Some(decoded);
+    }
+
+    /// Step detection and the consensus rule (SPEC §4); returns `now` on the corrected clock.
+    fn observe_clock(&mut self, now: Now, out: &mut Vec<Output>) -> Now {
+        let t = &self.time;
+        let o = self
+            .clock
+            .observe(now.wall, now.mono, now.synced, t.gateway_clock, t.max_skew_ms);
+        if let Some(delta) = o.step {
+            for di in 0..self.devices.len() {
+                self.devices[di].state.skew.rebase(delta);
+                self.mark_device(di);
+            }
+        }
+        let mut event = o.event;
+        if o.evaluate && self.time.policy == TimePolicy::Calibrated {
+            self.estimates.clear();
+            for d in &self.devices {
+                let idle = self.groups[d.group as usize].cfg.idle_timeout_ms;
+                if let Some(e) = d.state.skew.estimate()
+                    && now.mono.saturating_sub(d.state.last_arrival) < idle
+                {
+                    self.estimates.push(e);
+                }
+            }
+            event = self
+                .clock
+                .judge(&mut self.estimates, now.mono, self.time.max_skew_ms)
+                .or(event);
+        }
+        let corrected = Now {
+            wall: self.clock.correct(now.wall),
+            ..now
+        };
+        if let Some(e) = event {
+            self.counters.alerts += 1;
+            out.push(Output::Gateway(match e {
+                gwclock::Event::Wrong { error, agreeing } => GatewayAlert::Clock {
+                    error_ms: error,
+                    devices_agreeing: agreeing,
+                    at: corrected.wall,
+                },
+                gwclock::Event::Ok => GatewayAlert::ClockOk { at: corrected.wall },
+            }));
+        }
+        corrected
     }
 
     fn handle(
@@ -563,6 +643,7 @@ impl Engine {
         topic: &str,
         payload: &[u8],
         now: Now,
+        raw_wall: Millis,
         decoded: &mut Decoded,
         out: &mut Vec<Output>,
     ) {
@@ -599,7 +680,7 @@ impl Engine {
             }
         }
         self.mark_device(di);
-        let event = match self.event_time(di, decoded, now, out) {
+        let event = match self.event_time(di, decoded, now, raw_wall, out) {
             Ok(t) => t,
             Err(detail) => {
                 return self.reject(
@@ -723,6 +804,7 @@ impl Engine {
         di: usize,
         d: &Decoded,
         now: Now,
+        raw_wall: Millis,
         out: &mut Vec<Output>,
     ) -> Result<Millis, &'static str> {
         let valid = match d.ts {
@@ -746,9 +828,19 @@ impl Engine {
         }
         let window = self.time.skew_window;
         let dev = &mut self.devices[di].state;
-        dev.skew.observe(now.wall, device_ts, window);
-        let est = dev.skew.estimate().unwrap_or(0);
+        // Estimates are kept against the raw wall clock; `error` maps it onto true time.
+        dev.skew.observe(raw_wall, device_ts, window);
+        let est = dev
+            .skew
+            .estimate()
+            .unwrap_or(0)
+            .saturating_sub(self.clock.error);
         let skewed = est.abs() > self.time.max_skew_ms;
+        if skewed && self.clock.unsure() {
+            // Device or gateway wrong, not known yet: the earlier of the two
+            // never puts a reading ahead of true time (see time::gateway).
+            return Ok(device_ts.min(now.wall));
+        }
         if skewed != dev.distrusted {
             dev.distrusted = skewed;
             let last_seen = dev.max_event;
@@ -791,6 +883,10 @@ impl Engine {
 
     /// Advances processing time: watermarks, firing, purge, liveness.
     pub fn on_tick(&mut self, now: Now, out: &mut Vec<Output>) {
+        let now = Now {
+            wall: self.clock.tick_wall(now.wall, now.mono),
+            ..now
+        };
         // A board without RTC before NTP sync: arrival-based decisions are unsafe.
         self.clock_held = now.wall < self.time.min_valid_epoch_ms;
         if self.clock_held {

@@ -19,6 +19,8 @@ use crate::engine::{Engine, Now};
 use crate::model::Millis;
 use crate::output::Output;
 
+/// `M` is a message while the kernel reports the clock synchronized, `U` one
+/// while it does not; `O` a new monotonic origin (a new process).
 #[derive(Serialize)]
 enum OpRef<'a> {
     S(Millis, Millis),
@@ -29,6 +31,13 @@ enum OpRef<'a> {
         &'a str,
         #[serde(with = "serde_bytes")] &'a [u8],
     ),
+    U(
+        Millis,
+        Millis,
+        &'a str,
+        #[serde(with = "serde_bytes")] &'a [u8],
+    ),
+    O,
 }
 
 #[derive(Deserialize)]
@@ -41,6 +50,13 @@ enum Op {
         String,
         #[serde(with = "serde_bytes")] Vec<u8>,
     ),
+    U(
+        Millis,
+        Millis,
+        String,
+        #[serde(with = "serde_bytes")] Vec<u8>,
+    ),
+    O,
 }
 
 /// The ops since the last cut, encoded.
@@ -70,7 +86,18 @@ impl Journal {
 
     /// A message handed to the engine at `now`.
     pub fn message(&mut self, now: Now, topic: &str, payload: &[u8]) {
-        self.push(&OpRef::M(now.wall, now.mono, topic, payload));
+        let op = if now.synced {
+            OpRef::M(now.wall, now.mono, topic, payload)
+        } else {
+            OpRef::U(now.wall, now.mono, topic, payload)
+        };
+        self.push(&op);
+        self.tick_at = None;
+    }
+
+    /// A new monotonic origin (see [`Engine::new_clock_origin`]).
+    pub fn new_origin(&mut self) {
+        self.push(&OpRef::O);
         self.tick_at = None;
     }
 
@@ -117,13 +144,21 @@ pub fn apply(
     while !ops.is_empty() {
         let op: Op = ciborium::de::from_reader(&mut ops).map_err(|e| ReplayError(e.to_string()))?;
         match op {
-            Op::S(wall, mono) => engine.restart_idleness(Now { wall, mono }),
-            Op::T(wall, mono) => engine.on_tick(Now { wall, mono }, scratch),
+            Op::S(wall, mono) => engine.restart_idleness(now(wall, mono, true)),
+            Op::T(wall, mono) => engine.on_tick(now(wall, mono, true), scratch),
             Op::M(wall, mono, topic, payload) => {
-                engine.on_message(&topic, &payload, Now { wall, mono }, scratch);
+                engine.on_message(&topic, &payload, now(wall, mono, true), scratch);
             }
+            Op::U(wall, mono, topic, payload) => {
+                engine.on_message(&topic, &payload, now(wall, mono, false), scratch);
+            }
+            Op::O => engine.new_clock_origin(),
         }
         scratch.clear();
     }
     Ok(())
+}
+
+fn now(wall: Millis, mono: Millis, synced: bool) -> Now {
+    Now { wall, mono, synced }
 }

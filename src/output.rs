@@ -29,6 +29,8 @@ pub enum Output {
     Rejected(Rejected),
     /// A device alert.
     Alert(Alert),
+    /// A gateway-level alert from the engine (`P/alerts`).
+    Gateway(GatewayAlert),
     /// Retained device status.
     Status {
         /// Group.
@@ -204,6 +206,28 @@ pub struct Alert {
     pub at: Millis,
 }
 
+/// `P/alerts` payloads raised by the engine (SPEC §8).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum GatewayAlert {
+    /// A quorum of devices says the gateway's clock is wrong.
+    #[serde(rename = "gateway_clock")]
+    Clock {
+        /// Estimated error of the gateway clock (gateway − devices' consensus).
+        error_ms: Millis,
+        /// Devices in the consensus (0: the gateway clock stepped away from the corrected time).
+        devices_agreeing: usize,
+        /// Corrected gateway time when raised.
+        at: Millis,
+    },
+    /// The gateway clock agrees again.
+    #[serde(rename = "gateway_clock_ok")]
+    ClockOk {
+        /// Gateway time when raised.
+        at: Millis,
+    },
+}
+
 impl Output {
     /// Topic below the prefix `p`.
     pub fn topic(&self, p: &str) -> String {
@@ -212,6 +236,7 @@ impl Output {
             Output::Late(l) => format!("{p}/late/{}/{}", l.group, l.device),
             Output::Rejected(_) => format!("{p}/rejected"),
             Output::Alert(a) => format!("{p}/alerts/{}/{}", a.group, a.device),
+            Output::Gateway(_) => format!("{p}/alerts"),
             Output::Status { group, device, .. } => format!("{p}/status/{group}/{device}"),
         }
     }
@@ -256,6 +281,7 @@ impl Serialize for PayloadRef<'_> {
             Output::Late(l) => l.serialize(s),
             Output::Rejected(r) => r.serialize(s),
             Output::Alert(a) => a.serialize(s),
+            Output::Gateway(a) => a.serialize(s),
             Output::Status { online, .. } => {
                 s.serialize_str(if *online { "online" } else { "offline" })
             }

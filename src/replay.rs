@@ -37,6 +37,35 @@ pub struct Record<'a> {
     /// Raw payload bytes, base64.
     #[serde(default)]
     pub payload_b64: Option<String>,
+    /// The recording gateway's monotonic clock at arrival, ms (SPEC §4).
+    #[serde(default)]
+    pub mono: Option<Millis>,
+    /// The kernel reported the wall clock synchronized (absent: yes).
+    #[serde(default)]
+    pub synced: Option<bool>,
+}
+
+/// Maps the monotonic readings of capture lines onto one virtual monotonic
+/// clock: a line without `"mono"` ticks at its arrival (as replay always did);
+/// lines with it advance by their own monotonic differences, so a step of the
+/// recorded wall clock shows as one; a recorder's new origin (its readings
+/// going back) advances by the wall clock instead.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+struct VirtualMono {
+    /// (arrival, its `mono`, its virtual time) of the last line.
+    prev: Option<(Millis, Option<Millis>, Millis)>,
+}
+
+impl VirtualMono {
+    fn map(&mut self, wall: Millis, mono: Option<Millis>) -> Millis {
+        let v = match (mono, self.prev) {
+            (None, _) | (Some(_), None) => wall,
+            (Some(m), Some((_, Some(pm), pv))) if m >= pm => pv.saturating_add(m - pm),
+            (Some(_), Some((pw, _, pv))) => pv.saturating_add(wall.saturating_sub(pw).max(0)),
+        };
+        self.prev = Some((wall, mono, v));
+        v
+    }
 }
 
 fn raw_present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
@@ -123,11 +152,12 @@ struct Input<R: BufRead> {
     line: String,
     offset: u64,
     line_no: u64,
+    mono: VirtualMono,
 }
 
 impl<R: BufRead> Input<R> {
-    /// The next record as (arrival, topic, payload), or None at the end.
-    fn next(&mut self) -> Result<Option<(Millis, String, Vec<u8>)>, ReplayError> {
+    /// The next record as (gateway clocks, topic, payload), or None at the end.
+    fn next(&mut self) -> Result<Option<(Now, String, Vec<u8>)>, ReplayError> {
         loop {
             self.line.clear();
             let n = self
@@ -161,8 +191,16 @@ impl<R: BufRead> Input<R> {
                     rec.arrival
                 )));
             }
+            if rec.mono.is_some_and(|m| !(0..=MAX_ARRIVAL).contains(&m)) {
+                return Err(bad(format!("mono is outside 0..={MAX_ARRIVAL}")));
+            }
             let bytes = payload_bytes(&rec).map_err(bad)?;
-            return Ok(Some((rec.arrival, rec.topic, bytes)));
+            let now = Now {
+                wall: rec.arrival,
+                mono: self.mono.map(rec.arrival, rec.mono),
+                synced: rec.synced.unwrap_or(true),
+            };
+            return Ok(Some((now, rec.topic, bytes)));
         }
     }
 }
@@ -228,6 +266,7 @@ pub fn run_memory_with<R: BufRead, W: Write>(
         line: String::new(),
         offset: 0,
         line_no: 0,
+        mono: VirtualMono::default(),
     };
     let mut summary = Summary::default();
     let mut last = None;
@@ -251,14 +290,22 @@ pub fn run_memory_with<R: BufRead, W: Write>(
         }
         Ok(())
     };
-    while let Some((arrival, topic, payload)) = input.next()? {
-        rp.message(Now::at(arrival), &topic, &payload);
+    while let Some((now, topic, payload)) = input.next()? {
+        rp.message(now, &topic, &payload);
         summary.records += 1;
-        last = Some(last.map_or(arrival, |l: Millis| l.max(arrival)));
+        last = Some(last.map_or(now, |l: Now| Now {
+            wall: l.wall.max(now.wall),
+            mono: l.mono.max(now.mono),
+            synced: now.synced,
+        }));
         write(&mut rp, &mut summary)?;
     }
     if let Some(last) = last {
-        rp.ticks_until(Now::at(last.saturating_add(drain_ms)));
+        rp.ticks_until(Now {
+            wall: last.wall.saturating_add(drain_ms),
+            mono: last.mono.saturating_add(drain_ms),
+            synced: last.synced,
+        });
         if flush {
             rp.flush();
         }
@@ -279,6 +326,9 @@ struct Position {
     last_arrival: Option<Millis>,
     /// Virtual time of the last commit.
     last_commit: Option<Millis>,
+    /// The virtual monotonic clock (absent in positions written before it).
+    #[serde(default)]
+    mono: VirtualMono,
 }
 
 const K_REPLAY: &str = "replay";
@@ -405,6 +455,7 @@ fn run_durable(
     };
     let mut engine = Engine::new(cfg);
     engine.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
+    engine.restore_clock(snap.gateway_clock);
     let out = match output {
         Some(path) => {
             let mut f = OpenOptions::new()
@@ -438,15 +489,19 @@ fn run_durable(
         line: String::new(),
         offset: d.pos.offset,
         line_no: 0,
+        mono: d.pos.mono,
     };
     let mut rp = Driver::new(engine, cfg, SinkFormat::Json, d.pos.next_tick);
-    while let Some((arrival, topic, payload)) = input.next()? {
-        rp.message(Now::at(arrival), &topic, &payload);
+    while let Some((now, topic, payload)) = input.next()? {
+        rp.message(now, &topic, &payload);
         d.summary.records += 1;
         d.pos.offset = input.offset;
-        d.pos.last_arrival = Some(d.pos.last_arrival.map_or(arrival, |l| l.max(arrival)));
-        if d.due(arrival) {
-            d.commit(&mut rp, arrival)?;
+        d.pos.mono = input.mono;
+        // Virtual time: the arrival for captures without "mono".
+        let t = now.mono;
+        d.pos.last_arrival = Some(d.pos.last_arrival.map_or(t, |l| l.max(t)));
+        if d.due(t) {
+            d.commit(&mut rp, t)?;
         }
     }
     if let Some(last) = d.pos.last_arrival {

@@ -52,7 +52,7 @@ proptest! {
         for (topic, payload, step, wild_clock) in &msgs {
             at += step;
             // The gateway's own clock may be anything at all (RTC resets, broken captures).
-            let now = if *wild_clock { Now { wall: at.wrapping_add(extreme), mono: at } } else { Now::at(at) };
+            let now = if *wild_clock { Now { wall: at.wrapping_add(extreme), mono: at, synced: true } } else { Now::at(at) };
             sim.engine.on_message(topic, payload, now, &mut sim.out);
             sim.engine.on_tick(now, &mut sim.out);
         }

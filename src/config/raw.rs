@@ -50,6 +50,7 @@ max_skew_ms = 300000
 skew_window = 32
 max_future_ms = 5000
 max_age_ms = 86400000
+gateway_clock = "auto"
 
 [group_defaults]
 out_of_orderness_ms = 2000
@@ -201,6 +202,8 @@ pub struct RawTime {
     pub max_future_ms: u64,
     /// Event times earlier than now - this are rejected.
     pub max_age_ms: u64,
+    /// `auto`: a quorum of devices may overrule an unsynchronized gateway clock; `trusted`: never.
+    pub gateway_clock: crate::time::gateway::GatewayClockMode,
 }
 
 /// `[group_defaults]`

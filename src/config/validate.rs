@@ -193,6 +193,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         skew_window: usize::try_from(t.skew_window.clamp(1, MAX_SKEW_WINDOW)).unwrap_or(1),
         max_future_ms: ms(&mut p, "time.max_future_ms", t.max_future_ms),
         max_age_ms: ms(&mut p, "time.max_age_ms", t.max_age_ms),
+        gateway_clock: t.gateway_clock,
     };
 
     let d = &raw.group_defaults;

@@ -1,6 +1,8 @@
 //! `tidemark capture`: records live traffic as a `replay` input, one JSON line
-//! per message (`{"arrival", "topic", "payload"}`, or `"payload_b64"` when the
-//! payload is not JSON), flushed line by line so a killed capture stays usable.
+//! per message (`{"arrival", "mono", "synced", "topic", "payload"}`, or
+//! `"payload_b64"` when the payload is not JSON), flushed line by line so a
+//! killed capture stays usable. `mono` and `synced` let `replay` see steps of
+//! the wall clock and the kernel's NTP state as `run` saw them (SPEC §4).
 
 use std::io::Write;
 use std::path::Path;
@@ -43,13 +45,21 @@ pub enum CaptureError {
     Link(#[from] link::LinkError),
 }
 
-/// One capture line for a message that arrived at `arrival`.
-pub fn line(arrival: i64, topic: &str, payload: &[u8]) -> String {
+/// One capture line for a message that arrived at `now`.
+pub fn line(now: crate::engine::Now, topic: &str, payload: &[u8]) -> String {
     let json = serde_json::from_slice::<&serde_json::value::RawValue>(payload).ok();
     let v = match json {
-        Some(raw) => serde_json::json!({"arrival": arrival, "topic": topic, "payload": raw}),
+        Some(raw) => serde_json::json!({
+            "arrival": now.wall,
+            "mono": now.mono,
+            "synced": now.synced,
+            "topic": topic,
+            "payload": raw,
+        }),
         None => serde_json::json!({
-            "arrival": arrival,
+            "arrival": now.wall,
+            "mono": now.mono,
+            "synced": now.synced,
             "topic": topic,
             "payload_b64": base64::engine::general_purpose::STANDARD.encode(payload),
         }),
@@ -113,7 +123,7 @@ pub fn run(o: &CaptureOptions<'_>) -> Result<u64, CaptureError> {
                         tracing::info!(refused, "capture subscribed");
                     }
                     Ok(Event::Message { topic, payload, .. }) => {
-                        let l = line(clock.now().wall, &topic, &payload);
+                        let l = line(clock.now(), &topic, &payload);
                         writeln!(out, "{l}")?;
                         out.flush()?;
                         n += 1;

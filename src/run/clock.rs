@@ -1,5 +1,6 @@
 //! The gateway's clocks: the one place that reads them (see `clippy.toml`).
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::engine::Now;
@@ -20,14 +21,18 @@ impl SystemClock {
         }
     }
 
-    /// Both clocks, read once.
+    /// Both clocks, read once, and the kernel's NTP state (asked at most once a second).
     #[allow(clippy::disallowed_methods)]
     pub fn now(&self) -> Now {
         let wall = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| {
             Millis::try_from(d.as_millis()).unwrap_or(Millis::MAX)
         });
         let mono = Millis::try_from(self.origin.elapsed().as_millis()).unwrap_or(Millis::MAX);
-        Now { wall, mono }
+        Now {
+            wall,
+            mono,
+            synced: synced_cached(),
+        }
     }
 
     /// Monotonic milliseconds since the clock was made.
@@ -73,4 +78,49 @@ impl Backoff {
         let jitter = self.seed % (base / 2 + 1);
         std::time::Duration::from_millis(base - base / 4 + jitter)
     }
+}
+
+/// The kernel's view of the wall clock (adjtimex).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelClock {
+    /// `STA_UNSYNC` is clear: NTP (or another discipline) keeps the clock.
+    pub synced: bool,
+    /// Maximum error the kernel reports, µs.
+    pub maxerror_us: i64,
+}
+
+/// Asks the kernel (adjtimex, read only). Where it cannot be asked the clock counts as synchronized.
+pub fn kernel_clock() -> KernelClock {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: a zeroed `timex` with `modes` 0 only reads the kernel's state.
+        let mut t: libc::timex = unsafe { std::mem::zeroed() };
+        let rc = unsafe { libc::adjtimex(&mut t) };
+        if rc >= 0 {
+            return KernelClock {
+                synced: t.status & libc::STA_UNSYNC == 0,
+                maxerror_us: i64::from(t.maxerror),
+            };
+        }
+    }
+    KernelClock {
+        synced: true,
+        maxerror_us: 0,
+    }
+}
+
+/// Process-wide cache of the kernel's sync flag: (second of the monotonic clock << 1) | synced.
+static SYNCED: AtomicI64 = AtomicI64::new(-1);
+
+#[allow(clippy::disallowed_methods)]
+fn synced_cached() -> bool {
+    static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let sec = i64::try_from(ORIGIN.get_or_init(Instant::now).elapsed().as_secs()).unwrap_or(0);
+    let v = SYNCED.load(Ordering::Relaxed);
+    if v >= 0 && v >> 1 == sec {
+        return v & 1 == 1;
+    }
+    let synced = kernel_clock().synced;
+    SYNCED.store((sec << 1) | i64::from(synced), Ordering::Relaxed);
+    synced
 }

@@ -15,7 +15,7 @@ use super::{Shared, StoreJob};
 use crate::driver::Driver;
 use crate::engine::Engine;
 use crate::model::Millis;
-use crate::output::{AlertType, Output};
+use crate::output::{AlertType, GatewayAlert, Output};
 
 /// Input of the core thread.
 #[derive(Debug)]
@@ -248,6 +248,22 @@ impl Report {
 
     fn outputs(&self, outputs: &[Output]) {
         for o in outputs {
+            if let Output::Gateway(g) = o {
+                match g {
+                    GatewayAlert::Clock {
+                        error_ms,
+                        devices_agreeing,
+                        ..
+                    } => tracing::warn!(
+                        error_ms,
+                        devices_agreeing,
+                        "gateway clock wrong (kernel reports it unsynchronized): event times follow the devices' consensus"
+                    ),
+                    GatewayAlert::ClockOk { .. } => {
+                        tracing::info!("gateway clock agrees with the devices again");
+                    }
+                }
+            }
             if let Output::Alert(a) = o {
                 match a.kind {
                     AlertType::ClockSkew => tracing::warn!(

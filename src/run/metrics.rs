@@ -82,6 +82,19 @@ struct StoreIo {
     ok: bool,
 }
 
+/// The gateway's own clock (SPEC §4, §8 `P/metrics`).
+#[derive(Serialize)]
+struct GatewayClockOut {
+    /// Estimated error of the wall clock (wall − true), 0 while it is trusted.
+    error_ms: Millis,
+    /// The kernel reports the clock synchronized.
+    kernel_synced: bool,
+    /// The kernel's maximum error estimate, µs.
+    kernel_maxerror_us: i64,
+    /// unsure | trusted | wrong.
+    verdict: crate::time::gateway::Verdict,
+}
+
 /// Gateway state at `now`.
 #[derive(Serialize)]
 pub struct Metrics {
@@ -92,6 +105,7 @@ pub struct Metrics {
     outbox_oldest_age_ms: Option<Millis>,
     connected: Connections,
     clock_held: bool,
+    gateway_clock: GatewayClockOut,
     store: StoreIo,
     #[serde(skip)]
     ack_delay: ([u64; 11], u64),
@@ -200,6 +214,41 @@ impl Metrics {
             "1 while the gateway clock is implausible and processing time is held.",
         );
         let _ = writeln!(o, "tidemark_clock_held {}", u8::from(self.clock_held));
+        let g = &self.gateway_clock;
+        metric(
+            &mut o,
+            "gateway_clock_error_seconds",
+            "gauge",
+            "Estimated error of the gateway wall clock (gateway minus the devices' consensus); 0 while trusted.",
+        );
+        let _ = writeln!(o, "tidemark_gateway_clock_error_seconds {}", seconds(g.error_ms));
+        metric(
+            &mut o,
+            "gateway_clock_wrong",
+            "gauge",
+            "1 while a quorum of devices overrules the (unsynchronized) gateway clock.",
+        );
+        let wrong = g.verdict == crate::time::gateway::Verdict::Wrong;
+        let _ = writeln!(o, "tidemark_gateway_clock_wrong {}", u8::from(wrong));
+        metric(
+            &mut o,
+            "kernel_clock_synced",
+            "gauge",
+            "1 while the kernel reports the wall clock synchronized (adjtimex STA_UNSYNC clear).",
+        );
+        let _ = writeln!(o, "tidemark_kernel_clock_synced {}", u8::from(g.kernel_synced));
+        metric(
+            &mut o,
+            "kernel_clock_maxerror_seconds",
+            "gauge",
+            "The kernel's maximum error estimate of the wall clock.",
+        );
+        let _ = writeln!(
+            o,
+            "tidemark_kernel_clock_maxerror_seconds {}.{:06}",
+            g.kernel_maxerror_us.div_euclid(1_000_000),
+            g.kernel_maxerror_us.rem_euclid(1_000_000)
+        );
         metric(
             &mut o,
             "state_store_ok",
@@ -351,6 +400,13 @@ fn label(v: &str) -> String {
 /// Gateway state now.
 pub fn collect(engine: &Engine, now: Now, shared: &Shared, source_up: bool) -> Metrics {
     let c = engine.counters();
+    let clock = engine.gateway_clock();
+    // Times on the corrected gateway clock, as the engine's (SPEC §4).
+    let now = Now {
+        wall: clock.tick_wall(now.wall, now.mono),
+        ..now
+    };
+    let kernel = super::clock::kernel_clock();
     let groups = engine
         .group_stats(now)
         .into_iter()
@@ -394,6 +450,12 @@ pub fn collect(engine: &Engine, now: Now, shared: &Shared, source_up: bool) -> M
             sink: shared.sink_up.load(Ordering::Relaxed),
         },
         clock_held: engine.clock_held(),
+        gateway_clock: GatewayClockOut {
+            error_ms: clock.error,
+            kernel_synced: kernel.synced,
+            kernel_maxerror_us: kernel.maxerror_us,
+            verdict: clock.verdict,
+        },
         store: StoreIo {
             journal_commits: shared.commits[0].load(Ordering::Relaxed),
             checkpoints: shared.commits[1].load(Ordering::Relaxed),

@@ -149,6 +149,7 @@ pub fn run(cfg: &Config) -> Result<(), RunError> {
     let (groups, devices) = (snap.groups.len(), snap.devices.len());
     let mut engine = Engine::new(cfg);
     engine.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
+    engine.restore_clock(snap.gateway_clock);
     // What the journal holds since the last checkpoint goes into the engine and the state file.
     let (durable, replayed) =
         storer::Durable::recover(store, &cfg.state_dir, &snap.meta, &mut engine)?;
@@ -169,7 +170,9 @@ pub fn run(cfg: &Config) -> Result<(), RunError> {
              max_queued_messages (default 1000); raise both on the broker (README: The site broker) or use v5"
         );
     }
-    let driver = Driver::new(engine, cfg, cfg.sink_format, None).with_journal();
+    let mut driver = Driver::new(engine, cfg, cfg.sink_format, None).with_journal();
+    // This process's monotonic clock starts afresh: the last reference of wall − mono is void.
+    driver.new_clock_origin();
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

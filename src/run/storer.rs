@@ -582,6 +582,7 @@ mod tests {
         let (store, snap) = Store::open(dir, 1000).unwrap();
         let mut e = Engine::new(cfg);
         e.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
+        e.restore_clock(snap.gateway_clock);
         let (d, n) = Durable::recover(store, dir, &snap.meta, &mut e).unwrap();
         (
             d,

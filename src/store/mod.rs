@@ -20,7 +20,7 @@ use crate::codec::MetricName;
 use crate::engine::{Changes, Counters, Device, Group};
 use crate::model::Millis;
 use schema::{
-    DEVICES, GROUPS, K_COUNTERS, K_OUTBOX, K_SCHEMA, META, METRIC_NAMES, OUTBOX, SCHEMA_VERSION,
+    DEVICES, GROUPS, K_CLOCK, K_COUNTERS, K_OUTBOX, K_SCHEMA, META, METRIC_NAMES, OUTBOX, SCHEMA_VERSION,
 };
 
 /// Store failures. [`StoreError::is_io`] ones (a full disk) are retried by
@@ -143,6 +143,8 @@ pub struct Snapshot {
     pub metric_names: Vec<MetricName>,
     /// Counters.
     pub counters: Counters,
+    /// The gateway-clock judgement (absent in state written before it existed).
+    pub gateway_clock: Option<crate::time::gateway::GatewayClock>,
     /// Other `META` entries (caller positions).
     pub meta: BTreeMap<String, Vec<u8>>,
     /// Entries in the outbox.
@@ -539,6 +541,8 @@ impl Store {
             let mut m = txn.open_table(META)?;
             cbor(&ch.counters, &mut self.buf);
             m.insert(K_COUNTERS, self.buf.as_slice())?;
+            cbor(&ch.clock, &mut self.buf);
+            m.insert(K_CLOCK, self.buf.as_slice())?;
             cbor(&self.outbox, &mut self.buf);
             m.insert(K_OUTBOX, self.buf.as_slice())?;
             for (k, v) in &batch.meta {
@@ -686,6 +690,10 @@ fn read_snapshot<D: ReadableDatabase>(db: &D, path: &Path) -> Result<Snapshot, S
     if let Some(b) = s.meta.get(K_COUNTERS) {
         s.counters =
             ciborium::de::from_reader(&b[..]).map_err(|e| corrupt(path, "meta")(e.to_string()))?;
+    }
+    if let Some(b) = s.meta.get(K_CLOCK) {
+        s.gateway_clock =
+            Some(ciborium::de::from_reader(&b[..]).map_err(|e| corrupt(path, "meta")(e.to_string()))?);
     }
     if let Some(b) = s.meta.get(K_OUTBOX) {
         let m: OutboxMeta =
@@ -852,6 +860,7 @@ mod tests {
         assert_eq!(snap.counters, *a.counters());
         let mut b = Engine::new(&cfg);
         b.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
+        b.restore_clock(snap.gateway_clock);
         let (mut out_a, mut out_b) = (Vec::new(), Vec::new());
         feed(&mut a, 90, 300, &mut out_a);
         feed(&mut b, 90, 300, &mut out_b);
@@ -881,6 +890,7 @@ mod tests {
         let snap = read_snapshot(&*store.db.get().unwrap(), store.path()).unwrap();
         let mut b = Engine::new(&cfg);
         b.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
+        b.restore_clock(snap.gateway_clock);
         // Same instant as the last tick: the watermark does not move.
         let (mut out_a, mut out_b) = (Vec::new(), Vec::new());
         a.on_tick(Now::at(T0 + 69_500), &mut out_a);

@@ -24,6 +24,8 @@ pub const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("outbox");
 pub const K_SCHEMA: &str = "schema_version";
 /// `META` key of the engine counters.
 pub const K_COUNTERS: &str = "counters";
+/// `META` key of the gateway-clock judgement (added later, compatible: absent = none yet).
+pub const K_CLOCK: &str = "gateway_clock";
 /// `META` key of the outbox cursor and drop count.
 pub const K_OUTBOX: &str = "outbox";
 /// `META` key of the write-ahead journal generation its records must carry (u64, big-endian).

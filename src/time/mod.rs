@@ -1,6 +1,7 @@
 //! The pure event-time building blocks: clock-offset estimation, duplicate
 //! suppression, the group watermark fold and windows. No I/O, no clock reads: time is passed in.
 
+pub mod gateway;
 pub mod seq;
 pub mod skew;
 pub mod watermark;
@@ -47,4 +48,6 @@ pub struct TimeConfig {
     pub max_future_ms: i64,
     /// Age bound.
     pub max_age_ms: i64,
+    /// Whether a quorum of devices may overrule an unsynchronized gateway clock.
+    pub gateway_clock: gateway::GatewayClockMode,
 }

@@ -179,6 +179,29 @@ impl SkewEstimator {
         MIN_THRESHOLD_MS.max(self.jitter().saturating_mul(JITTER_FACTOR))
     }
 
+    /// The gateway's wall clock stepped by `delta`: every offset and arrival
+    /// second moves with it, so the next samples continue the same estimate.
+    pub fn rebase(&mut self, delta: Millis) {
+        let shift = |v: &mut Millis| {
+            if *v != NONE {
+                *v = v.saturating_add(delta).max(NONE + 1);
+            }
+        };
+        let secs = delta.div_euclid(1000);
+        for b in &mut self.buckets {
+            b.sec = b.sec.saturating_add(secs);
+            shift(&mut b.min);
+            shift(&mut b.hi);
+        }
+        if let Some(c) = &mut self.step {
+            for v in [&mut c.lo, &mut c.settled_at, &mut c.run_lo, &mut c.run_hi, &mut c.run_since] {
+                shift(v);
+            }
+        }
+        self.est = self.est.map(|e| e.saturating_add(delta));
+        self.hi = self.hi.map(|e| e.saturating_add(delta));
+    }
+
     /// Feeds one sample; `window` is `time.skew_window` (1..=64).
     pub fn observe(&mut self, arrival: Millis, device_ts: Millis, window: usize) -> Sample {
         let offset = arrival.saturating_sub(device_ts);
@@ -477,6 +500,23 @@ mod tests {
         e.observe(T0, T0 - 90_000, 32); // first sample came out of a queue, 90 s late
         assert_eq!(e.observe(T0 + 10, T0, 32), Sample::Taken);
         assert_eq!(e.estimate(), Some(10));
+    }
+
+    #[test]
+    fn a_rebased_estimator_continues_across_a_gateway_step_without_a_candidate() {
+        for delta in [-3 * 3_600_000, -600_000, 600_000, 86_400_000] {
+            let mut e = SkewEstimator::default();
+            feed(&mut e, T0, T0 + 40_000, 500, 0, 20);
+            e.rebase(delta);
+            assert_eq!(e.estimate(), Some(20 + delta));
+            // Samples on the stepped clock are ordinary ones, and buckets keep aging.
+            for k in 0..80i64 {
+                let t = T0 + 40_000 + k * 500;
+                assert_eq!(e.observe(t + 20 + delta, t, 32), Sample::Taken, "{delta}");
+            }
+            assert_eq!(e.estimate(), Some(20 + delta));
+            assert!(e.buckets.len() <= 32);
+        }
     }
 
     #[test]
