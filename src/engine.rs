@@ -223,6 +223,8 @@ pub struct Engine {
     clock: GatewayClock,
     /// Reused list of device offset estimates for the consensus.
     estimates: Vec<Millis>,
+    /// The event being handled was timed while the gateway clock is in doubt.
+    provisional: bool,
     /// Reused decode buffer (boxed: moved in and out without copying).
     scratch: Option<Box<Decoded>>,
     /// Reused list of the devices a tick visits in one group.
@@ -252,6 +254,7 @@ impl Engine {
             clock_held: false,
             clock: GatewayClock::default(),
             estimates: Vec::new(),
+            provisional: false,
             scratch: Some(Box::default()),
             visit: Vec::new(),
         }
@@ -680,6 +683,7 @@ impl Engine {
             }
         }
         self.mark_device(di);
+        self.provisional = false;
         let event = match self.event_time(di, decoded, now, raw_wall, out) {
             Ok(t) => t,
             Err(detail) => {
@@ -753,7 +757,12 @@ impl Engine {
             return;
         }
         self.counters.accepted += 1;
-        dev.max_event = Some(dev.max_event.map_or(event, |m| m.max(event)));
+        // A reading timed while the gateway clock is in doubt does not move the
+        // watermark: its time may be either clock's error.
+        let provisional = std::mem::take(&mut self.provisional);
+        if !provisional {
+            dev.max_event = Some(dev.max_event.map_or(event, |m| m.max(event)));
+        }
         dev.last_arrival = now.mono;
         let (was_offline, announced) = (dev.offline, dev.announced);
         dev.offline = false;
@@ -769,7 +778,9 @@ impl Engine {
                 .push(Reverse((max, u32::try_from(di).unwrap_or(u32::MAX))));
         }
         let g = &mut self.groups[gi];
-        g.state.max_event = Some(g.state.max_event.map_or(event, |m| m.max(event)));
+        if !provisional {
+            g.state.max_event = Some(g.state.max_event.map_or(event, |m| m.max(event)));
+        }
         g.state.last_arrival = g.state.last_arrival.max(now.mono);
         self.mark_group(gi);
         self.mark_pending(di);
@@ -837,9 +848,14 @@ impl Engine {
             .saturating_sub(self.clock.error);
         let skewed = est.abs() > self.time.max_skew_ms;
         if skewed && self.clock.unsure() {
+            self.provisional = true;
             // Device or gateway wrong, not known yet: the earlier of the two
             // never puts a reading ahead of true time (see time::gateway).
-            return Ok(device_ts.min(now.wall));
+            return Ok(if now.wall < self.time.min_valid_epoch_ms {
+                device_ts
+            } else {
+                device_ts.min(now.wall)
+            });
         }
         if skewed != dev.distrusted {
             dev.distrusted = skewed;

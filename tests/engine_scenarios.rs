@@ -441,20 +441,28 @@ fn bad_topics_and_undecodable_payloads_are_rejected_with_reasons() {
 #[test]
 fn implausible_gateway_clock_holds_processing_time() {
     let mut sim = Sim::new("", T0);
-    sim.reading(T0 + 10, "g", "d", T0, 1.0);
     let mut out = Vec::new();
-    // The gateway booted without RTC: its wall clock says 1970.
-    sim.engine.on_tick(
-        Now {
-            wall: 5_000,
-            mono: T0 + 10 * MIN,
-        },
+    // The gateway booted without RTC: its wall clock says 1970 when a reading arrives.
+    let boot = |mono: i64| Now {
+        wall: 5_000 + mono - T0,
+        mono,
+        synced: true,
+    };
+    let p = format!(r#"{{"ts": {T0}, "temp": 1}}"#);
+    sim.engine
+        .on_message("sensors/g/d/reading", p.as_bytes(), boot(T0 + 10), &mut out);
+    sim.engine.on_tick(boot(T0 + 10 * MIN), &mut out);
+    assert!(sim.engine.clock_held());
+    assert_eq!(sim.engine.watermark("g"), None);
+    // NTP steps it right; the next reading shows the step and processing time resumes.
+    let p = format!(r#"{{"ts": {}, "temp": 1}}"#, T0 + 10 * MIN);
+    sim.engine.on_message(
+        "sensors/g/d/reading",
+        p.as_bytes(),
+        Now::at(T0 + 10 * MIN),
         &mut out,
     );
-    assert!(sim.engine.clock_held());
-    assert!(out.is_empty());
-    assert_eq!(sim.engine.watermark("g"), None);
-    sim.engine.on_tick(Now::at(T0 + 10 * MIN), &mut out);
+    sim.engine.on_tick(Now::at(T0 + 10 * MIN + 200), &mut out);
     assert!(!sim.engine.clock_held());
     assert!(sim.engine.watermark("g").is_some());
 }

@@ -1,0 +1,342 @@
+//! The gateway's own clock (SPEC §4): a fleet with correct clocks behind a
+//! gateway whose wall clock is wrong while the kernel reports it
+//! unsynchronized, until NTP steps it right at a random moment. Driven through
+//! the real `Driver`, over errors × device rates, with network jitter and a few
+//! devices whose own clocks are off (one beyond `max_skew_ms`). Prints the table.
+
+use std::collections::{BTreeMap, HashMap};
+
+use proptest::prelude::*;
+use tidemark::config;
+use tidemark::driver::Driver;
+use tidemark::engine::{Engine, Now};
+use tidemark::output::{AlertType, GatewayAlert, Output, SinkFormat};
+
+const T0: i64 = 1_764_480_000_000;
+const MIN: i64 = 60_000;
+const HOUR: i64 = 60 * MIN;
+const RUN_MS: i64 = 10 * MIN;
+const WINDOW_MS: i64 = 60_000;
+
+/// splitmix64: deterministic test data, a failing case replays from its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    #[allow(clippy::cast_precision_loss)]
+    fn unit(&mut self) -> f64 {
+        ((self.next() >> 11) + 1) as f64 / (1u64 << 53) as f64
+    }
+
+    #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
+    fn range(&mut self, lo: i64, hi: i64) -> i64 {
+        lo + (self.unit() * (hi - lo) as f64) as i64
+    }
+
+    /// Ordinary network delay: 5 ms plus an exponential tail of mean 40 ms, capped at 2 s.
+    #[allow(clippy::cast_possible_truncation)]
+    fn delay(&mut self) -> i64 {
+        5 + ((-40.0 * self.unit().ln()) as i64).min(2_000)
+    }
+}
+
+/// How the gateway's clock behaves over one run.
+#[derive(Debug, Clone)]
+struct Case {
+    /// Gateway wall clock minus true time until the step (then 0).
+    error: i64,
+    /// Each device's readings per second.
+    hz: f64,
+    /// True time (from the start) when NTP steps the clock right and reports it synchronized;
+    /// None: never.
+    step_at: Option<i64>,
+    /// The kernel reports the clock synchronized before the step too.
+    synced_before: bool,
+    /// Every device clock runs this far ahead (a fleet sending local time as UTC).
+    fleet_offset: i64,
+    /// Include the device whose clock is 20 minutes ahead.
+    with_wild: bool,
+    /// `[time] gateway_clock`.
+    mode: &'static str,
+}
+
+impl Case {
+    fn beyond(error: i64, hz: f64) -> Self {
+        Self {
+            error,
+            hz,
+            step_at: None,
+            synced_before: false,
+            fleet_offset: 0,
+            with_wild: true,
+            mode: "auto",
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Outcome {
+    /// Readings of correct-clock devices, and how many of them landed in the window of their true time.
+    readings: u64,
+    on_true: u64,
+    /// Late outputs of correct-clock devices.
+    late: u64,
+    /// Rejections of correct-clock devices.
+    rejected: u64,
+    /// Device alerts of every device except the wild one.
+    device_alerts: u64,
+    /// Alerts of the wild device.
+    wild_alerts: Vec<AlertType>,
+    wrong: u32,
+    ok: u32,
+    outputs: Vec<Output>,
+}
+
+/// Devices: ten correct clocks, two a little off, one 20 minutes ahead (distrusted).
+fn fleet(with_wild: bool) -> Vec<(String, i64)> {
+    let mut d: Vec<(String, i64)> = (0..10).map(|i| (format!("c{i}"), 0)).collect();
+    d.push(("s1".into(), 3_000));
+    d.push(("s2".into(), -1_500));
+    if with_wild {
+        d.push(("wild".into(), 20 * MIN));
+    }
+    d
+}
+
+#[allow(clippy::cast_possible_truncation)]
+fn run(case: &Case, seed: u64) -> Outcome {
+    let toml = format!(
+        "[gateway]\nid = \"gw\"\n[time]\ngateway_clock = \"{}\"\n",
+        case.mode
+    );
+    let cfg = config::load_str(&toml, &BTreeMap::new()).expect("valid config");
+    let mut driver = Driver::new(Engine::new(&cfg), &cfg, SinkFormat::Json, None);
+    let mut rng = Rng(seed);
+    let every = (1000.0 / case.hz) as i64;
+    // (arrival, device index, true send time)
+    let devices = fleet(case.with_wild);
+    let mut msgs = Vec::new();
+    for (di, _) in devices.iter().enumerate() {
+        let mut t = T0 + rng.range(0, every);
+        while t < T0 + RUN_MS {
+            msgs.push((t + rng.delay(), di, t));
+            t += every;
+        }
+    }
+    msgs.sort_unstable();
+    let step = case.step_at.map(|s| T0 + s);
+    let mut expected: HashMap<(usize, i64), u64> = HashMap::new();
+    let mut out = Outcome::default();
+    let mut outputs = Vec::new();
+    for &(arrival, di, sent) in &msgs {
+        let stepped = step.is_some_and(|s| arrival >= s);
+        let now = Now {
+            wall: arrival + if stepped { 0 } else { case.error },
+            mono: arrival - T0 + 1_000,
+            synced: case.synced_before || stepped,
+        };
+        let (name, offset) = &devices[di];
+        let ts = sent + offset + case.fleet_offset;
+        let payload = format!(r#"{{"ts": {ts}, "temp": 1}}"#);
+        driver.message(now, &format!("sensors/g/{name}/reading"), payload.as_bytes());
+        outputs.append(&mut driver.outputs);
+        if name.starts_with('c') {
+            out.readings += 1;
+            *expected.entry((di, sent.div_euclid(WINDOW_MS))).or_default() += 1;
+        }
+    }
+    driver.flush();
+    outputs.append(&mut driver.outputs);
+    // Final revision of every window.
+    let mut got: HashMap<(String, i64), (u32, u64)> = HashMap::new();
+    for o in &outputs {
+        match o {
+            Output::Window(w) => {
+                let e = got.entry((w.device.to_string(), w.start)).or_default();
+                if w.revision >= e.0 {
+                    *e = (w.revision, w.count);
+                }
+            }
+            Output::Late(l) if l.device.starts_with('c') => out.late += 1,
+            Output::Rejected(r) if r.device.as_ref().is_some_and(|d| d.starts_with('c')) => {
+                out.rejected += 1;
+            }
+            Output::Alert(a) if a.device.as_str() == "wild" => out.wild_alerts.push(a.kind),
+            Output::Alert(_) => out.device_alerts += 1,
+            Output::Gateway(GatewayAlert::Clock { .. }) => out.wrong += 1,
+            Output::Gateway(GatewayAlert::ClockOk { .. }) => out.ok += 1,
+            _ => {}
+        }
+    }
+    for ((di, w), n) in expected {
+        let have = got
+            .get(&(devices[di].0.clone(), w * WINDOW_MS))
+            .map_or(0, |g| g.1);
+        out.on_true += n.min(have);
+    }
+    out.outputs = outputs;
+    out
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn pct(o: &Outcome) -> f64 {
+    100.0 * o.on_true as f64 / o.readings.max(1) as f64
+}
+
+fn fmt_err(e: i64) -> String {
+    let (sign, a) = (if e < 0 { "-" } else { "+" }, e.abs());
+    if a % HOUR == 0 {
+        format!("{sign}{} h", a / HOUR)
+    } else if a % MIN == 0 {
+        format!("{sign}{} min", a / MIN)
+    } else {
+        format!("{sign}{} s", a / 1000)
+    }
+}
+
+#[test]
+fn a_wrong_unsynchronized_gateway_clock_follows_the_devices_and_ntp_steps_lose_nothing() {
+    let mut table = String::from(
+        "| gateway error | rate | step at | on true time | late | rejected | device alerts | wild device | gateway_clock / ok |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    let mut rng = Rng(7);
+    let mut failures = Vec::new();
+    // Beyond max_skew_ms (5 min): the quorum overrules the gateway.
+    for error in [-10 * MIN, 10 * MIN, -HOUR, HOUR, -3 * HOUR, 24 * HOUR] {
+        for hz in [0.2, 1.0, 5.0] {
+            let mut case = Case::beyond(error, hz);
+            case.step_at = Some(rng.range(MIN, 9 * MIN));
+            let o = run(&case, rng.next());
+            table += &row(&case, &o);
+            let good = pct(&o) >= 99.0
+                && o.late == 0
+                && o.device_alerts == 0
+                && o.wild_alerts == [AlertType::ClockSkew]
+                && (o.wrong, o.ok) == (1, 1);
+            if !good {
+                failures.push(format!("{} at {hz} Hz", fmt_err(error)));
+            }
+        }
+    }
+    // Within max_skew_ms: no verdict against the gateway, no device alert; a
+    // forward step makes nothing late (a backward one: see the README).
+    for error in [-10_000, 10_000, -2 * MIN, 2 * MIN] {
+        for hz in [0.2, 1.0, 5.0] {
+            let mut case = Case::beyond(error, hz);
+            case.step_at = Some(rng.range(MIN, 9 * MIN));
+            let o = run(&case, rng.next());
+            table += &row(&case, &o);
+            let good = o.device_alerts == 0
+                && o.wild_alerts == [AlertType::ClockSkew]
+                && (o.wrong, o.ok) == (0, 0)
+                && (error > 0 || o.late == 0);
+            if !good {
+                failures.push(format!("{} at {hz} Hz", fmt_err(error)));
+            }
+        }
+    }
+    println!("{table}");
+    assert!(failures.is_empty(), "goals missed: {failures:?}\n{table}");
+}
+
+fn row(c: &Case, o: &Outcome) -> String {
+    format!(
+        "| {} | {} Hz | {} s | {:.2} % | {} | {} | {} | {:?} | {} / {} |\n",
+        fmt_err(c.error),
+        c.hz,
+        c.step_at.unwrap_or(0) / 1000,
+        pct(o),
+        o.late,
+        o.rejected,
+        o.device_alerts,
+        o.wild_alerts,
+        o.wrong,
+        o.ok
+    )
+}
+
+#[test]
+fn a_synchronized_gateway_is_trusted_by_a_fleet_sending_local_time() {
+    // Eight hours ahead: every device distrusted, arrival time used, as with `trusted`.
+    let mut case = Case::beyond(0, 1.0);
+    case.synced_before = true;
+    case.fleet_offset = 8 * HOUR;
+    let auto = run(&case, 11);
+    case.mode = "trusted";
+    let trusted = run(&case, 11);
+    assert_eq!(auto.outputs, trusted.outputs);
+    assert_eq!((auto.wrong, auto.ok), (0, 0));
+    assert_eq!(auto.device_alerts, 12, "one clock_skew per device");
+    // Unsynchronized, the same fleet is believed instead: that is what `trusted` is for.
+    case.mode = "auto";
+    case.synced_before = false;
+    let unsynced = run(&case, 11);
+    assert_eq!(unsynced.wrong, 1);
+}
+
+#[test]
+fn an_unsynchronized_but_correct_gateway_changes_nothing() {
+    // A VM whose kernel never reports synchronization, a fleet with correct clocks.
+    for hz in [0.2, 1.0, 5.0] {
+        let mut case = Case::beyond(0, hz);
+        case.with_wild = false;
+        let unsynced = run(&case, 3);
+        case.synced_before = true;
+        let synced = run(&case, 3);
+        assert_eq!(unsynced.outputs, synced.outputs, "{hz} Hz");
+        assert_eq!(unsynced.on_true, unsynced.readings);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Random steps of an unsynchronized gateway clock at random moments (to
+    /// true time or beyond max_skew_ms of it) never make an on-time reading of
+    /// a correct-clock device late, nor raise a device alert.
+    #[test]
+    fn random_gateway_steps_never_make_an_on_time_reading_late(
+        seed in any::<u64>(),
+        steps in prop::collection::vec((0i64..RUN_MS, prop_oneof![Just(0i64), 310_000i64..2 * 24 * HOUR, -2 * 24 * HOUR..-310_000i64]), 0..4),
+    ) {
+        let toml = "[gateway]\nid = \"gw\"\n";
+        let cfg = config::load_str(toml, &BTreeMap::new()).unwrap();
+        let mut driver = Driver::new(Engine::new(&cfg), &cfg, SinkFormat::Json, None);
+        let mut rng = Rng(seed);
+        let mut steps = steps;
+        steps.sort_unstable();
+        let mut msgs = Vec::new();
+        for di in 0..5usize {
+            let mut t = T0 + rng.range(0, 1000);
+            while t < T0 + RUN_MS {
+                msgs.push((t + rng.delay(), di, t));
+                t += 1000;
+            }
+        }
+        msgs.sort_unstable();
+        let mut late = 0;
+        let mut alerts = 0;
+        for &(arrival, di, sent) in &msgs {
+            let error = steps.iter().rev().find(|s| T0 + s.0 <= arrival).map_or(0, |s| s.1);
+            let now = Now { wall: arrival + error, mono: arrival - T0 + 1_000, synced: false };
+            let payload = format!(r#"{{"ts": {sent}, "temp": 1}}"#);
+            driver.message(now, &format!("sensors/g/d{di}/reading"), payload.as_bytes());
+            for o in driver.outputs.drain(..) {
+                match o {
+                    Output::Late(_) => late += 1,
+                    Output::Alert(_) => alerts += 1,
+                    _ => {}
+                }
+            }
+        }
+        prop_assert_eq!(late, 0);
+        prop_assert_eq!(alerts, 0);
+    }
+}
