@@ -15,6 +15,8 @@ command -v systemd-analyze >/dev/null 2>&1 || need="$need systemd"
 # the demo signal processes with kill(1).
 command -v script >/dev/null 2>&1 || need="$need bsdutils"
 [ -x /usr/bin/kill ] || [ -x /bin/kill ] || need="$need procps"
+# tests/clock_step.rs steps the gateway's wall clock with libfaketime.
+command -v faketime >/dev/null 2>&1 || need="$need faketime"
 if [ -n "$need" ]; then
   SUDO=""
   if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
