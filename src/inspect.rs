@@ -29,6 +29,9 @@ pub fn run(state_dir: &Path, as_json: bool) -> ExitCode {
     };
     let s = &view.snapshot;
     let now = wall_now_ms();
+    let clock = s.gateway_clock.clone().unwrap_or_default();
+    // Device offsets against the corrected gateway clock, as the engine judges them.
+    let offset = |d: &tidemark::engine::Device| d.skew.estimate().map(|e| e - clock.error);
     let oldest_age = view.oldest.as_ref().map(|e| now - e.at);
     let mut windows_per_group: BTreeMap<&str, usize> = BTreeMap::new();
     let mut missing_per_group: BTreeMap<&str, u64> = BTreeMap::new();
@@ -57,7 +60,7 @@ pub fn run(state_dir: &Path, as_json: bool) -> ExitCode {
                 json!({
                     "group": d.group.as_str(),
                     "device": d.id.as_str(),
-                    "clock_offset_ms": d.skew.estimate(),
+                    "clock_offset_ms": offset(d),
                     "clock_distrusted": d.distrusted,
                     "last_seen": d.max_event,
                     "status": if d.offline { "offline" } else { "online" },
@@ -74,6 +77,7 @@ pub fn run(state_dir: &Path, as_json: bool) -> ExitCode {
             "groups": groups,
             "devices": devices,
             "counters": s.counters,
+            "gateway_clock": {"error_ms": clock.error, "verdict": clock.verdict},
             "outbox": {"depth": s.outbox_depth, "dropped": s.outbox_dropped, "oldest_age_ms": oldest_age},
             "journal_records": view.journal_records,
         });
@@ -103,7 +107,7 @@ pub fn run(state_dir: &Path, as_json: bool) -> ExitCode {
         "GROUP", "DEVICE", "OFFSET MS", "LAST SEEN", "STATUS", "WINDOWS", "MISSING"
     );
     for d in &s.devices {
-        let offset = match (d.skew.estimate(), d.distrusted) {
+        let offset = match (offset(d), d.distrusted) {
             (Some(o), true) => format!("{o}!"),
             (o, _) => fmt_ms(o),
         };
@@ -130,6 +134,17 @@ pub fn run(state_dir: &Path, as_json: bool) -> ExitCode {
         c.rejected.iter().sum::<u64>(),
         c.windows_emitted,
         c.alerts
+    );
+    println!(
+        "gateway clock: {}",
+        match clock.verdict {
+            tidemark::time::gateway::Verdict::Wrong => format!(
+                "wrong by {} ms by the devices' consensus (event times follow the devices)",
+                clock.error
+            ),
+            tidemark::time::gateway::Verdict::Trusted => "trusted".into(),
+            tidemark::time::gateway::Verdict::Unsure => "not judged yet".into(),
+        }
     );
     println!(
         "outbox: {} entries, {} dropped, oldest {}",
