@@ -17,8 +17,8 @@ use crate::model::{Id, Kind, Millis, Reason};
 use crate::output::{
     Alert, AlertType, GatewayAlert, Late, MetricOut, Output, Rejected, WindowResult, decoded_fields,
 };
-use crate::time::seq::{Seen, SeqWindow};
 use crate::time::gateway::{self as gwclock, GatewayClock};
+use crate::time::seq::{Seen, SeqWindow};
 use crate::time::skew::SkewEstimator;
 use crate::time::watermark;
 use crate::time::window::{self, MetricIdx, Window};
@@ -598,9 +598,13 @@ impl Engine {
     /// Step detection and the consensus rule (SPEC §4); returns `now` on the corrected clock.
     fn observe_clock(&mut self, now: Now, out: &mut Vec<Output>) -> Now {
         let t = &self.time;
-        let o = self
-            .clock
-            .observe(now.wall, now.mono, now.synced, t.gateway_clock, t.max_skew_ms);
+        let o = self.clock.observe(
+            now.wall,
+            now.mono,
+            now.synced,
+            t.gateway_clock,
+            t.max_skew_ms,
+        );
         if let Some(delta) = o.step {
             for di in 0..self.devices.len() {
                 self.devices[di].state.skew.rebase(delta);

@@ -12,10 +12,14 @@ use std::time::Duration;
 use support::*;
 
 fn libfaketime() -> PathBuf {
-    let found = ["x86_64-linux-gnu", "aarch64-linux-gnu", "arm-linux-gnueabihf"]
-        .iter()
-        .map(|t| PathBuf::from(format!("/usr/lib/{t}/faketime/libfaketimeMT.so.1")))
-        .find(|p| p.exists());
+    let found = [
+        "x86_64-linux-gnu",
+        "aarch64-linux-gnu",
+        "arm-linux-gnueabihf",
+    ]
+    .iter()
+    .map(|t| PathBuf::from(format!("/usr/lib/{t}/faketime/libfaketimeMT.so.1")))
+    .find(|p| p.exists());
     found.expect("libfaketime (Debian package faketime; scripts/test.sh installs it)")
 }
 
@@ -81,7 +85,9 @@ fn a_gateway_clock_an_hour_ahead_then_stepped_back_loses_nothing_to_lateness() {
     let mut sent = send_rounds(&mut p, 30);
     if synced {
         // A synchronized gateway is trusted (SPEC §4): its clock is not overruled.
-        eprintln!("the kernel reports the clock synchronized: checking that the gateway is trusted");
+        eprintln!(
+            "the kernel reports the clock synchronized: checking that the gateway is trusted"
+        );
         std::thread::sleep(Duration::from_secs(2));
         assert!(alerts("gateway_clock").is_empty());
         gw.terminate();
@@ -118,7 +124,11 @@ fn a_gateway_clock_an_hour_ahead_then_stepped_back_loses_nothing_to_lateness() {
         },
     );
     let seen = out.all();
-    assert!(out.on("/late").is_empty(), "late: {}", out.on("/late").len());
+    assert!(
+        out.on("/late").is_empty(),
+        "late: {}",
+        out.on("/late").len()
+    );
     assert_eq!(window_readings(&seen), sent);
     for (id, w) in final_windows(&seen) {
         let s = w["start"].as_i64().unwrap();

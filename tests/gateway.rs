@@ -832,6 +832,15 @@ fn capture_records_live_traffic_that_replay_reads_even_when_killed_mid_line() {
             .is_some_and(|l| l.contains("payload_b64")),
         "{text}"
     );
+    // Each line carries the gateway's monotonic clock and the kernel's NTP state (SPEC §4).
+    let mut last_mono = 0;
+    for l in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(l).expect("capture line");
+        let mono = v["mono"].as_i64().expect("mono");
+        assert!(mono >= last_mono, "{l}");
+        last_mono = mono;
+        assert!(v["synced"].is_boolean(), "{l}");
+    }
     // As if killed in the middle of a line.
     std::fs::write(&file, format!("{text}{{\"arrival\": 17964")).expect("torn");
     let config = dir.path().join("replay.toml");

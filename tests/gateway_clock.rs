@@ -145,11 +145,17 @@ fn run(case: &Case, seed: u64) -> Outcome {
         let (name, offset) = &devices[di];
         let ts = sent + offset + case.fleet_offset;
         let payload = format!(r#"{{"ts": {ts}, "temp": 1}}"#);
-        driver.message(now, &format!("sensors/g/{name}/reading"), payload.as_bytes());
+        driver.message(
+            now,
+            &format!("sensors/g/{name}/reading"),
+            payload.as_bytes(),
+        );
         outputs.append(&mut driver.outputs);
         if name.starts_with('c') {
             out.readings += 1;
-            *expected.entry((di, sent.div_euclid(WINDOW_MS))).or_default() += 1;
+            *expected
+                .entry((di, sent.div_euclid(WINDOW_MS)))
+                .or_default() += 1;
         }
     }
     driver.flush();
@@ -339,4 +345,75 @@ proptest! {
         prop_assert_eq!(late, 0);
         prop_assert_eq!(alerts, 0);
     }
+}
+
+/// Capture lines of ten true-clock devices at 1 Hz behind a gateway an hour
+/// ahead, unsynchronized, stepped right after 90 s; `with_clocks` writes
+/// `mono` and `synced` as `capture` does.
+fn stepped_capture(with_clocks: bool) -> String {
+    let mut rng = Rng(5);
+    let mut msgs = Vec::new();
+    for d in 0..10 {
+        let mut t = T0 + rng.range(0, 1000);
+        while t < T0 + 180_000 {
+            msgs.push((t + rng.delay(), d, t));
+            t += 1000;
+        }
+    }
+    msgs.sort_unstable();
+    let mut text = String::new();
+    for (arrival, d, sent) in msgs {
+        let stepped = arrival >= T0 + 90_000;
+        let wall = arrival + if stepped { 0 } else { HOUR };
+        let mut line = serde_json::json!({
+            "arrival": wall,
+            "topic": format!("sensors/g/d{d}/reading"),
+            "payload": {"ts": sent, "temp": 1},
+        });
+        if with_clocks {
+            line["mono"] = serde_json::json!(arrival - T0 + 5_000);
+            line["synced"] = serde_json::json!(stepped);
+        }
+        text += &line.to_string();
+        text.push('\n');
+    }
+    text
+}
+
+#[test]
+fn replay_reproduces_a_sites_clock_step_from_the_captured_clocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("replay.toml");
+    std::fs::write(
+        &config,
+        "[gateway]\nid = \"gw\"\n[group_defaults]\nwindow = { kind = \"tumbling\", size_ms = 10000 }\n",
+    )
+    .unwrap();
+    let replay = |with_clocks: bool| {
+        let input = dir.path().join("capture.jsonl");
+        std::fs::write(&input, stepped_capture(with_clocks)).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"))
+            .args(["replay", "--config"])
+            .arg(&config)
+            .arg("--input")
+            .arg(&input)
+            .args(["--drain-ms", "60000"])
+            .output()
+            .expect("replay");
+        assert_eq!(out.status.code(), Some(0));
+        let text = String::from_utf8(out.stdout).unwrap();
+        let count = |needle: &str| text.lines().filter(|l| l.contains(needle)).count();
+        (
+            count("\"topic\":\"tidemark/gw/late/"),
+            count("\"type\":\"gateway_clock\""),
+            count("\"type\":\"gateway_clock_ok\""),
+        )
+    };
+    // With the captured clocks: the step and the consensus replay as `run` saw them.
+    assert_eq!(replay(true), (0, 1, 1));
+    // Without them (an old capture): the gateway clock is taken as true, as before,
+    // and after the step the site's readings are late.
+    let (late, wrong, ok) = replay(false);
+    assert_eq!((wrong, ok), (0, 0));
+    assert!(late > 800, "late {late}");
 }

@@ -99,6 +99,8 @@ pub fn kernel_clock() -> KernelClock {
         if rc >= 0 {
             return KernelClock {
                 synced: t.status & libc::STA_UNSYNC == 0,
+                // `c_long` is 32 bits on armv7 boards.
+                #[allow(clippy::useless_conversion)]
                 maxerror_us: i64::from(t.maxerror),
             };
         }

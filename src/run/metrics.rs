@@ -221,7 +221,11 @@ impl Metrics {
             "gauge",
             "Estimated error of the gateway wall clock (gateway minus the devices' consensus); 0 while trusted.",
         );
-        let _ = writeln!(o, "tidemark_gateway_clock_error_seconds {}", seconds(g.error_ms));
+        let _ = writeln!(
+            o,
+            "tidemark_gateway_clock_error_seconds {}",
+            seconds(g.error_ms)
+        );
         metric(
             &mut o,
             "gateway_clock_wrong",
@@ -236,7 +240,11 @@ impl Metrics {
             "gauge",
             "1 while the kernel reports the wall clock synchronized (adjtimex STA_UNSYNC clear).",
         );
-        let _ = writeln!(o, "tidemark_kernel_clock_synced {}", u8::from(g.kernel_synced));
+        let _ = writeln!(
+            o,
+            "tidemark_kernel_clock_synced {}",
+            u8::from(g.kernel_synced)
+        );
         metric(
             &mut o,
             "kernel_clock_maxerror_seconds",

@@ -20,7 +20,8 @@ use crate::codec::MetricName;
 use crate::engine::{Changes, Counters, Device, Group};
 use crate::model::Millis;
 use schema::{
-    DEVICES, GROUPS, K_CLOCK, K_COUNTERS, K_OUTBOX, K_SCHEMA, META, METRIC_NAMES, OUTBOX, SCHEMA_VERSION,
+    DEVICES, GROUPS, K_CLOCK, K_COUNTERS, K_OUTBOX, K_SCHEMA, META, METRIC_NAMES, OUTBOX,
+    SCHEMA_VERSION,
 };
 
 /// Store failures. [`StoreError::is_io`] ones (a full disk) are retried by
@@ -692,8 +693,9 @@ fn read_snapshot<D: ReadableDatabase>(db: &D, path: &Path) -> Result<Snapshot, S
             ciborium::de::from_reader(&b[..]).map_err(|e| corrupt(path, "meta")(e.to_string()))?;
     }
     if let Some(b) = s.meta.get(K_CLOCK) {
-        s.gateway_clock =
-            Some(ciborium::de::from_reader(&b[..]).map_err(|e| corrupt(path, "meta")(e.to_string()))?);
+        s.gateway_clock = Some(
+            ciborium::de::from_reader(&b[..]).map_err(|e| corrupt(path, "meta")(e.to_string()))?,
+        );
     }
     if let Some(b) = s.meta.get(K_OUTBOX) {
         let m: OutboxMeta =

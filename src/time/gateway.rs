@@ -259,12 +259,21 @@ mod tests {
         assert_eq!(o.step, Some(-3_600_000));
         assert_eq!(c.correct(T0 + 2_000 - 3_600_000), T0 + 2_000);
         assert_eq!(c.verdict, Verdict::Wrong);
-        assert!(matches!(o.event, Some(Event::Wrong { error: -3_600_000, .. })));
+        assert!(matches!(
+            o.event,
+            Some(Event::Wrong {
+                error: -3_600_000,
+                ..
+            })
+        ));
         // Ticks follow the monotonic clock from the last observation.
         assert_eq!(c.tick_wall(0, 2_500), T0 + 2_500);
         // Stepped back right: the error is gone, one Ok.
         let o = c.observe(T0 + 3_000, 3_000, false, AUTO, SKEW);
-        assert_eq!((o.step, o.event, c.error), (Some(3_600_000), Some(Event::Ok), 0));
+        assert_eq!(
+            (o.step, o.event, c.error),
+            (Some(3_600_000), Some(Event::Ok), 0)
+        );
     }
 
     #[test]
@@ -284,10 +293,16 @@ mod tests {
         let mut c = GatewayClock::default();
         c.observe(T0, 0, false, AUTO, SKEW);
         let mut est = vec![3_600_000; 5];
-        assert!(matches!(c.judge(&mut est, 0, SKEW), Some(Event::Wrong { agreeing: 5, .. })));
+        assert!(matches!(
+            c.judge(&mut est, 0, SKEW),
+            Some(Event::Wrong { agreeing: 5, .. })
+        ));
         assert_eq!(c.correct(T0), T0 - 3_600_000);
         let o = c.observe(T0 + 100, 100, true, AUTO, SKEW);
-        assert_eq!((o.event, c.error, c.verdict), (Some(Event::Ok), 0, Verdict::Trusted));
+        assert_eq!(
+            (o.event, c.error, c.verdict),
+            (Some(Event::Ok), 0, Verdict::Trusted)
+        );
         let mut t = GatewayClock::default();
         t.observe(T0, 0, false, GatewayClockMode::Trusted, SKEW);
         assert_eq!(t.verdict, Verdict::Trusted);

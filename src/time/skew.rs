@@ -194,7 +194,13 @@ impl SkewEstimator {
             shift(&mut b.hi);
         }
         if let Some(c) = &mut self.step {
-            for v in [&mut c.lo, &mut c.settled_at, &mut c.run_lo, &mut c.run_hi, &mut c.run_since] {
+            for v in [
+                &mut c.lo,
+                &mut c.settled_at,
+                &mut c.run_lo,
+                &mut c.run_hi,
+                &mut c.run_since,
+            ] {
                 shift(v);
             }
         }
