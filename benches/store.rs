@@ -139,6 +139,7 @@ fn restore(state: &std::path::Path) {
     let mut e = engine(HOPPING);
     e.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
     e.restore_clock(snap.gateway_clock);
+    e.restore_sparkplug(snap.sparkplug);
     let total = start.elapsed();
     let size = std::fs::metadata(Store::file(state)).unwrap().len();
     println!(

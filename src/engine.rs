@@ -23,7 +23,9 @@ use crate::time::skew::SkewEstimator;
 use crate::time::watermark;
 use crate::time::window::{self, MetricIdx, Window};
 use crate::time::{InvalidPolicy, TimeConfig, TimePolicy};
-use crate::topic::TopicPattern;
+use crate::topic::{TopicParts, TopicPattern};
+
+mod sparkplug;
 
 /// The gateway clock at one instant: wall time for arrival stamps, a
 /// monotonic reading for idleness (an NTP step must not make devices idle).
@@ -75,6 +77,9 @@ pub struct Counters {
     /// Readings lost before the gateway, by sequence-number gaps (SPEC §4).
     #[serde(default)]
     pub readings_missing: u64,
+    /// Sparkplug metrics of types that are not aggregated (strings, bytes, datasets, nulls).
+    #[serde(default)]
+    pub sparkplug_other: u64,
 }
 
 impl Counters {
@@ -195,6 +200,8 @@ pub struct Changes {
     pub counters: Counters,
     /// The gateway-clock judgement at this point.
     pub clock: GatewayClock,
+    /// Changed Sparkplug edge nodes.
+    pub sparkplug: Vec<crate::sparkplug::EdgeNode>,
 }
 
 /// The engine.
@@ -229,6 +236,8 @@ pub struct Engine {
     scratch: Option<Box<Decoded>>,
     /// Reused list of the devices a tick visits in one group.
     visit: Vec<u32>,
+    /// Sparkplug B ingest (SPEC §10).
+    sparkplug: sparkplug::State,
 }
 
 impl Engine {
@@ -257,6 +266,7 @@ impl Engine {
             provisional: false,
             scratch: Some(Box::default()),
             visit: Vec::new(),
+            sparkplug: sparkplug::State::new(&cfg.sparkplug),
         }
     }
 
@@ -387,6 +397,7 @@ impl Engine {
         !self.dirty_groups.is_empty()
             || !self.dirty_devices.is_empty()
             || self.persisted_names < self.metric_names.len()
+            || self.sparkplug.changed()
     }
 
     /// Devices changed since the last [`Engine::take_changes`].
@@ -429,6 +440,7 @@ impl Engine {
             metric_names: Vec::new(),
             counters: self.counters.clone(),
             clock: self.clock.clone(),
+            sparkplug: self.take_sparkplug_changes(),
         };
         for g in self.dirty_groups.drain(..) {
             let slot = &mut self.groups[g as usize];
@@ -655,6 +667,9 @@ impl Engine {
         out: &mut Vec<Output>,
     ) {
         self.counters.received += 1;
+        if self.sparkplug.enabled && crate::sparkplug::is_sparkplug(topic) {
+            return self.sparkplug_message(topic, payload, now, raw_wall, decoded, out);
+        }
         let parts = match self.pattern.parse_topic(topic) {
             Ok(p) => p,
             Err(e) => return self.reject(out, Reason::BadTopic, topic, None, now, e.to_string()),
@@ -663,6 +678,20 @@ impl Engine {
         if let Err(e) = self.decoder.decode_into(payload, decoded) {
             return self.reject(out, Reason::DecodeError, topic, ids, now, e.0);
         }
+        self.apply(topic, parts, decoded, now, raw_wall, out);
+    }
+
+    /// One decoded reading or heartbeat of `parts`' device: time, windows, liveness.
+    fn apply(
+        &mut self,
+        topic: &str,
+        parts: TopicParts,
+        decoded: &Decoded,
+        now: Now,
+        raw_wall: Millis,
+        out: &mut Vec<Output>,
+    ) {
+        let ids = Some((&parts.group, &parts.device));
         if self.devices.len() >= MAX_DEVICES
             && self.find_device(&parts.group, &parts.device).is_none()
         {

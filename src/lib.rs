@@ -24,6 +24,7 @@ pub mod output;
 pub mod replay;
 pub mod run;
 pub mod sim;
+pub mod sparkplug;
 pub mod store;
 pub mod time;
 pub mod topic;

@@ -292,6 +292,8 @@ pub fn run_memory_with<R: BufRead, W: Write>(
     };
     while let Some((now, topic, payload)) = input.next()? {
         rp.message(now, &topic, &payload);
+        // Replay has no site broker to ask for rebirths.
+        rp.engine_mut().take_commands();
         summary.records += 1;
         last = Some(last.map_or(now, |l: Now| Now {
             wall: l.wall.max(now.wall),
@@ -456,6 +458,7 @@ fn run_durable(
     let mut engine = Engine::new(cfg);
     engine.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
     engine.restore_clock(snap.gateway_clock);
+    engine.restore_sparkplug(snap.sparkplug);
     let out = match output {
         Some(path) => {
             let mut f = OpenOptions::new()
@@ -494,6 +497,8 @@ fn run_durable(
     let mut rp = Driver::new(engine, cfg, SinkFormat::Json, d.pos.next_tick);
     while let Some((now, topic, payload)) = input.next()? {
         rp.message(now, &topic, &payload);
+        // Replay has no site broker to ask for rebirths.
+        rp.engine_mut().take_commands();
         d.summary.records += 1;
         d.pos.offset = input.offset;
         d.pos.mono = input.mono;

@@ -130,6 +130,7 @@ fn broken_configs_exit_2_naming_the_key() {
         (ex.replace("password_file = \"\"                # password", "password_file = \"/nonexistent/pw\" #"), "source.password_file: cannot read"),
         (ex.replacen("protocol = \"v5\"", "protocol = \"v4\"", 1), "source.protocol: unknown variant `v4`"),
         (ex.replace("skew_window = 32", "skew_window = 65"), "time.skew_window: must be between 1 and 64"),
+        (ex.replace("gateway_clock = \"auto\"", "gateway_clock = \"sometimes\""), "time.gateway_clock: unknown variant `sometimes`"),
         (ex.replace("commit_interval_ms = 1000", "commit_interval_ms = 0"), "gateway.commit_interval_ms: must be > 0"),
         (ex.replace("commit_interval_ms = 1000", "commit_interval_ms = -5"), "gateway.commit_interval_ms: invalid value"),
         (ex.replace("topic_pattern = \"sensors/{group}/{device}/{kind}\"", "topic_pattern = \"sensors/{group}/{kind}\""), "source.topic_pattern:"),

@@ -78,6 +78,21 @@ pub struct Config {
     pub raw: RawConfig,
     /// Dotted key -> the file (or `env VAR`) that set it last; absent keys are defaults.
     pub sources: BTreeMap<String, String>,
+    /// Sparkplug B ingest (SPEC §10).
+    pub sparkplug: SparkplugConfig,
+}
+
+/// `[sparkplug]`, validated.
+#[derive(Debug, Clone, Default)]
+pub struct SparkplugConfig {
+    /// Subscribe and decode Sparkplug B.
+    pub enabled: bool,
+    /// Sparkplug group ids taken (empty: all).
+    pub group_ids: Vec<String>,
+    /// Primary Host Application id.
+    pub host_id: Option<String>,
+    /// Request rebirths on unknown aliases and seq gaps.
+    pub rebirth: bool,
 }
 
 /// An MQTT connection endpoint.

@@ -82,6 +82,12 @@ health_timeout_s = 60
 [log]
 level = "info"
 format = "text"
+
+[sparkplug]
+enabled = false
+group_ids = []
+host_id = ""
+rebirth = true
 "#;
 
 /// Upper bound of `time.skew_window` (buckets kept inline per device).
@@ -112,6 +118,8 @@ pub struct RawConfig {
     pub metrics: RawMetrics,
     /// Logging.
     pub log: RawLog,
+    /// Sparkplug B ingest (SPEC §10).
+    pub sparkplug: RawSparkplug,
 }
 
 /// `[gateway]`
@@ -320,6 +328,20 @@ pub struct RawLog {
     pub level: String,
     /// Log line format.
     pub format: LogFormat,
+}
+
+/// `[sparkplug]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSparkplug {
+    /// Subscribe `spBv1.0` topics and decode their payloads.
+    pub enabled: bool,
+    /// Sparkplug group ids to take; empty = all.
+    pub group_ids: Vec<String>,
+    /// Non-empty: act as a Primary Host Application with this id.
+    pub host_id: String,
+    /// Ask an edge node for its births again on an unknown alias or a seq gap.
+    pub rebirth: bool,
 }
 
 /// MQTT protocol version of the source connection.

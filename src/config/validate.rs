@@ -287,6 +287,27 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             }
         }
     };
+    let sp = &raw.sparkplug;
+    for (i, g) in sp.group_ids.iter().enumerate() {
+        if !crate::model::valid_id(g) {
+            p.add(
+                &format!("sparkplug.group_ids[{i}]"),
+                format!("{g:?} must be 1..64 chars of [A-Za-z0-9_.:-] (it becomes a tidemark group)"),
+            );
+        }
+    }
+    if !sp.host_id.is_empty() && !crate::model::valid_id(&sp.host_id) {
+        p.add(
+            "sparkplug.host_id",
+            format!("{:?} must be 1..64 chars of [A-Za-z0-9_.:-] (it appears in a topic)", sp.host_id),
+        );
+    }
+    let sparkplug = SparkplugConfig {
+        enabled: sp.enabled,
+        group_ids: sp.group_ids.clone(),
+        host_id: (!sp.host_id.is_empty()).then(|| sp.host_id.clone()),
+        rebirth: sp.rebirth,
+    };
     if let Err(e) = tracing_subscriber::EnvFilter::try_new(&raw.log.level) {
         p.add("log.level", format!("{:?}: {e}", raw.log.level));
     }
@@ -330,6 +351,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             .unwrap_or(i64::MAX),
         log_level: raw.log.level.clone(),
         log_format: raw.log.format,
+        sparkplug,
         raw,
         sources: BTreeMap::new(),
     })

@@ -73,6 +73,7 @@ pub fn run(
     shared: Arc<Shared>,
     metrics_every_ms: Millis,
     cadence: Cadence,
+    commands: super::link::Client,
 ) {
     let mut held: Vec<(u64, Held, Millis)> = Vec::new();
     let mut last_message = clock.mono();
@@ -107,6 +108,12 @@ pub fn run(
                     }
                     driver.skip_missed_ticks(now);
                     driver.message(now, &topic, &payload);
+                    for (topic, payload) in driver.engine_mut().take_commands() {
+                        match commands.publish(&topic, payload, 0, false) {
+                            Ok(()) => tracing::info!(%topic, "Sparkplug rebirth requested"),
+                            Err(e) => tracing::warn!(%topic, error = %e, "Sparkplug rebirth request not sent"),
+                        }
+                    }
                     shared.received.fetch_add(1, Ordering::Relaxed);
                     held.extend(h.map(|(g, t)| (g, t, now.mono)));
                     last_message = now.mono;

@@ -59,6 +59,8 @@ struct Counters {
     alerts: u64,
     outbox_depth: u64,
     outbox_dropped: u64,
+    /// Sparkplug metrics of types that are not aggregated.
+    sparkplug_other: u64,
 }
 
 #[derive(Serialize)]
@@ -160,6 +162,11 @@ impl Metrics {
                 "windows_emitted_total",
                 "Window results emitted.",
                 c.windows_emitted,
+            ),
+            (
+                "sparkplug_metrics_other_total",
+                "Sparkplug metrics of types that are not aggregated (strings, bytes, datasets, nulls).",
+                c.sparkplug_other,
             ),
             ("alerts_total", "Alerts raised.", c.alerts),
             (
@@ -451,6 +458,7 @@ pub fn collect(engine: &Engine, now: Now, shared: &Shared, source_up: bool) -> M
             alerts: c.alerts,
             outbox_depth: shared.outbox_depth.load(Ordering::Relaxed),
             outbox_dropped: shared.outbox_dropped.load(Ordering::Relaxed),
+            sparkplug_other: c.sparkplug_other,
         },
         outbox_oldest_age_ms: (oldest > 0).then(|| now.wall.saturating_sub(oldest)),
         connected: Connections {

@@ -150,6 +150,7 @@ pub fn run(cfg: &Config) -> Result<(), RunError> {
     let mut engine = Engine::new(cfg);
     engine.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
     engine.restore_clock(snap.gateway_clock);
+    engine.restore_sparkplug(snap.sparkplug);
     // What the journal holds since the last checkpoint goes into the engine and the state file.
     let (durable, replayed) =
         storer::Durable::recover(store, &cfg.state_dir, &snap.meta, &mut engine)?;
@@ -173,6 +174,8 @@ pub fn run(cfg: &Config) -> Result<(), RunError> {
     let mut driver = Driver::new(engine, cfg, cfg.sink_format, None).with_journal();
     // This process's monotonic clock starts afresh: the last reference of wall − mono is void.
     driver.new_clock_origin();
+    // Rebirth requests recomputed from the journal were sent (or not) by the last process.
+    driver.engine_mut().take_commands();
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -251,15 +254,30 @@ async fn gateway(
         ),
         None => None,
     };
+    // Sparkplug Primary Host Application: a retained STATE birth on every
+    // connect, its death (same timestamp, as Sparkplug 3.0 pairs them) as the will.
+    let host_state = cfg.sparkplug.host_id.as_ref().map(|host| {
+        let topic = format!("{}/STATE/{host}", crate::sparkplug::NAMESPACE);
+        let at = clock.now().wall;
+        let state = |online: bool| {
+            serde_json::to_vec(&serde_json::json!({"online": online, "timestamp": at}))
+                .unwrap_or_default()
+        };
+        (topic, state(true), state(false))
+    });
     let (src_client, src_loop) = link::build(&LinkOptions {
         endpoint: &cfg.source,
         v5: cfg.source_protocol == Protocol::V5,
         persistent: true,
         session_expiry_s: cfg.session_expiry_s,
         manual_acks: true,
-        will: None,
+        will: host_state.as_ref().map(|(t, _, dead)| (t.clone(), dead.clone())),
         inflight: 100,
     })?;
+    let mut topics = cfg.topics.clone();
+    if cfg.sparkplug.enabled {
+        topics.extend(crate::sparkplug::filters(&cfg.sparkplug.group_ids));
+    }
     let sink_window: u16 = 100;
     let (sink_client, sink_loop) = link::build(&LinkOptions {
         endpoint: &cfg.sink,
@@ -293,6 +311,8 @@ async fn gateway(
             quiet_ms: None,
         }
     };
+    // Rebirth requests go to the site broker, not upstream.
+    let commands = src_client.clone();
     let core = std::thread::Builder::new()
         .name("tidemark-core".into())
         .spawn(move || {
@@ -304,6 +324,7 @@ async fn gateway(
                 core_shared,
                 metrics_ms,
                 cadence,
+                commands,
             )
         })
         .map_err(|e| RunError::Runtime(e.to_string()))?;
@@ -323,9 +344,10 @@ async fn gateway(
         src_loop,
         src_client.clone(),
         source::Subscription {
-            topics: cfg.topics.clone(),
+            topics,
             qos: cfg.source.qos,
             url: endpoint_url(&cfg.source),
+            host_state: host_state.map(|(t, online, _)| (t, online)),
         },
         core_tx.clone(),
         shared.clone(),

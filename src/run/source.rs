@@ -22,6 +22,8 @@ pub struct Subscription {
     pub qos: u8,
     /// For logs.
     pub url: String,
+    /// Sparkplug host STATE (topic, online payload), published retained on every connect.
+    pub host_state: Option<(String, Vec<u8>)>,
 }
 
 /// Polls the source link until the ack task has flushed the final acks (or
@@ -90,6 +92,11 @@ pub async fn run(
                                 tracing::error!(error = %e, "source subscribe failed");
                             }
                         });
+                    }
+                    if let Some((topic, online)) = &sub.host_state
+                        && let Err(e) = client.publish(topic, online.clone(), 1, true)
+                    {
+                        tracing::warn!(error = %e, "Sparkplug host STATE not published");
                     }
                     if core.send(Inbound::Connected).await.is_err() {
                         return;

@@ -583,6 +583,7 @@ mod tests {
         let mut e = Engine::new(cfg);
         e.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
         e.restore_clock(snap.gateway_clock);
+        e.restore_sparkplug(snap.sparkplug);
         let (d, n) = Durable::recover(store, dir, &snap.meta, &mut e).unwrap();
         (
             d,

@@ -20,7 +20,7 @@ use crate::codec::MetricName;
 use crate::engine::{Changes, Counters, Device, Group};
 use crate::model::Millis;
 use schema::{
-    DEVICES, GROUPS, K_CLOCK, K_COUNTERS, K_OUTBOX, K_SCHEMA, META, METRIC_NAMES, OUTBOX,
+    DEVICES, GROUPS, K_CLOCK, K_COUNTERS, K_SPARKPLUG, K_OUTBOX, K_SCHEMA, META, METRIC_NAMES, OUTBOX,
     SCHEMA_VERSION,
 };
 
@@ -146,6 +146,8 @@ pub struct Snapshot {
     pub counters: Counters,
     /// The gateway-clock judgement (absent in state written before it existed).
     pub gateway_clock: Option<crate::time::gateway::GatewayClock>,
+    /// Sparkplug edge nodes.
+    pub sparkplug: Vec<crate::sparkplug::EdgeNode>,
     /// Other `META` entries (caller positions).
     pub meta: BTreeMap<String, Vec<u8>>,
     /// Entries in the outbox.
@@ -544,6 +546,11 @@ impl Store {
             m.insert(K_COUNTERS, self.buf.as_slice())?;
             cbor(&ch.clock, &mut self.buf);
             m.insert(K_CLOCK, self.buf.as_slice())?;
+            for n in &ch.sparkplug {
+                cbor(n, &mut self.buf);
+                let key = format!("{K_SPARKPLUG}{}/{}", n.group, n.node);
+                m.insert(key.as_str(), self.buf.as_slice())?;
+            }
             cbor(&self.outbox, &mut self.buf);
             m.insert(K_OUTBOX, self.buf.as_slice())?;
             for (k, v) in &batch.meta {
@@ -694,6 +701,14 @@ fn read_snapshot<D: ReadableDatabase>(db: &D, path: &Path) -> Result<Snapshot, S
     }
     if let Some(b) = s.meta.get(K_CLOCK) {
         s.gateway_clock = Some(
+            ciborium::de::from_reader(&b[..]).map_err(|e| corrupt(path, "meta")(e.to_string()))?,
+        );
+    }
+    for (k, b) in s.meta.range(K_SPARKPLUG.to_string()..) {
+        if !k.starts_with(K_SPARKPLUG) {
+            break;
+        }
+        s.sparkplug.push(
             ciborium::de::from_reader(&b[..]).map_err(|e| corrupt(path, "meta")(e.to_string()))?,
         );
     }
@@ -863,6 +878,7 @@ mod tests {
         let mut b = Engine::new(&cfg);
         b.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
         b.restore_clock(snap.gateway_clock);
+        b.restore_sparkplug(snap.sparkplug);
         let (mut out_a, mut out_b) = (Vec::new(), Vec::new());
         feed(&mut a, 90, 300, &mut out_a);
         feed(&mut b, 90, 300, &mut out_b);
@@ -893,6 +909,7 @@ mod tests {
         let mut b = Engine::new(&cfg);
         b.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
         b.restore_clock(snap.gateway_clock);
+        b.restore_sparkplug(snap.sparkplug);
         // Same instant as the last tick: the watermark does not move.
         let (mut out_a, mut out_b) = (Vec::new(), Vec::new());
         a.on_tick(Now::at(T0 + 69_500), &mut out_a);

@@ -26,6 +26,8 @@ pub const K_SCHEMA: &str = "schema_version";
 pub const K_COUNTERS: &str = "counters";
 /// `META` key of the gateway-clock judgement (added later, compatible: absent = none yet).
 pub const K_CLOCK: &str = "gateway_clock";
+/// `META` key prefix of Sparkplug edge nodes: `sparkplug/{group}/{edge_node}` (added later, compatible).
+pub const K_SPARKPLUG: &str = "sparkplug/";
 /// `META` key of the outbox cursor and drop count.
 pub const K_OUTBOX: &str = "outbox";
 /// `META` key of the write-ahead journal generation its records must carry (u64, big-endian).
