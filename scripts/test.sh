@@ -17,12 +17,17 @@ command -v script >/dev/null 2>&1 || need="$need bsdutils"
 [ -x /usr/bin/kill ] || [ -x /bin/kill ] || need="$need procps"
 # tests/clock_step.rs steps the gateway's wall clock with libfaketime.
 command -v faketime >/dev/null 2>&1 || need="$need faketime"
+# tests/sparkplug.rs runs Eclipse Tahu's Node.js edge node.
+command -v node >/dev/null 2>&1 || need="$need nodejs"
+command -v npm >/dev/null 2>&1 || need="$need npm"
 if [ -n "$need" ]; then
   SUDO=""
   if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
   $SUDO apt-get update
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y $need
 fi
+# The Tahu edge node's packages, pinned by tests/sparkplug/package-lock.json.
+(cd tests/sparkplug && npm ci --no-audit --no-fund)
 # The .deb packages (amd64, arm64) that tests/package.rs inspects and installs into a scratch root.
 bash scripts/build-deb.sh
 cargo test --locked -- --include-ignored

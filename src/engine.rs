@@ -232,6 +232,8 @@ pub struct Engine {
     estimates: Vec<Millis>,
     /// The event being handled was timed while the gateway clock is in doubt.
     provisional: bool,
+    /// The device whose clock times the next applied event, if not its own.
+    clock_device: Option<usize>,
     /// Reused decode buffer (boxed: moved in and out without copying).
     scratch: Option<Box<Decoded>>,
     /// Reused list of the devices a tick visits in one group.
@@ -264,6 +266,7 @@ impl Engine {
             clock: GatewayClock::default(),
             estimates: Vec::new(),
             provisional: false,
+            clock_device: None,
             scratch: Some(Box::default()),
             visit: Vec::new(),
             sparkplug: sparkplug::State::new(&cfg.sparkplug),
@@ -717,7 +720,12 @@ impl Engine {
         }
         self.mark_device(di);
         self.provisional = false;
-        let event = match self.event_time(di, decoded, now, raw_wall, out) {
+        // Sparkplug devices share their edge node's clock (SPEC §10).
+        let ci = self.clock_device.take().unwrap_or(di);
+        if ci != di {
+            self.mark_device(ci);
+        }
+        let event = match self.event_time(ci, decoded, now, raw_wall, out) {
             Ok(t) => t,
             Err(detail) => {
                 return self.reject(

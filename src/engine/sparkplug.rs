@@ -256,7 +256,10 @@ impl Engine {
                 device: device.clone(),
                 kind: Kind::Reading,
             };
+            let node = self.sparkplug.nodes[ni].0.node.clone();
+            self.clock_device = Some(self.device_slot(group, &node));
             self.apply(topic, parts, decoded, now, raw_wall, out);
+            self.clock_device = None;
         }
     }
 

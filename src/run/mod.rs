@@ -347,7 +347,7 @@ async fn gateway(
             topics,
             qos: cfg.source.qos,
             url: endpoint_url(&cfg.source),
-            host_state: host_state.map(|(t, online, _)| (t, online)),
+            host_state,
         },
         core_tx.clone(),
         shared.clone(),

@@ -22,8 +22,9 @@ pub struct Subscription {
     pub qos: u8,
     /// For logs.
     pub url: String,
-    /// Sparkplug host STATE (topic, online payload), published retained on every connect.
-    pub host_state: Option<(String, Vec<u8>)>,
+    /// Sparkplug host STATE (topic, online, offline payloads): online published
+    /// retained on every connect, offline before a clean disconnect (the will covers the rest).
+    pub host_state: Option<(String, Vec<u8>, Vec<u8>)>,
 }
 
 /// Polls the source link until the ack task has flushed the final acks (or
@@ -93,7 +94,7 @@ pub async fn run(
                             }
                         });
                     }
-                    if let Some((topic, online)) = &sub.host_state
+                    if let Some((topic, online, _)) = &sub.host_state
                         && let Err(e) = client.publish(topic, online.clone(), 1, true)
                     {
                         tracing::warn!(error = %e, "Sparkplug host STATE not published");
@@ -153,6 +154,11 @@ pub async fn run(
             _ = flushed.changed() => {
                 if *flushed.borrow() {
                     // Final acks are queued before the disconnect request: poll until it is out.
+                    if let Some((topic, _, offline)) = &sub.host_state
+                        && connected
+                    {
+                        let _ = client.publish(topic, offline.clone(), 1, true);
+                    }
                     let _ = client.disconnect();
                     let deadline = tokio::time::sleep(std::time::Duration::from_secs(2));
                     tokio::pin!(deadline);

@@ -1,0 +1,249 @@
+//! Sparkplug B against the reference implementation (SPEC §10): Eclipse
+//! Tahu's Node.js client (npm `sparkplug-client`, tests/sparkplug/edge.js) as
+//! the edge node, a stock mosquitto between it and `tidemark run`.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::*;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The Tahu edge node process.
+struct Edge {
+    child: Child,
+    stdin: ChildStdin,
+    events: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Edge {
+    fn start(port: u16, group: &str, node: &str) -> Self {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sparkplug");
+        assert!(
+            dir.join("node_modules/sparkplug-client").exists(),
+            "tests/sparkplug/node_modules missing: scripts/test.sh runs `npm ci` there"
+        );
+        let mut child = Command::new("node")
+            .arg(dir.join("edge.js"))
+            .args([&format!("mqtt://127.0.0.1:{port}"), group, node])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("node (scripts/test.sh installs nodejs)");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = child.stdout.take().expect("stdout");
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let ev = events.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                    ev.lock().unwrap().push(v);
+                }
+            }
+        });
+        let e = Self {
+            child,
+            stdin,
+            events,
+        };
+        wait_until(WAIT, "Tahu edge node connected", || e.count("connected") > 0);
+        e
+    }
+
+    fn count(&self, event: &str) -> usize {
+        self.events
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|v| v["event"] == event)
+            .count()
+    }
+
+    /// Sends one op and waits until the client has published it; returns its "done" event.
+    fn op(&mut self, op: Value) -> Value {
+        let before = self.count("done");
+        writeln!(self.stdin, "{op}").expect("edge stdin");
+        wait_until(WAIT, "edge op done", || self.count("done") > before);
+        self.events
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|v| v["event"] == "done")
+            .nth(before)
+            .cloned()
+            .expect("done event")
+    }
+}
+
+impl Drop for Edge {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Messages on exactly `P/{what}`.
+fn on(out: &Collector, what: &str) -> Vec<Seen> {
+    out.all()
+        .into_iter()
+        .filter(|s| s.topic == format!("tidemark/gw/{what}"))
+        .collect()
+}
+
+fn alerts(out: &Collector, device: &str, kind: &str) -> usize {
+    on(out, &format!("alerts/plant/{device}"))
+        .iter()
+        .filter(|s| s.json()["type"] == kind)
+        .count()
+}
+
+#[test]
+#[allow(clippy::too_many_lines, clippy::cast_precision_loss)]
+fn a_tahu_edge_node_births_data_deaths_and_rebirths_through_tidemark() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Mosquitto::stock();
+    let http = free_port();
+    let cfg = gateway_config(
+        dir.path(),
+        &dir.path().join("state"),
+        broker.port,
+        &broker,
+        http,
+        "",
+        "[group_defaults]\nwindow = { kind = \"tumbling\", size_ms = 2000 }\n\
+         out_of_orderness_ms = 300\nidle_timeout_ms = 5000\nallowed_lateness_ms = 1000\n\
+         heartbeat_timeout_ms = 3600000\n\
+         [sparkplug]\nenabled = true\nhost_id = \"tidemark-host\"\nrebirth = true\n",
+    );
+    let gw = Gateway::start(&cfg, &dir.path().join("gateway.log"));
+    let out = Collector::start(broker.port, "tidemark/gw/#", "sparkplug-collector");
+
+    // The gateway as Primary Host Application: a retained STATE birth.
+    let state = retained(broker.port, "spBv1.0/STATE/tidemark-host");
+    assert_eq!(state.len(), 1, "{state:?}");
+    assert!(state[0].retain);
+    assert_eq!(state[0].json()["online"], true);
+
+    let mut edge = Edge::start(broker.port, "plant", "edge1");
+    edge.op(json!({"op": "nbirth", "metrics": [
+        {"name": "Temperature", "alias": 1, "type": "Double", "value": 20.0}
+    ]}));
+    edge.op(json!({"op": "dbirth", "device": "press", "metrics": [
+        {"name": "Pressure", "alias": 2, "type": "Float", "value": 1.0},
+        {"name": "Running", "alias": 3, "type": "Boolean", "value": true},
+        {"name": "Label", "alias": 4, "type": "String", "value": "line 1"}
+    ]}));
+    // Births make both known and online before any reading.
+    wait_until(WAIT, "retained online status of both", || {
+        on(&out, "status/plant/edge1").len() == 1 && on(&out, "status/plant/edge1.press").len() == 1
+    });
+
+    // Data by alias only, each metric with its own timestamp.
+    let (mut n_press, mut sum_press, mut n_temp, mut sum_temp) = (0u64, 0.0f64, 0u64, 0.0f64);
+    let mut data = |edge: &mut Edge, k: u64| {
+        let v = k as f64 * 0.5;
+        edge.op(json!({"op": "ddata", "device": "press", "metrics": [
+            {"alias": 2, "type": "Float", "value": v, "dt": -20},
+            {"alias": 3, "type": "Boolean", "value": k % 2 == 0, "dt": -20},
+            {"alias": 4, "type": "String", "value": "x", "dt": -20}
+        ]}));
+        edge.op(json!({"op": "ndata", "metrics": [
+            {"alias": 1, "type": "Double", "value": 20.0 + v, "dt": -10}
+        ]}));
+        n_press += 1;
+        sum_press += v;
+        n_temp += 1;
+        sum_temp += 20.0 + v;
+        // The fleet's pace, not a timing assertion.
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    for k in 0..40 {
+        data(&mut edge, k);
+    }
+    // A lost message: the seq gap is counted and a rebirth requested; the client rebirths.
+    edge.op(json!({"op": "skip"}));
+    data(&mut edge, 40);
+    wait_until(WAIT, "rebirth NCMD reached the edge node", || edge.count("ncmd") > 0);
+    wait_until(WAIT, "readings_missing counted", || {
+        total(&metrics(http), "tidemark_readings_missing_total") == 1
+    });
+    for k in 41..60 {
+        data(&mut edge, k);
+    }
+    // An alias no birth defined: rejected, naming it.
+    edge.op(json!({"op": "ddata", "device": "press", "metrics": [
+        {"alias": 99, "type": "Float", "value": 1.0, "dt": 0}
+    ]}));
+    wait_until(WAIT, "unknown alias rejected", || {
+        out.on("/rejected").iter().any(|s| {
+            let v = s.json();
+            v["reason"] == "decode_error" && v["detail"].as_str().unwrap_or("").contains("alias 99")
+        })
+    });
+
+    // DDEATH: the device offline at once (heartbeat_timeout_ms is an hour).
+    edge.op(json!({"op": "ddeath", "device": "press"}));
+    wait_until(Duration::from_secs(5), "press offline", || {
+        alerts(&out, "edge1.press", "offline") == 1
+    });
+    assert_eq!(alerts(&out, "edge1", "offline"), 0);
+    // The client process killed: the broker publishes its NDEATH (the will).
+    let mut child = edge;
+    let _ = child.child.kill();
+    wait_until(Duration::from_secs(5), "edge node offline by its NDEATH", || {
+        alerts(&out, "edge1", "offline") == 1
+    });
+    let status = |d: &str| {
+        on(&out, &format!("status/plant/{d}"))
+            .last()
+            .map(|s| String::from_utf8_lossy(&s.payload).to_string())
+    };
+    assert_eq!(status("edge1").as_deref(), Some("\"offline\""));
+    assert_eq!(status("edge1.press").as_deref(), Some("\"offline\""));
+
+    // Both idle at once: every window closes, with exactly what the client sent.
+    let sent = n_press + n_temp;
+    wait_until(WAIT, "every reading in a closed window", || {
+        window_readings(&out.all()) >= sent
+    });
+    let windows = final_windows(&out.all());
+    let sum = |device: &str, metric: &str| -> (u64, f64) {
+        windows
+            .values()
+            .filter(|w| w["device"] == device)
+            .fold((0, 0.0), |(n, s), w| {
+                (
+                    n + w["count"].as_u64().unwrap(),
+                    s + w["metrics"][metric]["sum"].as_f64().unwrap_or(0.0),
+                )
+            })
+    };
+    let (n, s) = sum("edge1.press", "Pressure");
+    assert_eq!(n, n_press);
+    assert!((s - sum_press).abs() < 1e-6, "{s} vs {sum_press}");
+    let (n, s) = sum("edge1", "Temperature");
+    assert_eq!(n, n_temp);
+    assert!((s - sum_temp).abs() < 1e-6, "{s} vs {sum_temp}");
+    let running: f64 = windows
+        .values()
+        .filter(|w| w["device"] == "edge1.press")
+        .map(|w| w["metrics"]["Running"]["sum"].as_f64().unwrap())
+        .sum();
+    assert_eq!(running, 30.0, "Boolean true counts 1");
+    assert!(windows.values().all(|w| w["metrics"].get("Label").is_none()));
+    let m = metrics(http);
+    assert_eq!(total(&m, "tidemark_sparkplug_metrics_other_total"), n_press);
+    assert!(out.on("/late").is_empty());
+    let (code, _) = gw.terminate();
+    assert_eq!(code, Some(0));
+    // Its will: the host STATE goes offline.
+    let state = retained(broker.port, "spBv1.0/STATE/tidemark-host");
+    assert_eq!(state[0].json()["online"], false, "{state:?}");
+}
