@@ -198,6 +198,10 @@ struct SimulateArgs {
     /// Length of the outage (s).
     #[arg(long, default_value_t = 30.0)]
     outage_s: f64,
+    /// Publish as Sparkplug B edge nodes (4 devices each, sharing a clock; births,
+    /// metrics by alias with their own timestamps, a DDEATH when a device falls silent).
+    #[arg(long)]
+    sparkplug: bool,
     /// No progress lines.
     #[arg(long)]
     quiet: bool,
@@ -242,6 +246,7 @@ fn simulate(a: &SimulateArgs) -> ExitCode {
         step_ms: a.step_ms,
         outage_at_ms: a.outage_at_s.map(secs),
         outage_ms: secs(a.outage_s),
+        sparkplug: a.sparkplug,
     };
     let o = tidemark::run::simulate::SimulateOptions {
         url: a.url.clone(),

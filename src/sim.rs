@@ -6,6 +6,8 @@ use serde::Serialize;
 
 use crate::model::Millis;
 
+mod sparkplug;
+
 /// Payload encoding of the fleet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -70,6 +72,8 @@ pub struct SimConfig {
     pub outage_at_ms: Option<Millis>,
     /// Length of the outage.
     pub outage_ms: Millis,
+    /// Publish as Sparkplug B edge nodes (4 devices each) instead of plain topics.
+    pub sparkplug: bool,
 }
 
 impl Default for SimConfig {
@@ -99,6 +103,7 @@ impl Default for SimConfig {
             step_ms: 0,
             outage_at_ms: None,
             outage_ms: 0,
+            sparkplug: false,
         }
     }
 }
@@ -118,6 +123,10 @@ pub enum Kind {
     Duplicate,
     /// Garbage payload or a topic that does not match the pattern.
     Malformed,
+    /// A Sparkplug NBIRTH or DBIRTH.
+    Birth,
+    /// A Sparkplug DDEATH.
+    Death,
 }
 
 /// One message to publish.
@@ -152,6 +161,10 @@ pub struct Tally {
     pub malformed: u64,
     /// Readings held back by the outage and sent in its burst.
     pub backlog: u64,
+    /// Sparkplug births.
+    pub births: u64,
+    /// Sparkplug device deaths.
+    pub deaths: u64,
 }
 
 impl Tally {
@@ -163,6 +176,8 @@ impl Tally {
             + self.heartbeats
             + self.duplicates
             + self.malformed
+            + self.births
+            + self.deaths
     }
 
     /// Counts a message of `kind` (`backlog`: sent in the outage's burst).
@@ -179,6 +194,8 @@ impl Tally {
             Kind::Heartbeat => self.heartbeats += 1,
             Kind::Duplicate => self.duplicates += 1,
             Kind::Malformed => self.malformed += 1,
+            Kind::Birth => self.births += 1,
+            Kind::Death => self.deaths += 1,
         }
     }
 }
@@ -222,6 +239,8 @@ struct Device {
     since_heartbeat: u32,
     cbor: bool,
     last: Option<Vec<u8>>,
+    /// Sparkplug: DBIRTH sent (and no DDEATH since).
+    born: bool,
 }
 
 /// The fleet: call [`Fleet::next`] for each message to send.
@@ -233,8 +252,10 @@ pub struct Fleet {
     cursor: u32,
     /// Readings kept during the outage, in order.
     held: std::collections::VecDeque<Msg>,
-    /// A duplicate waiting to be sent right after its original.
-    pending: Option<Msg>,
+    /// Messages waiting to be sent right after the last one (a duplicate, births).
+    pending: std::collections::VecDeque<Msg>,
+    /// Sparkplug edge nodes: (next seq, NBIRTH sent).
+    nodes: Vec<(u8, bool)>,
     tally: Tally,
 }
 
@@ -268,6 +289,7 @@ impl Fleet {
                         SimFormat::Mixed => i % 2 == 1,
                     },
                     last: None,
+                    born: false,
                 }
             })
             .collect();
@@ -277,7 +299,8 @@ impl Fleet {
             devices,
             cursor: 0,
             held: std::collections::VecDeque::new(),
-            pending: None,
+            pending: std::collections::VecDeque::new(),
+            nodes: Vec::new(),
             tally: Tally::default(),
         }
     }
@@ -339,7 +362,7 @@ impl Fleet {
     /// ms after the start; `None` when the device whose turn it is is silent or
     /// its reading is held back by the outage.
     pub fn next(&mut self, now: Millis, elapsed: Millis) -> Option<Msg> {
-        if let Some(m) = self.pending.take() {
+        if let Some(m) = self.pending.pop_front() {
             self.tally.add(m.kind);
             return Some(m);
         }
@@ -347,7 +370,7 @@ impl Fleet {
         let i = self.cursor % n;
         self.cursor = self.cursor.wrapping_add(1);
         if self.silent(i, elapsed) {
-            return None;
+            return self.sparkplug_death(i, elapsed);
         }
         if i == 1 && self.cfg.step_at_ms.is_some_and(|at| elapsed >= at) {
             // The step happens once; then it is this device's clock.
@@ -357,6 +380,10 @@ impl Fleet {
         let m = self.make(i, now);
         if self.in_outage(elapsed) && m.kind != Kind::Malformed {
             self.held.push_back(m);
+            if self.cfg.sparkplug {
+                // Births before their data, all in the burst.
+                self.held.extend(self.pending.drain(..));
+            }
             return None;
         }
         self.tally.add(m.kind);
@@ -364,6 +391,9 @@ impl Fleet {
     }
 
     fn make(&mut self, i: u32, now: Millis) -> Msg {
+        if self.cfg.sparkplug {
+            return self.make_sparkplug(i, now);
+        }
         let group = self.group_name(self.devices[i as usize].group);
         let prefix = self.cfg.prefix.clone();
         if self.rng.chance(self.cfg.malformed) {
@@ -419,7 +449,7 @@ impl Fleet {
         d.last = Some(payload.clone());
         let topic = format!("{prefix}/{group}/{}/reading", d.name);
         if self.rng.chance(self.cfg.duplicates) {
-            self.pending = Some(Msg {
+            self.pending.push_back(Msg {
                 device: i,
                 topic: topic.clone(),
                 payload: payload.clone(),

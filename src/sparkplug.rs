@@ -232,15 +232,13 @@ pub fn value(m: &Metric, dt: u32) -> Value {
             .int_value
             .map(f64::from)
             .or(m.long_value.map(|v| v as f64)),
-        FLOAT => m
-            .float_value
-            .map(f64::from)
-            .or(m.double_value),
+        FLOAT => m.float_value.map(f64::from).or(m.double_value),
         DOUBLE => m.double_value.or(m.float_value.map(f64::from)),
         BOOLEAN => m.boolean_value.map(|b| f64::from(u8::from(b))),
         _ => None,
     };
-    n.filter(|v| v.is_finite()).map_or(Value::Other, Value::Number)
+    n.filter(|v| v.is_finite())
+        .map_or(Value::Other, Value::Number)
 }
 
 /// What an edge node has told us, kept across restarts.
@@ -390,7 +388,10 @@ mod tests {
             (t.group, t.kind, t.node, t.device),
             ("plant", MsgType::DData, "edge1", Some("press"))
         );
-        assert_eq!(parse_topic("spBv1.0/plant/NDEATH/edge1").unwrap().kind, MsgType::NDeath);
+        assert_eq!(
+            parse_topic("spBv1.0/plant/NDEATH/edge1").unwrap().kind,
+            MsgType::NDeath
+        );
         for bad in [
             "spBv1.0/STATE/host",
             "spBv1.0/plant/NCMD/edge1",
@@ -411,15 +412,48 @@ mod tests {
             f(&mut m);
             m
         };
-        assert_eq!(value(&m(|m| m.int_value = Some(u32::MAX)), datatype::INT8), Value::Number(-1.0));
-        assert_eq!(value(&m(|m| m.int_value = Some(u32::MAX)), datatype::UINT32), Value::Number(4_294_967_295.0));
-        assert_eq!(value(&m(|m| m.long_value = Some(7)), datatype::UINT32), Value::Number(7.0));
-        assert_eq!(value(&m(|m| m.long_value = Some(u64::MAX)), datatype::INT64), Value::Number(-1.0));
-        assert_eq!(value(&m(|m| m.float_value = Some(1.5)), datatype::FLOAT), Value::Number(1.5));
-        assert_eq!(value(&m(|m| m.boolean_value = Some(true)), datatype::BOOLEAN), Value::Number(1.0));
-        assert_eq!(value(&m(|m| m.string_value = Some("x".into())), datatype::STRING), Value::Other);
-        assert_eq!(value(&m(|m| { m.is_null = Some(true); m.double_value = Some(1.0) }), datatype::DOUBLE), Value::Other);
-        assert_eq!(value(&m(|m| m.double_value = Some(f64::NAN)), datatype::DOUBLE), Value::Other);
+        assert_eq!(
+            value(&m(|m| m.int_value = Some(u32::MAX)), datatype::INT8),
+            Value::Number(-1.0)
+        );
+        assert_eq!(
+            value(&m(|m| m.int_value = Some(u32::MAX)), datatype::UINT32),
+            Value::Number(4_294_967_295.0)
+        );
+        assert_eq!(
+            value(&m(|m| m.long_value = Some(7)), datatype::UINT32),
+            Value::Number(7.0)
+        );
+        assert_eq!(
+            value(&m(|m| m.long_value = Some(u64::MAX)), datatype::INT64),
+            Value::Number(-1.0)
+        );
+        assert_eq!(
+            value(&m(|m| m.float_value = Some(1.5)), datatype::FLOAT),
+            Value::Number(1.5)
+        );
+        assert_eq!(
+            value(&m(|m| m.boolean_value = Some(true)), datatype::BOOLEAN),
+            Value::Number(1.0)
+        );
+        assert_eq!(
+            value(&m(|m| m.string_value = Some("x".into())), datatype::STRING),
+            Value::Other
+        );
+        assert_eq!(
+            value(
+                &m(|m| {
+                    m.is_null = Some(true);
+                    m.double_value = Some(1.0)
+                }),
+                datatype::DOUBLE
+            ),
+            Value::Other
+        );
+        assert_eq!(
+            value(&m(|m| m.double_value = Some(f64::NAN)), datatype::DOUBLE),
+            Value::Other
+        );
     }
 
     #[test]

@@ -53,7 +53,9 @@ impl Edge {
             stdin,
             events,
         };
-        wait_until(WAIT, "Tahu edge node connected", || e.count("connected") > 0);
+        wait_until(WAIT, "Tahu edge node connected", || {
+            e.count("connected") > 0
+        });
         e
     }
 
@@ -170,7 +172,9 @@ fn a_tahu_edge_node_births_data_deaths_and_rebirths_through_tidemark() {
     // A lost message: the seq gap is counted and a rebirth requested; the client rebirths.
     edge.op(json!({"op": "skip"}));
     data(&mut edge, 40);
-    wait_until(WAIT, "rebirth NCMD reached the edge node", || edge.count("ncmd") > 0);
+    wait_until(WAIT, "rebirth NCMD reached the edge node", || {
+        edge.count("ncmd") > 0
+    });
     wait_until(WAIT, "readings_missing counted", || {
         total(&metrics(http), "tidemark_readings_missing_total") == 1
     });
@@ -197,9 +201,11 @@ fn a_tahu_edge_node_births_data_deaths_and_rebirths_through_tidemark() {
     // The client process killed: the broker publishes its NDEATH (the will).
     let mut child = edge;
     let _ = child.child.kill();
-    wait_until(Duration::from_secs(5), "edge node offline by its NDEATH", || {
-        alerts(&out, "edge1", "offline") == 1
-    });
+    wait_until(
+        Duration::from_secs(5),
+        "edge node offline by its NDEATH",
+        || alerts(&out, "edge1", "offline") == 1,
+    );
     let status = |d: &str| {
         on(&out, &format!("status/plant/{d}"))
             .last()
@@ -237,7 +243,11 @@ fn a_tahu_edge_node_births_data_deaths_and_rebirths_through_tidemark() {
         .map(|w| w["metrics"]["Running"]["sum"].as_f64().unwrap())
         .sum();
     assert_eq!(running, 30.0, "Boolean true counts 1");
-    assert!(windows.values().all(|w| w["metrics"].get("Label").is_none()));
+    assert!(
+        windows
+            .values()
+            .all(|w| w["metrics"].get("Label").is_none())
+    );
     let m = metrics(http);
     assert_eq!(total(&m, "tidemark_sparkplug_metrics_other_total"), n_press);
     assert!(out.on("/late").is_empty());
@@ -246,4 +256,138 @@ fn a_tahu_edge_node_births_data_deaths_and_rebirths_through_tidemark() {
     // Its will: the host STATE goes offline.
     let state = retained(broker.port, "spBv1.0/STATE/tidemark-host");
     assert_eq!(state[0].json()["online"], false, "{state:?}");
+}
+
+fn window_key(w: &Value) -> String {
+    format!(
+        "{} {} {} {}",
+        w["count"],
+        w["metrics"]["temp"]["sum"],
+        w["metrics"]["hum"]["count"],
+        w["metrics"]["temp"]["last"]
+    )
+}
+
+#[test]
+fn a_simulated_sparkplug_fleet_is_aggregated_live_and_its_capture_replays_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Mosquitto::start(false);
+    let http = free_port();
+    let extra = "[group_defaults]\nwindow = { kind = \"tumbling\", size_ms = 2000 }\n\
+         out_of_orderness_ms = 500\nidle_timeout_ms = 3000\nallowed_lateness_ms = 2000\n\
+         heartbeat_timeout_ms = 3600000\n[sparkplug]\nenabled = true\n";
+    let cfg = gateway_config(
+        dir.path(),
+        &dir.path().join("state"),
+        broker.port,
+        &broker,
+        http,
+        "",
+        extra,
+    );
+    let gw = Gateway::start(&cfg, &dir.path().join("gateway.log"));
+    let out = Collector::start(broker.port, "tidemark/gw/#", "sp-sim-collector");
+    let capture_file = dir.path().join("capture.jsonl");
+    let mut capture = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args([
+            "capture",
+            "--url",
+            &broker.url(),
+            "--topic",
+            "spBv1.0/#",
+            "--output",
+        ])
+        .arg(&capture_file)
+        .env("RUST_LOG", "info")
+        .stderr(std::fs::File::create(dir.path().join("capture.log")).unwrap())
+        .spawn()
+        .expect("capture");
+    wait_until(WAIT, "capture subscribed", || {
+        std::fs::read_to_string(dir.path().join("capture.log"))
+            .unwrap_or_default()
+            .contains("capture subscribed")
+    });
+    // 8 devices on 2 edge nodes, clocks up to 2 min off, 5 % redelivered.
+    let sim = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args([
+            "simulate",
+            "--url",
+            &broker.url(),
+            "--sparkplug",
+            "--devices",
+            "8",
+            "--rate",
+            "80",
+            "--count",
+            "600",
+            "--skew-ms",
+            "120000",
+            "--duplicates",
+            "0.05",
+            "--qos",
+            "1",
+            "--seed",
+            "4",
+            "--quiet",
+        ])
+        .output()
+        .expect("simulate");
+    assert_eq!(
+        sim.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&sim.stderr)
+    );
+    let summary: Value = serde_json::from_slice(&sim.stdout).expect("summary");
+    let t = &summary["messages"];
+    let readings = t["readings"].as_u64().unwrap();
+    assert!(t["births"].as_u64().unwrap() >= 10, "{t}");
+    wait_until(WAIT, "every simulated reading in a closed window", || {
+        window_readings(&out.all()) >= readings
+    });
+    let m = metrics(http);
+    assert_eq!(
+        total(&m, "tidemark_duplicates_total"),
+        t["duplicates"].as_u64().unwrap()
+    );
+    assert_eq!(total(&m, "tidemark_readings_missing_total"), 0);
+    assert_eq!(
+        total(&m, "tidemark_sparkplug_metrics_other_total"),
+        readings
+    );
+    assert_eq!(window_readings(&out.all()), readings);
+    let live: std::collections::BTreeMap<String, String> = final_windows(&out.all())
+        .into_iter()
+        .map(|(k, w)| (k, window_key(&w)))
+        .collect();
+    gw.terminate();
+    let _ = capture.kill();
+    let _ = capture.wait();
+
+    // The capture (payload_b64) through `replay`: the same window results.
+    let replayed = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args(["replay", "--config"])
+        .arg(&cfg)
+        .arg("--input")
+        .arg(&capture_file)
+        .args(["--drain-ms", "60000"])
+        .output()
+        .expect("replay");
+    assert_eq!(
+        replayed.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&replayed.stderr)
+    );
+    let text = String::from_utf8_lossy(&replayed.stdout);
+    assert!(
+        std::fs::read_to_string(&capture_file)
+            .unwrap()
+            .contains("payload_b64")
+    );
+    let offline: std::collections::BTreeMap<String, String> = final_windows(&replay_lines(&text))
+        .into_iter()
+        .map(|(k, w)| (k, window_key(&w)))
+        .collect();
+    assert_eq!(live, offline);
 }

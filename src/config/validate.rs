@@ -292,14 +292,19 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         if !crate::model::valid_id(g) {
             p.add(
                 &format!("sparkplug.group_ids[{i}]"),
-                format!("{g:?} must be 1..64 chars of [A-Za-z0-9_.:-] (it becomes a tidemark group)"),
+                format!(
+                    "{g:?} must be 1..64 chars of [A-Za-z0-9_.:-] (it becomes a tidemark group)"
+                ),
             );
         }
     }
     if !sp.host_id.is_empty() && !crate::model::valid_id(&sp.host_id) {
         p.add(
             "sparkplug.host_id",
-            format!("{:?} must be 1..64 chars of [A-Za-z0-9_.:-] (it appears in a topic)", sp.host_id),
+            format!(
+                "{:?} must be 1..64 chars of [A-Za-z0-9_.:-] (it appears in a topic)",
+                sp.host_id
+            ),
         );
     }
     let sparkplug = SparkplugConfig {

@@ -123,8 +123,7 @@ impl Engine {
             Ok(p) => p,
             Err(e) => return self.reject(out, Reason::DecodeError, topic, ids, now, e),
         };
-        if self.devices.len() >= super::MAX_DEVICES && self.find_device(&group, &device).is_none()
-        {
+        if self.devices.len() >= super::MAX_DEVICES && self.find_device(&group, &device).is_none() {
             let detail = format!(
                 "device limit of {} reached; new device not tracked",
                 super::MAX_DEVICES
@@ -191,7 +190,17 @@ impl Engine {
                     self.die(di, now, out);
                 }
             }
-            _ => self.sparkplug_data(topic, &p, ni, sub, (&group, &device), now, raw_wall, decoded, out),
+            _ => self.sparkplug_data(
+                topic,
+                &p,
+                ni,
+                sub,
+                (&group, &device),
+                now,
+                raw_wall,
+                decoded,
+                out,
+            ),
         }
     }
 
@@ -217,7 +226,8 @@ impl Engine {
                 Err(alias) => {
                     let node = self.sparkplug.nodes[ni].0.node.clone();
                     self.request_rebirth(ni, group, &node, now);
-                    let detail = format!("unknown Sparkplug metric alias {alias} (no birth defines it)");
+                    let detail =
+                        format!("unknown Sparkplug metric alias {alias} (no birth defines it)");
                     return self.reject(out, Reason::DecodeError, topic, ids, now, detail);
                 }
             };

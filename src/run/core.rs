@@ -111,7 +111,9 @@ pub fn run(
                     for (topic, payload) in driver.engine_mut().take_commands() {
                         match commands.publish(&topic, payload, 0, false) {
                             Ok(()) => tracing::info!(%topic, "Sparkplug rebirth requested"),
-                            Err(e) => tracing::warn!(%topic, error = %e, "Sparkplug rebirth request not sent"),
+                            Err(e) => {
+                                tracing::warn!(%topic, error = %e, "Sparkplug rebirth request not sent")
+                            }
                         }
                     }
                     shared.received.fetch_add(1, Ordering::Relaxed);

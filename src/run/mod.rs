@@ -271,7 +271,9 @@ async fn gateway(
         persistent: true,
         session_expiry_s: cfg.session_expiry_s,
         manual_acks: true,
-        will: host_state.as_ref().map(|(t, _, dead)| (t.clone(), dead.clone())),
+        will: host_state
+            .as_ref()
+            .map(|(t, _, dead)| (t.clone(), dead.clone())),
         inflight: 100,
     })?;
     let mut topics = cfg.topics.clone();

@@ -20,8 +20,8 @@ use crate::codec::MetricName;
 use crate::engine::{Changes, Counters, Device, Group};
 use crate::model::Millis;
 use schema::{
-    DEVICES, GROUPS, K_CLOCK, K_COUNTERS, K_SPARKPLUG, K_OUTBOX, K_SCHEMA, META, METRIC_NAMES, OUTBOX,
-    SCHEMA_VERSION,
+    DEVICES, GROUPS, K_CLOCK, K_COUNTERS, K_OUTBOX, K_SCHEMA, K_SPARKPLUG, META, METRIC_NAMES,
+    OUTBOX, SCHEMA_VERSION,
 };
 
 /// Store failures. [`StoreError::is_io`] ones (a full disk) are retried by
