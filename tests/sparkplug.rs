@@ -153,7 +153,7 @@ fn a_tahu_edge_node_births_data_deaths_and_rebirths_through_tidemark() {
         let v = k as f64 * 0.5;
         edge.op(json!({"op": "ddata", "device": "press", "metrics": [
             {"alias": 2, "type": "Float", "value": v, "dt": -20},
-            {"alias": 3, "type": "Boolean", "value": k % 2 == 0, "dt": -20},
+            {"alias": 3, "type": "Boolean", "value": k.is_multiple_of(2), "dt": -20},
             {"alias": 4, "type": "String", "value": "x", "dt": -20}
         ]}));
         edge.op(json!({"op": "ndata", "metrics": [

@@ -58,6 +58,9 @@ impl State {
     }
 }
 
+/// The numeric metrics of one payload sharing a timestamp.
+type Reading = (Option<u64>, Vec<(MetricName, f64)>);
+
 fn id(s: &str) -> Option<Id> {
     valid_id(s).then(|| Id::try_from(s).ok()).flatten()
 }
@@ -219,7 +222,7 @@ impl Engine {
         out: &mut Vec<Output>,
     ) {
         let ids = Some((group, device));
-        let mut readings: Vec<(Option<u64>, Vec<(MetricName, f64)>)> = Vec::new();
+        let mut readings: Vec<Reading> = Vec::new();
         for m in &p.metrics {
             let resolved = match self.sparkplug.nodes[ni].0.resolve(sub, m) {
                 Ok(r) => r,

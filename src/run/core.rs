@@ -65,6 +65,7 @@ const DEVICE_BYTES: u64 = 1024;
 const CHECKPOINT_MAX_BYTES: u64 = 16 << 20;
 
 /// Runs until `Stop` or until every sender is gone.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     mut driver: Driver,
     clock: SystemClock,
