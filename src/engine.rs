@@ -888,6 +888,9 @@ impl Engine {
             .unwrap_or(0)
             .saturating_sub(self.clock.error);
         let skewed = est.abs() > self.time.max_skew_ms;
+        if !skewed {
+            self.clock.seconded();
+        }
         if skewed && self.clock.unsure() {
             self.provisional = true;
             // Device or gateway wrong, not known yet: the earlier of the two

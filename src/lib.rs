@@ -18,6 +18,7 @@ pub mod codec;
 pub mod config;
 pub mod driver;
 pub mod engine;
+pub mod fuzzing;
 pub mod journal;
 pub mod model;
 pub mod output;

@@ -417,3 +417,32 @@ fn replay_reproduces_a_sites_clock_step_from_the_captured_clocks() {
     assert_eq!((wrong, ok), (0, 0));
     assert!(late > 800, "late {late}");
 }
+
+#[test]
+fn once_a_device_agrees_with_an_unsynchronized_gateway_a_skewed_one_is_distrusted_at_once() {
+    let cfg = config::load_str("[gateway]\nid = \"gw\"\n", &BTreeMap::new()).unwrap();
+    let mut driver = Driver::new(Engine::new(&cfg), &cfg, SinkFormat::Json, None);
+    let now = |t: i64| Now {
+        wall: t,
+        mono: t - T0,
+        synced: false,
+    };
+    let send = |d: &mut Driver, t: i64, dev: &str, ts: i64| {
+        let p = format!(r#"{{"ts": {ts}, "temp": 1}}"#);
+        d.message(now(t), &format!("sensors/g/{dev}/reading"), p.as_bytes());
+    };
+    send(&mut driver, T0, "good", T0 - 20);
+    // Ten minutes behind: on a trusted gateway, distrusted and timed by arrival.
+    send(&mut driver, T0 + 100, "slow", T0 + 100 - 10 * MIN);
+    let alerts: Vec<AlertType> = driver
+        .outputs
+        .iter()
+        .filter_map(|o| match o {
+            Output::Alert(a) => Some(a.kind),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(alerts, [AlertType::ClockSkew]);
+    let slow = driver.engine().device("g", "slow").unwrap();
+    assert_eq!(slow.max_event, Some(T0 + 100));
+}

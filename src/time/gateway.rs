@@ -70,6 +70,10 @@ pub struct GatewayClock {
     pub unsure_since: Option<Millis>,
     /// Monotonic time of the next consensus evaluation.
     pub next_eval: Millis,
+    /// While unsure: a device has agreed with the gateway, which is then taken
+    /// as right for devices that disagree (two clocks against one).
+    #[serde(default)]
+    pub seconded: bool,
 }
 
 /// What an observation or evaluation concluded, for the engine to act on.
@@ -119,9 +123,17 @@ impl GatewayClock {
         self.base = None;
     }
 
-    /// Whether a device that disagrees with the gateway is still in doubt.
+    /// Whether a device that disagrees with the gateway is still in doubt:
+    /// no verdict yet, and no device has agreed with the gateway.
     pub fn unsure(&self) -> bool {
-        self.verdict == Verdict::Unsure
+        self.verdict == Verdict::Unsure && !self.seconded
+    }
+
+    /// A device agrees with the gateway (within `max_skew_ms`).
+    pub fn seconded(&mut self) {
+        if self.verdict == Verdict::Unsure {
+            self.seconded = true;
+        }
     }
 
     /// One observation of both clocks (a message), with the kernel's state.
@@ -328,6 +340,20 @@ mod tests {
             c.judge(&mut est.to_vec(), 0, SKEW);
             assert_eq!(c.verdict, want, "{est:?}");
         }
+    }
+
+    #[test]
+    fn a_device_agreeing_with_the_gateway_ends_the_doubt_for_the_others() {
+        let mut c = GatewayClock::default();
+        c.observe(T0, 0, false, AUTO, SKEW);
+        assert!(c.unsure());
+        c.seconded();
+        assert!(!c.unsure());
+        assert_eq!(
+            c.verdict,
+            Verdict::Unsure,
+            "a verdict still needs the quorum"
+        );
     }
 
     #[test]
