@@ -20,8 +20,10 @@ seconds=${2:-60}
 export RUSTFLAGS="${RUSTFLAGS:-} -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
  -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
  -Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing -Cdebug-assertions -Coverflow-checks"
-cargo build --release --bin "$target"
+# An explicit --target keeps the instrumentation out of build scripts (as cargo-fuzz does).
+host=$(rustc -vV | sed -n 's/^host: //p')
+cargo build --release --target "$host" --bin "$target"
 mkdir -p "corpus/$target" "artifacts/$target"
-exec "target/release/$target" "corpus/$target" \
+exec "target/$host/release/$target" "corpus/$target" \
   -artifact_prefix="artifacts/$target/" -max_total_time="$seconds" -max_len=65536 \
   -print_final_stats=1 -timeout=10 -rss_limit_mb=2048
