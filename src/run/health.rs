@@ -186,6 +186,9 @@ pub async fn watchdog(health: Arc<Health>, mut stop: watch::Receiver<bool>) {
     }
 }
 
+/// Connections the HTTP endpoint serves at once.
+pub const MAX_CONNECTIONS: usize = 64;
+
 /// Serves `/metrics` and `/healthz` on `listener` until `stop`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -196,6 +199,10 @@ pub async fn serve(
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(listen = %addr, "HTTP endpoint: /metrics, /healthz");
     }
+    // A flood of connections costs at most this many tasks and sockets; the
+    // rest are closed at once (a scraper needs one).
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut refused: u64 = 0;
     loop {
         let (tcp, _) = tokio::select! {
             r = listener.accept() => match r {
@@ -208,17 +215,33 @@ pub async fn serve(
             },
             _ = stop.changed() => return,
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            refused += 1;
+            if refused.is_power_of_two() {
+                tracing::warn!(
+                    refused,
+                    "HTTP endpoint: {MAX_CONNECTIONS} connections open, closing new ones"
+                );
+            }
+            drop(tcp);
+            continue;
+        };
         let health = health.clone();
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
                 let health = health.clone();
                 async move { Ok::<_, Infallible>(respond(&req, &health, limit_ms)) }
             });
+            // Slow or garbage clients: headers within 5 s and 16 KiB, one request
+            // per connection (no idle keep-alive holding a slot).
             let _ = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(Duration::from_secs(5))
+                .max_buf_size(16 * 1024)
+                .keep_alive(false)
                 .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
                 .await;
+            drop(slot);
         });
     }
 }
