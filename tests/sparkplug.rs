@@ -275,7 +275,8 @@ fn a_simulated_sparkplug_fleet_is_aggregated_live_and_its_capture_replays_the_sa
     let http = free_port();
     let extra = "[group_defaults]\nwindow = { kind = \"tumbling\", size_ms = 2000 }\n\
          out_of_orderness_ms = 500\nidle_timeout_ms = 3000\nallowed_lateness_ms = 2000\n\
-         heartbeat_timeout_ms = 3600000\n[sparkplug]\nenabled = true\n";
+         heartbeat_timeout_ms = 3600000\n[sparkplug]\nenabled = true\n\
+         [time]\npolicy = \"device\"\n";
     let cfg = gateway_config(
         dir.path(),
         &dir.path().join("state"),
@@ -307,7 +308,9 @@ fn a_simulated_sparkplug_fleet_is_aggregated_live_and_its_capture_replays_the_sa
             .unwrap_or_default()
             .contains("capture subscribed")
     });
-    // 8 devices on 2 edge nodes, clocks up to 2 min off, 5 % redelivered.
+    // 8 devices on 2 edge nodes, clocks up to 2 min off, 5 % redelivered. Device time
+    // (not calibrated: `capture` stamps arrivals on its own receipt, not the gateway's),
+    // so live and replayed windows must agree exactly.
     let sim = Command::new(env!("CARGO_BIN_EXE_tidemark"))
         .args([
             "simulate",
