@@ -680,7 +680,8 @@ fn mutual_tls_with_password_file_on_source_and_sink() {
         &config,
         format!(
             "[gateway]\nid = \"gw\"\nstate_dir = \"{}\"\n[source]\n{tls}[sink]\n{tls}\
-             [time]\npolicy = \"device\"\n[group_defaults]\nidle_timeout_ms = 500\nout_of_orderness_ms = 0\n",
+             [time]\npolicy = \"device\"\n[group_defaults]\nidle_timeout_ms = 500\nout_of_orderness_ms = 0\n\
+             [metrics]\ninterval_s = 1\n",
             d.join("state").display()
         ),
     )
@@ -701,10 +702,38 @@ fn mutual_tls_with_password_file_on_source_and_sink() {
         || std::fs::read_to_string(&log).unwrap_or_default(),
     );
     assert_eq!(up.on("/windows/secure/s1")[0].json()["count"], 1);
+    wait_until(MIN, "gateway metrics upstream", || {
+        !up.on("/metrics").is_empty()
+    });
     let (code, _) = gw.terminate();
     assert_eq!(code, Some(0));
     let _ = broker.kill();
     let _ = broker.wait();
+    // Secrets stay secret: the password and the private key appear in no log
+    // line, no upstream message (metrics included) and no `inspect` output.
+    let key = std::fs::read_to_string(d.join("client.key")).expect("key");
+    let key_line = key.lines().nth(1).expect("a base64 line of the key");
+    let mut seen: Vec<String> = vec![std::fs::read_to_string(&log).unwrap_or_default()];
+    seen.extend(
+        up.all()
+            .iter()
+            .map(|m| String::from_utf8_lossy(&m.payload).into_owned()),
+    );
+    for json in [false, true] {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"));
+        cmd.args(["inspect", "--state-dir"]).arg(d.join("state"));
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output().expect("inspect");
+        assert_eq!(out.status.code(), Some(0));
+        seen.push(String::from_utf8_lossy(&out.stdout).into_owned());
+        seen.push(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    for text in &seen {
+        assert!(!text.contains("s3cret"), "password leaked: {text}");
+        assert!(!text.contains(key_line), "private key leaked");
+    }
 }
 
 #[test]
