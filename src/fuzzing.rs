@@ -143,8 +143,56 @@ pub fn sparkplug(data: &[u8]) {
     let _ = e.take_changes();
 }
 
-/// A stream of messages and ticks built from the bytes: never a panic, every
-/// message accounted for, watermarks never going back.
+/// What a store holds after the checkpoints so far (for the crash/restore twin).
+#[derive(Default)]
+struct Checkpoint {
+    groups: BTreeMap<String, crate::engine::Group>,
+    devices: BTreeMap<(String, String), crate::engine::Device>,
+    names: Vec<crate::codec::MetricName>,
+    counters: crate::engine::Counters,
+    clock: Option<crate::time::gateway::GatewayClock>,
+    sparkplug: BTreeMap<(String, String), crate::sparkplug::EdgeNode>,
+}
+
+impl Checkpoint {
+    fn absorb(&mut self, c: crate::engine::Changes) {
+        for g in c.groups {
+            self.groups.insert(g.name.to_string(), g);
+        }
+        for d in c.devices {
+            self.devices
+                .insert((d.group.to_string(), d.id.to_string()), d);
+        }
+        for (i, n) in c.metric_names {
+            assert_eq!(usize::from(i), self.names.len(), "metric names in order");
+            self.names.push(n);
+        }
+        for n in c.sparkplug {
+            self.sparkplug
+                .insert((n.group.to_string(), n.node.to_string()), n);
+        }
+        self.counters = c.counters;
+        self.clock = Some(c.clock);
+    }
+
+    fn restore(&self, cfg: &config::Config) -> Engine {
+        let mut e = Engine::new(cfg);
+        e.restore(
+            self.groups.values().cloned().collect(),
+            self.devices.values().cloned().collect(),
+            self.names.clone(),
+            self.counters.clone(),
+        );
+        e.restore_clock(self.clock.clone());
+        e.restore_sparkplug(self.sparkplug.values().cloned().collect());
+        e
+    }
+}
+
+/// A stream of messages, ticks, gateway clock steps, restarts and crashes
+/// built from the bytes: never a panic, every message accounted for,
+/// watermarks never going back, and an engine restored from its checkpoints
+/// after each crash behaving exactly as one that never crashed.
 pub fn engine(data: &[u8]) {
     let cfg = config::load_str(
         "[gateway]\nid = \"fuzz\"\n[time]\ninvalid = \"reject\"\n\
@@ -153,48 +201,73 @@ pub fn engine(data: &[u8]) {
         &BTreeMap::new(),
     )
     .expect("config");
-    let mut e = Engine::new(&cfg);
-    let mut out: Vec<Output> = Vec::new();
+    let mut a = Engine::new(&cfg);
+    let mut b = Engine::new(&cfg);
+    let mut store = Checkpoint::default();
+    let (mut out_a, mut out_b): (Vec<Output>, Vec<Output>) = (Vec::new(), Vec::new());
     let t0: Millis = 1_764_480_000_000;
-    let mut at = t0;
+    let (mut at, mut step) = (t0, 0);
     let mut wm: BTreeMap<String, Millis> = BTreeMap::new();
     let mut sent = 0u64;
     for op in data.chunks(6) {
-        let [kind, dev, a, b, c, d] = <[u8; 6]>::try_from(op).unwrap_or([0; 6]);
-        at += i64::from(u16::from_le_bytes([a, b]));
+        let [kind, dev, x, y, c, d] = <[u8; 6]>::try_from(op).unwrap_or([0; 6]);
+        at += i64::from(u16::from_le_bytes([x, y]));
         let offset = i64::from(i16::from_le_bytes([c, d])) * 37;
         let now = Now {
-            wall: at,
+            wall: at + step,
             mono: at - t0,
             synced: kind & 0x40 == 0,
         };
-        if kind & 0x80 != 0 {
-            e.on_tick(now, &mut out);
-        } else {
-            let topic = format!(
-                "sensors/g{}/d{}/{}",
-                dev % 3,
-                dev / 3 % 5,
-                if kind & 1 == 0 {
-                    "reading"
-                } else {
-                    "heartbeat"
+        match kind {
+            // A crash: the twin comes back from its checkpoints; both restart
+            // (a new process: idleness restarts, a new monotonic origin).
+            0xff => {
+                store.absorb(b.take_changes());
+                b = store.restore(&cfg);
+                for e in [&mut a, &mut b] {
+                    e.new_clock_origin();
+                    e.restart_idleness(now);
                 }
-            );
-            let payload = match kind >> 1 & 3 {
-                0 => format!(
-                    r#"{{"ts": {}, "seq": {}, "temp": {c}}}"#,
-                    at + offset,
-                    d % 16
-                ),
-                1 => format!(r#"{{"ts": {}, "temp": {d}}}"#, at - offset * 1000),
-                2 => format!(r#"{{"ts": "{}", "temp": 1}}"#, at + offset),
-                _ => String::from_utf8_lossy(op).into_owned(),
-            };
-            e.on_message(&topic, payload.as_bytes(), now, &mut out);
-            sent += 1;
+            }
+            // A checkpoint of the twin.
+            0xfe => store.absorb(b.take_changes()),
+            // The gateway's wall clock steps.
+            0xfd => step += offset * 1000,
+            k if k & 0x80 != 0 => {
+                a.on_tick(now, &mut out_a);
+                b.on_tick(now, &mut out_b);
+            }
+            _ => {
+                let topic = format!(
+                    "sensors/g{}/d{}/{}",
+                    dev % 3,
+                    dev / 3 % 5,
+                    if kind & 1 == 0 {
+                        "reading"
+                    } else {
+                        "heartbeat"
+                    }
+                );
+                let payload = match kind >> 1 & 3 {
+                    0 => format!(
+                        r#"{{"ts": {}, "seq": {}, "temp": {c}}}"#,
+                        at + offset,
+                        d % 16
+                    ),
+                    1 => format!(r#"{{"ts": {}, "temp": {d}}}"#, at - offset * 1000),
+                    2 => format!(r#"{{"ts": "{}", "temp": 1}}"#, at + offset),
+                    _ => String::from_utf8_lossy(op).into_owned(),
+                };
+                a.on_message(&topic, payload.as_bytes(), now, &mut out_a);
+                b.on_message(&topic, payload.as_bytes(), now, &mut out_b);
+                sent += 1;
+            }
         }
-        for g in e.groups() {
+        assert_eq!(
+            out_a, out_b,
+            "restored engine diverged from the uncrashed one"
+        );
+        for g in a.groups() {
             if let Some(w) = g.wm {
                 let prev = wm.insert(g.name.to_string(), w);
                 assert!(
@@ -204,10 +277,12 @@ pub fn engine(data: &[u8]) {
                 );
             }
         }
-        out.clear();
+        out_a.clear();
+        out_b.clear();
     }
-    let c = e.counters();
+    let c = a.counters();
     let rejected: u64 = c.rejected.iter().sum();
     assert_eq!(c.received, sent);
     assert_eq!(c.accepted + c.late + c.duplicates + rejected, sent, "{c:?}");
+    assert_eq!(c, b.counters());
 }
