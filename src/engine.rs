@@ -695,10 +695,7 @@ impl Engine {
         out: &mut Vec<Output>,
     ) {
         let ids = Some((&parts.group, &parts.device));
-        if self.devices.len() >= MAX_DEVICES
-            && self.find_device(&parts.group, &parts.device).is_none()
-        {
-            let detail = format!("device limit of {MAX_DEVICES} reached; new device not tracked");
+        if let Some(detail) = self.over_device_limit(&parts.group, &parts.device) {
             return self.reject(out, Reason::BadTopic, topic, ids, now, detail);
         }
         let di = self.device_slot(&parts.group, &parts.device);
@@ -835,6 +832,12 @@ impl Engine {
                 online: true,
             });
         }
+    }
+
+    /// A new device beyond [`MAX_DEVICES`]: the rejection's detail.
+    fn over_device_limit(&self, group: &Id, device: &Id) -> Option<String> {
+        (self.devices.len() >= MAX_DEVICES && self.find_device(group, device).is_none())
+            .then(|| format!("device limit of {MAX_DEVICES} reached; new device not tracked"))
     }
 
     fn intern(&mut self, name: &MetricName) -> Option<MetricIdx> {

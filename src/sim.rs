@@ -390,6 +390,27 @@ impl Fleet {
         Some(m)
     }
 
+    /// A reading's kind and timestamp: in order, out of order or late.
+    fn stamp(&mut self, device_now: Millis) -> (Kind, Millis) {
+        if self.rng.chance(self.cfg.late) {
+            (Kind::Late, device_now - self.cfg.late_by_ms)
+        } else if self.rng.chance(self.cfg.out_of_order) {
+            let back = 1 + self.rng.upto(self.cfg.disorder_ms.max(1) - 1);
+            (Kind::OutOfOrder, device_now - back)
+        } else {
+            (Kind::Reading, device_now)
+        }
+    }
+
+    /// Device `i`'s next reading number and temperature.
+    fn next_temp(&mut self, i: u32) -> f64 {
+        let d = &mut self.devices[i as usize];
+        d.seq += 1;
+        #[allow(clippy::cast_precision_loss)]
+        let temp = 20.0 + f64::from(i % 7) + (d.seq % 60) as f64 / 10.0;
+        temp
+    }
+
     fn make(&mut self, i: u32, now: Millis) -> Msg {
         if self.cfg.sparkplug {
             return self.make_sparkplug(i, now);
@@ -433,18 +454,9 @@ impl Fleet {
             };
         }
         d.since_heartbeat += 1;
-        let (kind, ts) = if self.rng.chance(self.cfg.late) {
-            (Kind::Late, device_now - self.cfg.late_by_ms)
-        } else if self.rng.chance(self.cfg.out_of_order) {
-            let back = 1 + self.rng.upto(self.cfg.disorder_ms.max(1) - 1);
-            (Kind::OutOfOrder, device_now - back)
-        } else {
-            (Kind::Reading, device_now)
-        };
+        let (kind, ts) = self.stamp(device_now);
+        let temp = self.next_temp(i);
         let d = &mut self.devices[i as usize];
-        d.seq += 1;
-        #[allow(clippy::cast_precision_loss)]
-        let temp = 20.0 + f64::from(i % 7) + (d.seq % 60) as f64 / 10.0;
         let payload = encode(d.cbor, ts, Some(d.seq), Some(temp));
         d.last = Some(payload.clone());
         let topic = format!("{prefix}/{group}/{}/reading", d.name);

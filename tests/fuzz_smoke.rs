@@ -3,27 +3,12 @@
 //! deterministic mutations of them go through the same entry points that
 //! `scripts/fuzz.sh` fuzzes for minutes.
 
+mod common;
+
 use std::path::Path;
 
+use common::Rng;
 use tidemark::fuzzing::TARGETS;
-
-/// splitmix64, so a failing mutation replays from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    #[allow(clippy::cast_possible_truncation)]
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
 
 /// Flips, inserts, deletes, duplicates a run or splices in an interesting byte.
 fn mutate(rng: &mut Rng, input: &[u8]) -> Vec<u8> {

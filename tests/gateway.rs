@@ -256,21 +256,7 @@ fn end_to_end_outputs_have_spec_shapes_and_match_replay() {
         text.push('\n');
     }
     std::fs::write(&capture, text).expect("capture");
-    let replayed = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"))
-        .args(["replay", "--config"])
-        .arg(&config)
-        .arg("--input")
-        .arg(&capture)
-        .args(["--drain-ms", "600000"])
-        .output()
-        .expect("replay");
-    assert_eq!(
-        replayed.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&replayed.stderr)
-    );
-    let replay_seen = support::replay_lines(&String::from_utf8_lossy(&replayed.stdout));
+    let replay_seen = support::replay(&config, &capture, 600_000);
     let live = final_windows(&up.all());
     let offline_run = final_windows(&replay_seen);
     let strip = |m: BTreeMap<String, serde_json::Value>| -> BTreeMap<String, String> {

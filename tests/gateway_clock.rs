@@ -4,47 +4,27 @@
 //! the real `Driver`, over errors × device rates, with network jitter and a few
 //! devices whose own clocks are off (one beyond `max_skew_ms`). Prints the table.
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap};
 
+use common::Rng;
 use proptest::prelude::*;
 use tidemark::config;
 use tidemark::driver::Driver;
 use tidemark::engine::{Engine, Now};
 use tidemark::output::{AlertType, GatewayAlert, Output, SinkFormat};
 
-const T0: i64 = 1_764_480_000_000;
+use common::T0;
 const MIN: i64 = 60_000;
 const HOUR: i64 = 60 * MIN;
 const RUN_MS: i64 = 10 * MIN;
 const WINDOW_MS: i64 = 60_000;
 
-/// splitmix64: deterministic test data, a failing case replays from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    #[allow(clippy::cast_precision_loss)]
-    fn unit(&mut self) -> f64 {
-        ((self.next() >> 11) + 1) as f64 / (1u64 << 53) as f64
-    }
-
-    #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
-    fn range(&mut self, lo: i64, hi: i64) -> i64 {
-        lo + (self.unit() * (hi - lo) as f64) as i64
-    }
-
-    /// Ordinary network delay: 5 ms plus an exponential tail of mean 40 ms, capped at 2 s.
-    #[allow(clippy::cast_possible_truncation)]
-    fn delay(&mut self) -> i64 {
-        5 + ((-40.0 * self.unit().ln()) as i64).min(2_000)
-    }
+/// Ordinary network delay: 5 ms plus an exponential tail of mean 40 ms, capped at 2 s.
+#[allow(clippy::cast_possible_truncation)]
+fn delay(rng: &mut Rng) -> i64 {
+    5 + ((-40.0 * rng.unit().ln()) as i64).min(2_000)
 }
 
 /// How the gateway's clock behaves over one run.
@@ -126,7 +106,7 @@ fn run(case: &Case, seed: u64) -> Outcome {
     for (di, _) in devices.iter().enumerate() {
         let mut t = T0 + rng.range(0, every);
         while t < T0 + RUN_MS {
-            msgs.push((t + rng.delay(), di, t));
+            msgs.push((t + delay(&mut rng), di, t));
             t += every;
         }
     }
@@ -322,7 +302,7 @@ proptest! {
         for di in 0..5usize {
             let mut t = T0 + rng.range(0, 1000);
             while t < T0 + RUN_MS {
-                msgs.push((t + rng.delay(), di, t));
+                msgs.push((t + delay(&mut rng), di, t));
                 t += 1000;
             }
         }
@@ -356,7 +336,7 @@ fn stepped_capture(with_clocks: bool) -> String {
     for d in 0..10 {
         let mut t = T0 + rng.range(0, 1000);
         while t < T0 + 180_000 {
-            msgs.push((t + rng.delay(), d, t));
+            msgs.push((t + delay(&mut rng), d, t));
             t += 1000;
         }
     }

@@ -2,37 +2,16 @@
 //! distributions, rates and offsets the estimate is exactly the min filter's
 //! value, and real clock steps are still adopted.
 
+mod common;
+
 use std::collections::BTreeMap;
 
+use common::Rng;
 use proptest::prelude::*;
 use tidemark::time::skew::{Sample, SkewEstimator};
 
 const T0: i64 = 1_764_480_000_000;
 const WINDOW: usize = 32;
-
-/// splitmix64: a small deterministic generator, so a failing case replays from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in (0, 1].
-    #[allow(clippy::cast_precision_loss)]
-    fn unit(&mut self) -> f64 {
-        ((self.next() >> 11) + 1) as f64 / (1u64 << 53) as f64
-    }
-
-    #[allow(clippy::cast_possible_truncation)]
-    fn range(&mut self, lo: i64, hi: i64) -> i64 {
-        lo + (self.unit() * (hi - lo) as f64) as i64
-    }
-}
 
 #[derive(Debug, Clone, Copy)]
 enum Dist {

@@ -368,29 +368,15 @@ fn a_simulated_sparkplug_fleet_is_aggregated_live_and_its_capture_replays_the_sa
     let _ = capture.wait();
 
     // The capture (payload_b64) through `replay`: the same window results.
-    let replayed = Command::new(env!("CARGO_BIN_EXE_tidemark"))
-        .args(["replay", "--config"])
-        .arg(&cfg)
-        .arg("--input")
-        .arg(&capture_file)
-        .args(["--drain-ms", "60000"])
-        .output()
-        .expect("replay");
-    assert_eq!(
-        replayed.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&replayed.stderr)
-    );
-    let text = String::from_utf8_lossy(&replayed.stdout);
     assert!(
         std::fs::read_to_string(&capture_file)
             .unwrap()
             .contains("payload_b64")
     );
-    let offline: std::collections::BTreeMap<String, String> = final_windows(&replay_lines(&text))
-        .into_iter()
-        .map(|(k, w)| (k, window_key(&w)))
-        .collect();
+    let offline: std::collections::BTreeMap<String, String> =
+        final_windows(&replay(&cfg, &capture_file, 60_000))
+            .into_iter()
+            .map(|(k, w)| (k, window_key(&w)))
+            .collect();
     assert_eq!(live, offline);
 }

@@ -126,11 +126,7 @@ impl Engine {
             Ok(p) => p,
             Err(e) => return self.reject(out, Reason::DecodeError, topic, ids, now, e),
         };
-        if self.devices.len() >= super::MAX_DEVICES && self.find_device(&group, &device).is_none() {
-            let detail = format!(
-                "device limit of {} reached; new device not tracked",
-                super::MAX_DEVICES
-            );
+        if let Some(detail) = self.over_device_limit(&group, &device) {
             return self.reject(out, Reason::BadTopic, topic, ids, now, detail);
         }
         let ni = self.sparkplug.node(&group, &node);

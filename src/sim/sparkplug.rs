@@ -127,18 +127,8 @@ impl Fleet {
             let topic = format!("{}/{group}/DBIRTH/{node_id}/{device}", sp::NAMESPACE);
             out.push(self.sp_msg(i, topic, p, Kind::Birth));
         }
-        let (kind, ts) = if self.rng.chance(self.cfg.late) {
-            (Kind::Late, device_now - self.cfg.late_by_ms)
-        } else if self.rng.chance(self.cfg.out_of_order) {
-            let back = 1 + self.rng.upto(self.cfg.disorder_ms.max(1) - 1);
-            (Kind::OutOfOrder, device_now - back)
-        } else {
-            (Kind::Reading, device_now)
-        };
-        let d = &mut self.devices[i as usize];
-        d.seq += 1;
-        #[allow(clippy::cast_precision_loss)]
-        let temp = 20.0 + f64::from(i % 7) + (d.seq % 60) as f64 / 10.0;
+        let (kind, ts) = self.stamp(device_now);
+        let temp = self.next_temp(i);
         let value = |alias: u64| Metric {
             alias: Some(alias),
             timestamp: ms(ts),

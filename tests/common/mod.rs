@@ -204,3 +204,34 @@ pub fn synthetic_capture(devices: usize, seconds: i64) -> String {
     }
     out
 }
+
+/// splitmix64: deterministic test data, so a failing case replays from its seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in (0, 1].
+    #[allow(clippy::cast_precision_loss)]
+    pub fn unit(&mut self) -> f64 {
+        ((self.next() >> 11) + 1) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Uniform in [lo, hi).
+    #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
+    pub fn range(&mut self, lo: i64, hi: i64) -> i64 {
+        lo + (self.unit() * (hi - lo) as f64) as i64
+    }
+
+    /// Uniform in [0, n).
+    #[allow(clippy::cast_possible_truncation)]
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}

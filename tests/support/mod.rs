@@ -458,6 +458,25 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
+/// `tidemark replay` of `input` under `config`, which must succeed; its output as messages.
+pub fn replay(config: &Path, input: &Path, drain_ms: u64) -> Vec<Seen> {
+    let out = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args(["replay", "--config"])
+        .arg(config)
+        .arg("--input")
+        .arg(input)
+        .args(["--drain-ms", &drain_ms.to_string()])
+        .output()
+        .expect("replay");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    replay_lines(&String::from_utf8_lossy(&out.stdout))
+}
+
 /// The output lines of `tidemark replay` as messages.
 pub fn replay_lines(stdout: &str) -> Vec<Seen> {
     stdout
