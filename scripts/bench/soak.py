@@ -96,11 +96,12 @@ allowed_lateness_ms = 5000
             met = gw.metrics() or {}
             commits = sum(v for k, v in met.items() if k.startswith("tidemark_commits_total"))
             t0, c0 = last_sample
-            rate = (commits - c0) / max(now - t0, 1e-9) if commits >= c0 else float("nan")
+            # The counter restarts with the gateway: no rate across a restart.
+            rate = f"{(commits - c0) / max(now - t0, 1e-9):.2f}" if commits >= c0 else "(restart)"
             last_sample = (now, commits)
             row = [f"{(now - start) / 60:.1f}", f"{gw.rss_mib():.1f}", fds(gw.proc.pid),
                    int(met.get("tidemark_outbox_depth", 0)), f"{disk_mib(state):.1f}",
-                   f"{rate:.2f}", int(met.get("tidemark_received_total", 0)), restarts, outages]
+                   rate, int(met.get("tidemark_received_total", 0)), restarts, outages]
             rows.append(row)
             print(" | ".join(str(c) for c in row), flush=True)
         time.sleep(0.2)
