@@ -353,6 +353,14 @@ impl Engine {
         &self.counters
     }
 
+    /// Nothing can fire on later ticks: no device has a window or liveness
+    /// deadline and no change awaits a visit. Ticks then only move watermarks,
+    /// and one tick at the end leaves the same state as all of them.
+    pub fn settled(&self) -> bool {
+        self.groups.iter().all(|g| g.pending.is_empty())
+            && self.devices.iter().all(|d| d.deadline.is_none())
+    }
+
     /// Whether processing time is held because the wall clock is implausible.
     pub fn clock_held(&self) -> bool {
         self.clock_held
