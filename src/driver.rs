@@ -122,7 +122,7 @@ impl Driver {
         let mut ran: u32 = 0;
         while let Some(tick) = self.next_tick.filter(|&t| t <= now.mono) {
             ran = ran.wrapping_add(1);
-            if ran % 1024 == 0 {
+            if ran.is_multiple_of(1024) {
                 let last = tick + (now.mono - tick) / self.tick_ms * self.tick_ms;
                 if last > tick && self.engine.settled() {
                     self.next_tick = Some(last);
