@@ -4,7 +4,8 @@
   devices come and go), 50 msg/s, QoS 1, 2 % duplicates, 1 % malformed;
 - the upstream broker is down for 30 s every 5 minutes (store-and-forward);
 - the gateway is restarted (SIGTERM) every 4 minutes;
-printing, every 30 s: RSS, open fds, outbox depth, state file + journal size, commits/s.
+printing, every 30 s: RSS, open fds, the outbox's deepest point in those 30 s (an upstream
+outage fills it, store-and-forward empties it), state file + journal size, commits/s.
 Flat memory, no fd growth and a bounded state file are the goals.
 
 Usage: scripts/soak.sh [--minutes 30] [--write]   (--write: BENCHMARKS.md table 7)
@@ -67,6 +68,7 @@ allowed_lateness_ms = 5000
     last_restart = start
     last_sample = (start, 0.0)
     next_sample = start
+    deepest = 0
     while time.monotonic() < end:
         now = time.monotonic()
         m = int((now - start) // 60)
@@ -91,18 +93,20 @@ allowed_lateness_ms = 5000
             restarts += 1
             last_restart = now
             report.wait_for(lambda: gw.metrics() is not None, "the restarted gateway", timeout=120)
+        met = gw.metrics() or {}
+        deepest = max(deepest, int(met.get("tidemark_outbox_depth", 0)))
         if now >= next_sample:
             next_sample += 30
-            met = gw.metrics() or {}
             commits = sum(v for k, v in met.items() if k.startswith("tidemark_commits_total"))
             t0, c0 = last_sample
             # The counter restarts with the gateway: no rate across a restart.
             rate = f"{(commits - c0) / max(now - t0, 1e-9):.2f}" if commits >= c0 else "(restart)"
             last_sample = (now, commits)
             row = [f"{(now - start) / 60:.1f}", f"{gw.rss_mib():.1f}", fds(gw.proc.pid),
-                   int(met.get("tidemark_outbox_depth", 0)), f"{disk_mib(state):.1f}",
+                   deepest, f"{disk_mib(state):.1f}",
                    rate, int(met.get("tidemark_received_total", 0)), restarts, outages]
             rows.append(row)
+            deepest = 0
             print(" | ".join(str(c) for c in row), flush=True)
         time.sleep(0.2)
     for p in sims:
@@ -111,7 +115,7 @@ allowed_lateness_ms = 5000
     source.stop()
     if sink_down_until is None:
         sink.stop()
-    header = ["minute", "RSS MiB", "open fds", "outbox depth", "state dir MiB", "commits/s",
+    header = ["minute", "RSS MiB", "open fds", "outbox deepest", "state dir MiB", "commits/s",
               "received (since start)", "restarts", "upstream outages"]
     body = report.table(header, rows)
     print(body)
