@@ -230,10 +230,6 @@ pub struct Engine {
     clock: GatewayClock,
     /// Reused list of device offset estimates for the consensus.
     estimates: Vec<Millis>,
-    /// The event being handled was timed while the gateway clock is in doubt.
-    provisional: bool,
-    /// The device whose clock times the next applied event, if not its own.
-    clock_device: Option<usize>,
     /// Reused decode buffer (boxed: moved in and out without copying).
     scratch: Option<Box<Decoded>>,
     /// Reused list of the devices a tick visits in one group.
@@ -265,8 +261,6 @@ impl Engine {
             clock_held: false,
             clock: GatewayClock::default(),
             estimates: Vec::new(),
-            provisional: false,
-            clock_device: None,
             scratch: Some(Box::default()),
             visit: Vec::new(),
             sparkplug: sparkplug::State::new(&cfg.sparkplug),
@@ -689,10 +683,12 @@ impl Engine {
         if let Err(e) = self.decoder.decode_into(payload, decoded) {
             return self.reject(out, Reason::DecodeError, topic, ids, now, e.0);
         }
-        self.apply(topic, parts, decoded, now, raw_wall, out);
+        self.apply(topic, parts, decoded, now, raw_wall, None, out);
     }
 
-    /// One decoded reading or heartbeat of `parts`' device: time, windows, liveness.
+    /// One decoded reading or heartbeat of `parts`' device: time, windows,
+    /// liveness. `clock_of`: the device whose clock times it, if not its own.
+    #[allow(clippy::too_many_arguments)]
     fn apply(
         &mut self,
         topic: &str,
@@ -700,6 +696,7 @@ impl Engine {
         decoded: &Decoded,
         now: Now,
         raw_wall: Millis,
+        clock_of: Option<usize>,
         out: &mut Vec<Output>,
     ) {
         let ids = Some((&parts.group, &parts.device));
@@ -724,13 +721,12 @@ impl Engine {
             }
         }
         self.mark_device(di);
-        self.provisional = false;
         // Sparkplug devices share their edge node's clock (SPEC §10).
-        let ci = self.clock_device.take().unwrap_or(di);
+        let ci = clock_of.unwrap_or(di);
         if ci != di {
             self.mark_device(ci);
         }
-        let event = match self.event_time(ci, decoded, now, raw_wall, out) {
+        let (event, provisional) = match self.event_time(ci, decoded, now, raw_wall, out) {
             Ok(t) => t,
             Err(detail) => {
                 return self.reject(
@@ -805,7 +801,6 @@ impl Engine {
         self.counters.accepted += 1;
         // A reading timed while the gateway clock is in doubt does not move the
         // watermark: its time may be either clock's error.
-        let provisional = std::mem::take(&mut self.provisional);
         if !provisional {
             dev.max_event = Some(dev.max_event.map_or(event, |m| m.max(event)));
         }
@@ -861,7 +856,8 @@ impl Engine {
         Some(i)
     }
 
-    /// Event time per `[time] policy`; `Err(detail)` means reject as invalid_timestamp.
+    /// Event time per `[time] policy`; `Err(detail)` means reject as invalid_timestamp;
+    /// `Ok((t, true))`: timed while the gateway clock is in doubt (moves no watermark).
     fn event_time(
         &mut self,
         di: usize,
@@ -869,7 +865,7 @@ impl Engine {
         now: Now,
         raw_wall: Millis,
         out: &mut Vec<Output>,
-    ) -> Result<Millis, &'static str> {
+    ) -> Result<(Millis, bool), &'static str> {
         let valid = match d.ts {
             DeviceTs::Ms(t) if t >= self.time.min_valid_epoch_ms => Ok(t),
             DeviceTs::Ms(_) => Err("device clock before time.min_valid_epoch_ms (RTC reset?)"),
@@ -877,17 +873,17 @@ impl Engine {
             DeviceTs::Invalid(why) => Err(why),
         };
         let device_ts = match (self.time.policy, valid) {
-            (TimePolicy::Arrival, _) => return Ok(now.wall),
+            (TimePolicy::Arrival, _) => return Ok((now.wall, false)),
             (_, Ok(t)) => t,
             (_, Err(why)) => {
                 return match self.time.invalid {
-                    InvalidPolicy::Arrival => Ok(now.wall),
+                    InvalidPolicy::Arrival => Ok((now.wall, false)),
                     InvalidPolicy::Reject => Err(why),
                 };
             }
         };
         if self.time.policy == TimePolicy::Device {
-            return Ok(device_ts);
+            return Ok((device_ts, false));
         }
         let window = self.time.skew_window;
         let dev = &mut self.devices[di].state;
@@ -903,14 +899,14 @@ impl Engine {
             self.clock.seconded();
         }
         if skewed && self.clock.unsure() {
-            self.provisional = true;
             // Device or gateway wrong, not known yet: the earlier of the two
             // never puts a reading ahead of true time (see time::gateway).
-            return Ok(if now.wall < self.time.min_valid_epoch_ms {
+            let t = if now.wall < self.time.min_valid_epoch_ms {
                 device_ts
             } else {
                 device_ts.min(now.wall)
-            });
+            };
+            return Ok((t, true));
         }
         if skewed != dev.distrusted {
             dev.distrusted = skewed;
@@ -922,11 +918,12 @@ impl Engine {
             };
             self.alert(out, di, kind, last_seen, Some(est), now);
         }
-        Ok(if skewed {
+        let t = if skewed {
             now.wall
         } else {
             device_ts.saturating_add(est)
-        })
+        };
+        Ok((t, false))
     }
 
     fn alert(

@@ -252,10 +252,10 @@ pub struct EdgeNode {
     pub bd_seq: Option<u64>,
     /// Last `seq` applied.
     pub seq: Option<u8>,
-    /// Metric definitions by (device, alias); device "" is the node itself.
-    pub aliases: BTreeMap<(String, u64), (MetricName, u32)>,
-    /// Data types by (device, name).
-    pub types: BTreeMap<(String, MetricName), u32>,
+    /// Metric definitions by device ("" is the node itself), then alias.
+    pub aliases: BTreeMap<String, BTreeMap<u64, (MetricName, u32)>>,
+    /// Data types by device, then name.
+    pub types: BTreeMap<String, BTreeMap<MetricName, u32>>,
     /// Monotonic time of the last rebirth request.
     pub rebirth_at: Option<Millis>,
 }
@@ -302,10 +302,11 @@ impl EdgeNode {
         if device.is_empty() {
             self.aliases.clear();
             self.types.clear();
-        } else {
-            self.aliases.retain(|(d, _), _| d != device);
-            self.types.retain(|(d, _), _| d != device);
         }
+        let aliases = self.aliases.entry(device.to_string()).or_default();
+        let types = self.types.entry(device.to_string()).or_default();
+        aliases.clear();
+        types.clear();
         for m in metrics {
             let (Some(name), Some(dt)) = (&m.name, m.datatype) else {
                 continue;
@@ -314,10 +315,9 @@ impl EdgeNode {
                 continue;
             };
             if let Some(a) = m.alias {
-                self.aliases
-                    .insert((device.to_string(), a), (name.clone(), dt));
+                aliases.insert(a, (name.clone(), dt));
             }
-            self.types.insert((device.to_string(), name), dt);
+            types.insert(name, dt);
         }
     }
 
@@ -329,11 +329,11 @@ impl EdgeNode {
             };
             let dt = m
                 .datatype
-                .or_else(|| self.types.get(&(device.to_string(), name.clone())).copied());
+                .or_else(|| self.types.get(device)?.get(&name).copied());
             return Ok(dt.map(|dt| (name, dt)));
         }
         match m.alias {
-            Some(a) => match self.aliases.get(&(device.to_string(), a)) {
+            Some(a) => match self.aliases.get(device).and_then(|d| d.get(&a)) {
                 Some((name, dt)) => Ok(Some((name.clone(), m.datatype.unwrap_or(*dt)))),
                 None => Err(a),
             },

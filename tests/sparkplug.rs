@@ -194,18 +194,16 @@ fn a_tahu_edge_node_births_data_deaths_and_rebirths_through_tidemark() {
 
     // DDEATH: the device offline at once (heartbeat_timeout_ms is an hour).
     edge.op(json!({"op": "ddeath", "device": "press"}));
-    wait_until(Duration::from_secs(5), "press offline", || {
+    wait_until(WAIT, "press offline", || {
         alerts(&out, "edge1.press", "offline") == 1
     });
     assert_eq!(alerts(&out, "edge1", "offline"), 0);
     // The client process killed: the broker publishes its NDEATH (the will).
     let mut child = edge;
     let _ = child.child.kill();
-    wait_until(
-        Duration::from_secs(5),
-        "edge node offline by its NDEATH",
-        || alerts(&out, "edge1", "offline") == 1,
-    );
+    wait_until(WAIT, "edge node offline by its NDEATH", || {
+        alerts(&out, "edge1", "offline") == 1
+    });
     let status = |d: &str| {
         on(&out, &format!("status/plant/{d}"))
             .last()

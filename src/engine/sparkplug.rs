@@ -266,9 +266,8 @@ impl Engine {
                 kind: Kind::Reading,
             };
             let node = self.sparkplug.nodes[ni].0.node.clone();
-            self.clock_device = Some(self.device_slot(group, &node));
-            self.apply(topic, parts, decoded, now, raw_wall, out);
-            self.clock_device = None;
+            let clock = self.device_slot(group, &node);
+            self.apply(topic, parts, decoded, now, raw_wall, Some(clock), out);
         }
     }
 

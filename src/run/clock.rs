@@ -31,7 +31,7 @@ impl SystemClock {
         Now {
             wall,
             mono,
-            synced: synced_cached(),
+            synced: synced_cached(mono),
         }
     }
 
@@ -114,10 +114,9 @@ pub fn kernel_clock() -> KernelClock {
 /// Process-wide cache of the kernel's sync flag: (second of the monotonic clock << 1) | synced.
 static SYNCED: AtomicI64 = AtomicI64::new(-1);
 
-#[allow(clippy::disallowed_methods)]
-fn synced_cached() -> bool {
-    static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    let sec = i64::try_from(ORIGIN.get_or_init(Instant::now).elapsed().as_secs()).unwrap_or(0);
+/// The kernel's sync flag, asked at most once per second of `mono` (no second clock read).
+fn synced_cached(mono: Millis) -> bool {
+    let sec = mono.max(0) / 1000;
     let v = SYNCED.load(Ordering::Relaxed);
     if v >= 0 && v >> 1 == sec {
         return v & 1 == 1;
