@@ -175,10 +175,26 @@ impl Driver {
     /// the first durable change. A tick that only moved watermarks or idleness
     /// is not durable work (restore recomputes it).
     pub fn commit_due(&self, mono: Millis) -> bool {
-        self.has_durable()
-            && self
-                .last_commit
-                .is_none_or(|c| mono.saturating_sub(c) >= self.commit_ms)
+        self.has_durable() && self.interval_elapsed(mono)
+    }
+
+    /// Whether `commit_interval_ms` has passed at `mono` since the last batch
+    /// (or none was cut yet): the one commit cadence of `run` and `replay`.
+    pub fn interval_elapsed(&self, mono: Millis) -> bool {
+        self.last_commit
+            .is_none_or(|c| mono.saturating_sub(c) >= self.commit_ms)
+    }
+
+    /// Resumes the cadence of a run whose last batch was cut at `mono` (durable replay).
+    #[must_use]
+    pub fn with_last_commit(mut self, mono: Option<Millis>) -> Self {
+        self.last_commit = mono;
+        self
+    }
+
+    /// Monotonic time of the last batch.
+    pub fn last_commit(&self) -> Option<Millis> {
+        self.last_commit
     }
 
     /// The journal recorded since the last batch (`run`).
@@ -263,7 +279,7 @@ mod tests {
             &std::collections::BTreeMap::new(),
         )
         .unwrap();
-        Driver::new(Engine::new(&cfg), &cfg, SinkFormat::Json, None).with_journal()
+        Driver::new(Engine::new(&cfg.engine()), &cfg, SinkFormat::Json, None).with_journal()
     }
 
     fn reading(d: &mut Driver, at: Millis) {

@@ -133,7 +133,7 @@ impl Journal {
 /// Error replaying a journal record.
 #[derive(Debug, thiserror::Error)]
 #[error("journal record does not decode: {0}")]
-pub struct ReplayError(String);
+pub struct ReplayError(#[from] ciborium::de::Error<std::io::Error>);
 
 /// Hands the ops of one record to `engine` again; their outputs are dropped.
 pub fn apply(
@@ -142,7 +142,7 @@ pub fn apply(
     scratch: &mut Vec<Output>,
 ) -> Result<(), ReplayError> {
     while !ops.is_empty() {
-        let op: Op = ciborium::de::from_reader(&mut ops).map_err(|e| ReplayError(e.to_string()))?;
+        let op: Op = ciborium::de::from_reader(&mut ops)?;
         match op {
             Op::S(wall, mono) => engine.restart_idleness(now(wall, mono, true)),
             Op::T(wall, mono) => engine.on_tick(now(wall, mono, true), scratch),

@@ -248,7 +248,7 @@ fn simulate(a: &SimulateArgs) -> ExitCode {
         outage_ms: secs(a.outage_s),
         sparkplug: a.sparkplug,
     };
-    let o = tidemark::run::simulate::SimulateOptions {
+    let o = tidemark::tools::simulate::SimulateOptions {
         url: a.url.clone(),
         rate: a.rate,
         count: a.count,
@@ -258,12 +258,12 @@ fn simulate(a: &SimulateArgs) -> ExitCode {
         v5: a.protocol == config::Protocol::V5,
         progress: !a.quiet,
     };
-    match tidemark::run::simulate::run(&o, fleet) {
+    match tidemark::tools::simulate::run(&o, fleet) {
         Ok(summary) => {
             println!("{}", serde_json::to_string(&summary).unwrap_or_default());
             ExitCode::SUCCESS
         }
-        Err(e @ tidemark::run::simulate::SimulateError::Url(_)) => {
+        Err(e @ tidemark::tools::simulate::SimulateError::Url(_)) => {
             eprintln!("error: {e}");
             ExitCode::from(2)
         }
@@ -329,11 +329,11 @@ fn main() -> ExitCode {
         Command::Inspect { state_dir, json } => inspect::run(&state_dir, json),
         Command::Demo { duration, plain } => {
             init_plain_logging(cli.log_format);
-            let o = tidemark::run::demo::DemoOptions {
+            let o = tidemark::tools::demo::DemoOptions {
                 duration_s: duration,
                 screen: !plain && std::io::IsTerminal::is_terminal(&std::io::stdout()),
             };
-            match tidemark::run::demo::run(&o) {
+            match tidemark::tools::demo::run(&o) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!("demo failed: {e}");
@@ -353,18 +353,18 @@ fn main() -> ExitCode {
             duration_s,
         } => {
             init_plain_logging(cli.log_format);
-            let o = tidemark::run::capture::CaptureOptions {
+            let o = tidemark::tools::capture::CaptureOptions {
                 url: &url,
                 topics: &topics,
                 output: output.as_deref(),
                 count,
                 duration_s,
             };
-            match tidemark::run::capture::run(&o) {
+            match tidemark::tools::capture::run(&o) {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(
-                    e @ (tidemark::run::capture::CaptureError::Url(_)
-                    | tidemark::run::capture::CaptureError::Topic(_)),
+                    e @ (tidemark::tools::capture::CaptureError::Url(_)
+                    | tidemark::tools::capture::CaptureError::Topic(_)),
                 ) => {
                     eprintln!("error: {e}");
                     ExitCode::from(2)

@@ -52,6 +52,11 @@ impl Reason {
         Reason::TooOld,
     ];
 
+    /// Position in [`Reason::ALL`] (the index of per-reason counters).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// The wire name.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -67,6 +72,13 @@ impl Reason {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reason_index_is_its_position_in_all() {
+        for (i, r) in Reason::ALL.iter().enumerate() {
+            assert_eq!(r.index(), i, "{r:?}");
+        }
+    }
 
     #[test]
     fn ids_allow_the_spec_alphabet_only() {

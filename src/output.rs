@@ -18,6 +18,21 @@ pub enum SinkFormat {
     Cbor,
 }
 
+impl SinkFormat {
+    /// `v` encoded in this format: every payload published upstream goes through here.
+    pub fn encode<T: Serialize + ?Sized>(self, v: &T) -> Vec<u8> {
+        match self {
+            SinkFormat::Json => serde_json::to_vec(v).unwrap_or_default(),
+            SinkFormat::Cbor => {
+                let mut out = Vec::new();
+                // Writing into a Vec cannot fail.
+                let _ = ciborium::ser::into_writer(v, &mut out);
+                out
+            }
+        }
+    }
+}
+
 /// Something the gateway publishes upstream.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Output {
@@ -253,15 +268,7 @@ impl Output {
 
     /// The payload bytes in the sink format.
     pub fn encode(&self, format: SinkFormat) -> Vec<u8> {
-        match format {
-            SinkFormat::Json => serde_json::to_vec(&self.payload()).unwrap_or_default(),
-            SinkFormat::Cbor => {
-                let mut out = Vec::new();
-                // Writing into a Vec cannot fail.
-                let _ = ciborium::ser::into_writer(&self.payload(), &mut out);
-                out
-            }
-        }
+        format.encode(&self.payload())
     }
 }
 

@@ -214,7 +214,6 @@ impl Rng {
     }
 
     /// Uniform in [0, 1).
-    #[allow(clippy::cast_precision_loss)]
     fn unit(&mut self) -> f64 {
         (self.next() >> 11) as f64 / (1u64 << 53) as f64
     }
@@ -406,9 +405,7 @@ impl Fleet {
     fn next_temp(&mut self, i: u32) -> f64 {
         let d = &mut self.devices[i as usize];
         d.seq += 1;
-        #[allow(clippy::cast_precision_loss)]
-        let temp = 20.0 + f64::from(i % 7) + (d.seq % 60) as f64 / 10.0;
-        temp
+        20.0 + f64::from(i % 7) + (d.seq % 60) as f64 / 10.0
     }
 
     fn make(&mut self, i: u32, now: Millis) -> Msg {

@@ -20,6 +20,19 @@ pub const REBIRTH: &str = "Node Control/Rebirth";
 /// Least time between two rebirth requests to one edge node (monotonic ms).
 pub const REBIRTH_EVERY_MS: Millis = 10_000;
 
+/// `[sparkplug]`, validated.
+#[derive(Debug, Clone, Default)]
+pub struct SparkplugConfig {
+    /// Subscribe and decode Sparkplug B.
+    pub enabled: bool,
+    /// Sparkplug group ids taken (empty: all).
+    pub group_ids: Vec<String>,
+    /// Primary Host Application id.
+    pub host_id: Option<String>,
+    /// Request rebirths on unknown aliases and seq gaps.
+    pub rebirth: bool,
+}
+
 /// Sparkplug B `Payload`.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Payload {
@@ -217,7 +230,6 @@ pub enum Value {
 }
 
 /// The value of `m` read as `datatype`.
-#[allow(clippy::cast_precision_loss, clippy::cast_possible_wrap)]
 pub fn value(m: &Metric, dt: u32) -> Value {
     use datatype::*;
     if m.is_null == Some(true) {

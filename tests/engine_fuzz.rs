@@ -53,11 +53,10 @@ proptest! {
             at += step;
             // The gateway's own clock may be anything at all (RTC resets, broken captures).
             let now = if *wild_clock { Now { wall: at.wrapping_add(extreme), mono: at, synced: true } } else { Now::at(at) };
-            sim.engine.on_message(topic, payload, now, &mut sim.out);
-            sim.engine.on_tick(now, &mut sim.out);
+            sim.driver.message(now, topic, payload);
         }
         sim.advance(at + 500_000);
-        let c = sim.engine.counters();
+        let c = sim.engine().counters();
         let rejected: u64 = c.rejected.iter().sum();
         prop_assert_eq!(c.received, msgs.len() as u64);
         prop_assert_eq!(c.received, c.accepted + c.late + c.duplicates + rejected);

@@ -253,7 +253,7 @@ proptest! {
                 next_tick += tick;
             }
             sim.advance(at);
-            for (g, w) in sim.engine.groups().filter_map(|g| g.wm.map(|w| (g.name.to_string(), w))) {
+            for (g, w) in sim.engine().groups().filter_map(|g| g.wm.map(|w| (g.name.to_string(), w))) {
                 let prev = last_wm.insert(g.clone(), w);
                 prop_assert!(prev.is_none_or(|p| p <= w), "watermark of {} went back", g);
             }
@@ -275,14 +275,14 @@ proptest! {
         }
         sim.advance(end);
 
-        let got: Vec<_> = sim.out.iter().filter_map(|o| match o {
+        let got: Vec<_> = sim.out().iter().filter_map(|o| match o {
             Output::Window(w) => Some((w.group.to_string(), w.device.to_string(), w.start, w.end, w.revision, w.count,
                 w.metrics.get("temp").map_or(0, |m| m.sum as i64))),
             _ => None,
         }).collect();
         prop_assert_eq!(&got, &model.emitted);
 
-        let c = sim.engine.counters();
+        let c = sim.engine().counters();
         prop_assert_eq!(c.accepted, model.accepted);
         prop_assert_eq!(c.late, model.late);
         prop_assert_eq!(sim.late().len() as u64, model.late, "every late event is published");

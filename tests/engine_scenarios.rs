@@ -91,7 +91,7 @@ fn five_minute_backlog_burst_lands_in_true_late_windows_not_arrival_time() {
     }
     sim.advance(T0 + 8 * MIN);
     assert_eq!(
-        sim.engine.device("g", "d").unwrap().skew.estimate(),
+        sim.engine().device("g", "d").unwrap().skew.estimate(),
         Some(offset + 20)
     );
     assert!(sim.alerts(AlertType::ClockSkew).is_empty());
@@ -169,7 +169,7 @@ fn late_event_within_lateness_revises_once_per_tick_and_beyond_goes_to_late_topi
     assert_eq!(late.len(), 1);
     assert_eq!(late[0].event_time, T0 + 10_000);
     assert!(late[0].watermark.unwrap() >= T0 + 90_000);
-    assert_eq!(sim.engine.counters().late, 1);
+    assert_eq!(sim.engine().counters().late, 1);
 }
 
 #[test]
@@ -186,7 +186,7 @@ fn one_silent_device_does_not_stall_its_group() {
     let counts = counts_by_start(&sim, "a");
     assert_eq!(counts, vec![(0, 60), (MIN, 60), (2 * MIN, 60)]);
     assert_eq!(counts_by_start(&sim, "b"), vec![(0, 20)]);
-    assert!(sim.engine.watermark("g").unwrap() >= T0 + 197_000);
+    assert!(sim.engine().watermark("g").unwrap() >= T0 + 197_000);
 }
 
 #[test]
@@ -222,7 +222,7 @@ fn silent_group_with_device_clocks_behind_is_not_pushed_ahead_of_its_timeline() 
         sim.reading(t + 10, "g", "d", t - behind, 1.0);
     }
     sim.advance(T0 + 5 * MIN);
-    let wm = sim.engine.watermark("g").unwrap();
+    let wm = sim.engine().watermark("g").unwrap();
     let silence = T0 + 5 * MIN - (T0 + 29_010);
     // At most one tick ahead of the formula, and far behind the gateway clock.
     let expected = T0 + 29_000 - behind + silence - 30_000 - 2_000;
@@ -299,7 +299,10 @@ fn invalid_timestamps_are_rejected_under_reject() {
         r[2].detail
     );
     assert_eq!(r[0].group.as_deref(), Some("g"));
-    assert_eq!(sim.engine.counters().rejected(Reason::InvalidTimestamp), 4);
+    assert_eq!(
+        sim.engine().counters().rejected(Reason::InvalidTimestamp),
+        4
+    );
 }
 
 #[test]
@@ -329,7 +332,7 @@ fn one_far_future_timestamp_from_a_calibrated_device_is_rejected_not_absorbed() 
     assert_eq!(r[0].reason, Reason::Future);
     assert!(sim.alerts(AlertType::ClockSkew).is_empty());
     assert_eq!(
-        sim.engine.device("g", "d").unwrap().skew.estimate(),
+        sim.engine().device("g", "d").unwrap().skew.estimate(),
         Some(20)
     );
 }
@@ -347,7 +350,7 @@ fn duplicate_sequence_numbers_are_dropped_and_counted() {
     sim.send(T0 + 600, "sensors/g/d/reading", &p(5000, T0 + 3));
     sim.send(T0 + 700, "sensors/g/d/reading", &p(1, T0 + 4));
     sim.advance(T0 + 3 * MIN);
-    assert_eq!(sim.engine.counters().duplicates, 2);
+    assert_eq!(sim.engine().counters().duplicates, 2);
     assert_eq!(counts_by_start(&sim, "d"), vec![(0, 5)]);
 }
 
@@ -427,7 +430,7 @@ fn bad_topics_and_undecodable_payloads_are_rejected_with_reasons() {
     );
     assert_eq!(r[0].group, None);
     assert_eq!(r[2].device.as_deref(), Some("d"));
-    let c = sim.engine.counters();
+    let c = sim.engine().counters();
     assert_eq!(
         (
             c.received,
@@ -441,7 +444,6 @@ fn bad_topics_and_undecodable_payloads_are_rejected_with_reasons() {
 #[test]
 fn implausible_gateway_clock_holds_processing_time() {
     let mut sim = Sim::new("", T0);
-    let mut out = Vec::new();
     // The gateway booted without RTC: its wall clock says 1970 when a reading arrives.
     let boot = |mono: i64| Now {
         wall: 5_000 + mono - T0,
@@ -449,22 +451,18 @@ fn implausible_gateway_clock_holds_processing_time() {
         synced: true,
     };
     let p = format!(r#"{{"ts": {T0}, "temp": 1}}"#);
-    sim.engine
-        .on_message("sensors/g/d/reading", p.as_bytes(), boot(T0 + 10), &mut out);
-    sim.engine.on_tick(boot(T0 + 10 * MIN), &mut out);
-    assert!(sim.engine.clock_held());
-    assert_eq!(sim.engine.watermark("g"), None);
+    sim.driver
+        .message(boot(T0 + 10), "sensors/g/d/reading", p.as_bytes());
+    sim.driver.ticks_until(boot(T0 + 10 * MIN));
+    assert!(sim.engine().clock_held());
+    assert_eq!(sim.engine().watermark("g"), None);
     // NTP steps it right; the next reading shows the step and processing time resumes.
     let p = format!(r#"{{"ts": {}, "temp": 1}}"#, T0 + 10 * MIN);
-    sim.engine.on_message(
-        "sensors/g/d/reading",
-        p.as_bytes(),
-        Now::at(T0 + 10 * MIN),
-        &mut out,
-    );
-    sim.engine.on_tick(Now::at(T0 + 10 * MIN + 200), &mut out);
-    assert!(!sim.engine.clock_held());
-    assert!(sim.engine.watermark("g").is_some());
+    sim.driver
+        .message(Now::at(T0 + 10 * MIN), "sensors/g/d/reading", p.as_bytes());
+    sim.driver.ticks_until(Now::at(T0 + 10 * MIN + 200));
+    assert!(!sim.engine().clock_held());
+    assert!(sim.engine().watermark("g").is_some());
 }
 
 #[test]
@@ -473,31 +471,19 @@ fn devices_beyond_the_limit_are_rejected_visibly_and_known_ones_keep_working() {
     let mut sim = Sim::new("[time]\npolicy = \"arrival\"\n", T0);
     let payload = b"{\"temp\": 1}";
     for d in 0..MAX_DEVICES {
-        sim.engine.on_message(
-            &format!("sensors/g/d{d}/reading"),
-            payload,
-            Now::at(T0 + 1),
-            &mut sim.out,
-        );
+        sim.driver
+            .message(Now::at(T0 + 1), &format!("sensors/g/d{d}/reading"), payload);
     }
-    sim.out.clear();
-    sim.engine.on_message(
-        "sensors/g/one-too-many/reading",
-        payload,
-        Now::at(T0 + 2),
-        &mut sim.out,
-    );
-    sim.engine.on_message(
-        "sensors/g/d7/reading",
-        payload,
-        Now::at(T0 + 3),
-        &mut sim.out,
-    );
+    sim.driver.outputs.clear();
+    sim.driver
+        .message(Now::at(T0 + 2), "sensors/g/one-too-many/reading", payload);
+    sim.driver
+        .message(Now::at(T0 + 3), "sensors/g/d7/reading", payload);
     let r = sim.rejected();
     assert_eq!(r.len(), 1);
     assert_eq!(r[0].reason, Reason::BadTopic);
     assert!(r[0].detail.contains("device limit"));
-    assert_eq!(sim.engine.counters().accepted, MAX_DEVICES as u64 + 1);
+    assert_eq!(sim.engine().counters().accepted, MAX_DEVICES as u64 + 1);
 }
 
 #[test]
@@ -565,12 +551,49 @@ fn rejected_and_duplicate_messages_do_not_use_up_metric_names() {
         &format!(r#"{{"ts": {T0}, "seq": 2, "c": 1}}"#),
     );
     assert_eq!(sim.rejected().len(), 1);
-    assert_eq!(sim.engine.counters().duplicates, 1);
+    assert_eq!(sim.engine().counters().duplicates, 1);
     let names: Vec<&str> = sim
-        .engine
+        .engine()
         .metric_names()
         .iter()
         .map(|n| n.as_str())
         .collect();
     assert_eq!(names, vec!["c"]);
+}
+
+#[test]
+fn a_device_rebooting_before_its_counter_fills_the_window_loses_nothing() {
+    let p = |seq: u64, ts: i64| format!(r#"{{"ts": {ts}, "seq": {seq}, "temp": 1}}"#);
+    let topic = "sensors/g/d/reading";
+    // (readings before the reboot, after it, period ms)
+    for (before, after, period) in [
+        (1u64, 1u64, 1000i64),
+        (5, 5, 1000),
+        (15, 40, 4000),
+        (300, 300, 200),
+        (1023, 10, 100),
+        (40, 2000, 50),
+    ] {
+        let mut sim = Sim::new("[time]\npolicy = \"device\"\n", T0);
+        let ts = |k: u64| T0 + period * i64::try_from(k + 1).unwrap();
+        for s in 0..before {
+            sim.send(ts(s) + 50, topic, &p(s, ts(s)));
+        }
+        // QoS 1 redeliveries of the last three, then the reboot: the counter starts over.
+        let last = ts(before - 1);
+        for s in before.saturating_sub(3)..before {
+            sim.send(last + 60, topic, &p(s, ts(s)));
+        }
+        let boot = before + 50;
+        for s in 0..after {
+            sim.send(ts(boot + s) + 50, topic, &p(s, ts(boot + s)));
+        }
+        sim.advance(ts(boot + after) + 10 * MIN);
+        let c = sim.engine().counters();
+        let case = format!("{before} before, {after} after, every {period} ms");
+        assert_eq!(c.accepted, before + after, "{case}");
+        assert_eq!(c.duplicates, before.min(3), "{case}");
+        let counted: u64 = sim.windows().iter().map(|w| w.count).sum();
+        assert_eq!(counted, before + after, "{case}");
+    }
 }

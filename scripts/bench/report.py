@@ -4,6 +4,7 @@ import os
 import platform
 import re
 import subprocess
+import threading
 import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -123,17 +124,19 @@ def shutil_which(name):
 
 
 class Mosquitto:
-    """A mosquitto on a free loopback port with unbounded queues (nothing dropped)."""
+    """A mosquitto on a free loopback port with unbounded queues (nothing dropped);
+    `stock`: its defaults, only a listener and anonymous access."""
 
-    def __init__(self, port=None):
+    def __init__(self, port=None, stock=False):
         self.dir = tempfile.mkdtemp(prefix="tm-bench-mq-")
         os.chmod(self.dir, 0o777)
         self.port = port or free_port()
         conf = os.path.join(self.dir, "m.conf")
         with open(conf, "w") as f:
-            f.write(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
-                    "max_queued_messages 0\nmax_inflight_messages 0\nmessage_size_limit 0\n"
-                    f"log_dest file {self.dir}/m.log\nlog_type subscribe\n")
+            f.write(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n")
+            if not stock:
+                f.write("max_queued_messages 0\nmax_inflight_messages 0\nmessage_size_limit 0\n")
+            f.write(f"log_dest file {self.dir}/m.log\nlog_type subscribe\n")
         self.proc = spawn([shutil_which("mosquitto"), "-c", conf],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for(lambda: _connects(self.port), "mosquitto to listen")
@@ -155,6 +158,55 @@ class Mosquitto:
     def stop(self):
         self.proc.terminate()
         self.proc.wait()
+
+
+class DelayProxy:
+    """A TCP proxy on a free loopback port that holds every byte `one_way_s` in each
+    direction before passing it on: a long uplink (this kernel has no netem)."""
+
+    def __init__(self, target_port, one_way_s):
+        import asyncio
+        self.port = free_port()
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        async def pump(reader, writer):
+            q = asyncio.Queue()
+
+            async def send():
+                while True:
+                    due, data = await q.get()
+                    if data is None:
+                        writer.close()
+                        return
+                    await asyncio.sleep(max(0.0, due - self.loop.time()))
+                    writer.write(data)
+                    await writer.drain()
+            sender = asyncio.ensure_future(send())
+            while True:
+                data = await reader.read(1 << 16)
+                q.put_nowait((self.loop.time() + one_way_s, data or None))
+                if not data:
+                    break
+            await sender
+
+        async def conn(r1, w1):
+            try:
+                r2, w2 = await asyncio.open_connection("127.0.0.1", target_port)
+            except OSError:
+                w1.close()
+                return
+            await asyncio.gather(pump(r1, w2), pump(r2, w1), return_exceptions=True)
+
+        async def main():
+            self.server = await asyncio.start_server(conn, "127.0.0.1", self.port)
+            ready.set()
+            await self.server.serve_forever()
+
+        self.thread = threading.Thread(
+            target=lambda: self.loop.run_until_complete(main()), daemon=True)
+        self.thread.start()
+        ready.wait(10)
 
 
 def _connects(port):
@@ -179,7 +231,7 @@ class Gateway:
     """`tidemark run` with its HTTP endpoint on; `extra` is appended to the config."""
 
     def __init__(self, bin, state_dir, source_url, sink_url, extra="", log="warn", env=None,
-                 source_extra="", sink_extra=""):
+                 source_extra="", sink_extra="", log_file=None):
         self.http = free_port()
         self.cfg = os.path.join(state_dir, "bench.toml")
         os.makedirs(state_dir, exist_ok=True)
@@ -201,13 +253,15 @@ level = "{log}"
 """)
         self.bin = bin
         self.env = env
+        # A log file, or a pipe for the caller to read (an unread pipe would stall the gateway).
+        self.log_file = log_file
         self.start()
 
     def start(self):
         self.started = time.monotonic()
+        err = open(self.log_file, "a") if self.log_file else subprocess.PIPE
         self.proc = spawn([self.bin, "run", "--config", self.cfg],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     text=True, env=self.env)
+                          stdout=subprocess.DEVNULL, stderr=err, text=True, env=self.env)
 
     def metrics(self):
         """Prometheus samples as {name{labels}: value}, or None while not serving."""

@@ -15,6 +15,7 @@ Usage: python3 scripts/bench/restart.py [--outbox N]
 """
 import argparse
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -39,7 +40,8 @@ def open_windows(doc):
     return sum(len(d.get("open_windows", [])) for d in doc.get("devices", []))
 
 
-def build(bin, state, src, sink_port, devices, messages, rate, lateness_ms, extra=""):
+def build(bin, state, src, sink_port, devices, messages, rate, lateness_ms, extra="",
+          sink_extra="", log_file=None):
     """Fills a state: `messages` readings through a gateway whose uplink is down."""
     gw = report.Gateway(bin, state, src.url, f"mqtt://127.0.0.1:{sink_port}", extra=f"""
 [group_defaults]
@@ -47,7 +49,8 @@ out_of_orderness_ms = 0
 allowed_lateness_ms = {lateness_ms}
 idle_timeout_ms = 2000
 window = {{ kind = "tumbling", size_ms = 100 }}
-{extra}""", sink_extra="outbox_max_messages = 5000000", env=dict(os.environ, RUST_LOG="tidemark=debug"))
+{extra}""", sink_extra="outbox_max_messages = 5000000\n" + sink_extra, env=dict(os.environ, RUST_LOG="tidemark=debug"),
+        log_file=log_file)
     src.wait_subscribed("tidemark-bench-in")
     report.simulate(bin, src.url, "--devices", devices, "--groups", GROUPS, "--rate", rate,
                     "--count", messages, "--qos", 1, "--connections", 2)
@@ -89,41 +92,114 @@ def restart(bin, a):
     return windows, depth, times, size
 
 
-def drain(bin, a):
+def drain(bin, a, one_way_s=0.0, stock=True, n=None, window=None):
+    """Outbox drain to a stock mosquitto, directly or through a delaying proxy: the time from
+    the uplink's connection to an empty outbox. Also returns one delivered (topic, payload)."""
     src = report.Mosquitto()
     state = tempfile.mkdtemp(prefix="tm-bench-dr-")
     up_port = report.free_port()
-    gw = build(bin, state, src, up_port, 10_000, a.outbox, 0, 0)
+    proxy = report.DelayProxy(up_port, one_way_s) if one_way_s else None
+    log = os.path.join(tempfile.mkdtemp(prefix="tm-bench-drlog-"), "gateway.log")
+    gw = build(bin, state, src, proxy.port if proxy else up_port, 10_000, n or a.outbox, 0, 0,
+               sink_extra=f"max_inflight = {window or a.max_inflight}"
+               if (window or a.max_inflight) else "",
+               log_file=log)
     depth = gw.metric("tidemark_outbox_depth")
-    up = report.Mosquitto(port=up_port)
+    up = report.Mosquitto(port=up_port, stock=stock)
+    sample = subprocess.Popen(["mosquitto_sub", "-p", str(up_port), "-t", "tidemark/+/windows/#",
+                               "-C", "1", "-v"], stdout=subprocess.PIPE, text=True)
+    report.wait_for(lambda: gw.metric('tidemark_connected{link="sink"}') == 1, "uplink",
+                    timeout=120, every=0.05)
     t0 = time.monotonic()
     report.wait_for(lambda: gw.metric("tidemark_outbox_depth") == 0, "outbox to drain",
                     timeout=3600, every=0.1)
     dt = time.monotonic() - t0
+    topic, payload = sample.communicate(timeout=30)[0].strip().split(" ", 1)
     gw.stop()
+    with open(log) as f:
+        limit = re.search(r"max_inflight=(\d+) broker_receive_maximum=(\d+)", f.read())
+    shutil.rmtree(os.path.dirname(log), ignore_errors=True)
     src.stop()
     up.stop()
     shutil.rmtree(state, ignore_errors=True)
-    return depth, dt
+    return depth, dt, (topic, payload), limit.groups() if limit else ("?", "?")
+
+
+def mosquitto_pub(n, topic, payload):
+    """`mosquitto_pub -q 1` sending n copies of one output to a stock mosquitto: seconds."""
+    up = report.Mosquitto(stock=True)
+    lines = os.path.join(up.dir, "lines")
+    with open(lines, "w") as f:
+        f.write((payload + "\n") * n)
+    t = time.monotonic()
+    with open(lines) as f:
+        subprocess.run(["mosquitto_pub", "-p", str(up.port), "-q", "1", "-t", topic, "-l"],
+                       stdin=f, check=True)
+    dt = time.monotonic() - t
+    up.stop()
+    return dt
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--outbox", type=int, default=1_000_000)
+    ap.add_argument("--max-inflight", type=int, default=0,
+                    help="the gateway's sink.max_inflight (default: its own)")
+    ap.add_argument("--drain-only", action="store_true", help="the drain rows only, nothing written")
+    ap.add_argument("--stock-proxy", type=int, default=1_000,
+                    help="readings for the stock broker behind the proxy (its limit: ~100 msg/s)")
     a = ap.parse_args()
     report.ensure_mosquitto()
     bin = report.tidemark_bin()
-    windows, depth, times, size = restart(bin, a)
-    print(f"restart: {windows} open windows, outbox {depth}, {times}", flush=True)
-    ddepth, ddt = drain(bin, a)
-    print(f"drain: {ddepth} in {ddt:.1f} s", flush=True)
+    if not a.drain_only:
+        windows, depth, times, size = restart(bin, a)
+        print(f"restart: {windows} open windows, outbox {depth}, {times}", flush=True)
+    ddepth, ddt, (topic, payload), limits = drain(bin, a)
+    print(f"drain: {ddepth} in {ddt:.1f} s; window {limits}", flush=True)
+    mdt = mosquitto_pub(int(ddepth), topic, payload)
+    print(f"mosquitto_pub: {ddepth} in {mdt:.1f} s", flush=True)
+    # A broker that takes any number unacknowledged (max_inflight_messages 0): the
+    # gateway's own window is what a long round trip meets.
+    odepth, odt, _, olimits = drain(bin, a, stock=False)
+    print(f"drain, unlimited broker: {odepth} in {odt:.1f} s; window {olimits}", flush=True)
+    pdepth, pdt, _, plimits = drain(bin, a, one_way_s=0.1, stock=False)
+    print(f"drain through 200 ms, unlimited broker: {pdepth} in {pdt:.1f} s", flush=True)
+    wdepth, wdt, _, wlimits = drain(bin, a, one_way_s=0.1, stock=False, window=16384)
+    print(f"drain through 200 ms, window 16384: {wdepth} in {wdt:.1f} s", flush=True)
+    sdepth, sdt, _, slimits = drain(bin, a, one_way_s=0.1, n=a.stock_proxy)
+    print(f"drain through 200 ms, stock broker: {sdepth} in {sdt:.1f} s", flush=True)
+    rate, mrate, orate = ddepth / ddt, ddepth / mdt, odepth / odt
+    prate, srate, wrate = pdepth / pdt, sdepth / sdt, wdepth / wdt
+    drain_rows = [
+        ["store-and-forward: outbox drained to a stock mosquitto that came back",
+         f"{ddepth:,.0f} outputs queued (window results, device status); in flight at most "
+         f"{limits[0]} (the broker's Receive Maximum {limits[1]})",
+         f"{ddt:.1f} s = {rate:,.0f} msg/s = {rate / mrate:.2f}x mosquitto_pub"],
+        ["the same messages from `mosquitto_pub -q 1 -l` to a stock mosquitto",
+         f"{ddepth:,.0f} lines of one window result ({len(payload)} bytes)",
+         f"{mdt:.1f} s = {mrate:,.0f} msg/s"],
+        ["drained to a mosquitto with `max_inflight_messages 0` (no Receive Maximum)",
+         f"{odepth:,.0f} outputs queued; in flight at most {olimits[0]} "
+         f"(Receive Maximum {olimits[1]})",
+         f"{odt:.1f} s = {orate:,.0f} msg/s"],
+        ["the same through a proxy adding 100 ms each way (200 ms round trip)",
+         f"{pdepth:,.0f} outputs queued; in flight at most {plimits[0]}",
+         f"{pdt:.1f} s = {prate:,.0f} msg/s = {prate / orate:.2f}x the direct drain"],
+        ["the same with `sink.max_inflight = 16384`",
+         f"{wdepth:,.0f} outputs queued; in flight at most {wlimits[0]}",
+         f"{wdt:.1f} s = {wrate:,.0f} msg/s = {wrate / orate:.2f}x the direct drain"],
+        ["a stock mosquitto through the same proxy",
+         f"{sdepth:,.0f} outputs queued; in flight at most {slimits[1]} (its Receive Maximum)",
+         f"{sdt:.1f} s = {srate:,.0f} msg/s = {srate / rate:.3f}x its direct drain"],
+    ]
+    if a.drain_only:
+        print(report.table(["what", "state", "result"], drain_rows))
+        return
     t = report.table(["what", "state", "result"], [
         ["restart: process start -> first reading processed and committed",
          f"{windows:,} open windows, {depth:,} outputs in the outbox, {size:.0f} MiB file",
          " / ".join(f"{x * 1000:.0f} ms" for x in times) + " (3 restarts)"],
-        ["store-and-forward: outbox drained to a broker that came back",
-         f"{ddepth:,.0f} outputs queued (window results, device status)", f"{ddt:.1f} s = {ddepth / ddt:,.0f} msg/s"],
-    ])
+    ] + drain_rows)
     print(t)
     body = f"""Restart: the state was built by `tidemark run` from 100 000 readings of 10 000 devices with
 100 ms tumbling windows kept for an hour of allowed lateness, the upstream broker never

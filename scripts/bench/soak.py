@@ -50,7 +50,11 @@ def main():
     source = report.Mosquitto()
     sink = report.Mosquitto()
     state = tempfile.mkdtemp(prefix="tm-soak-")
-    gw = report.Gateway(bin, state, source.url, sink.url, extra="""
+    logs = tempfile.mkdtemp(prefix="tm-soak-log-")  # apart: the state dir's size is measured
+    log = os.path.join(logs, "gateway.log")
+    series = open(os.path.join(logs, "series.txt"), "w")
+    print(f"gateway log: {log}; outbox depth per poll: {series.name}", flush=True)
+    gw = report.Gateway(bin, state, source.url, sink.url, log="info", log_file=log, extra="""
 [group_defaults]
 window = { kind = "tumbling", size_ms = 10000 }
 idle_timeout_ms = 10000
@@ -94,7 +98,9 @@ allowed_lateness_ms = 5000
             last_restart = now
             report.wait_for(lambda: gw.metrics() is not None, "the restarted gateway", timeout=120)
         met = gw.metrics() or {}
-        deepest = max(deepest, int(met.get("tidemark_outbox_depth", 0)))
+        depth = int(met.get("tidemark_outbox_depth", 0))
+        deepest = max(deepest, depth)
+        print(f"{now - start:.1f} {depth} {int(met.get('tidemark_received_total', 0))}", file=series)
         if now >= next_sample:
             next_sample += 30
             commits = sum(v for k, v in met.items() if k.startswith("tidemark_commits_total"))

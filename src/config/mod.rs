@@ -12,7 +12,9 @@ use std::path::PathBuf;
 pub use raw::*;
 // Domain types live by the code that uses them; the config only builds them.
 pub use crate::codec::{PayloadConfig, PayloadFormat, TimestampUnit};
+pub use crate::engine::{EngineConfig, GroupConfig, GroupRules};
 pub use crate::output::SinkFormat;
+pub use crate::sparkplug::SparkplugConfig;
 pub use crate::time::window::WindowSpec;
 pub use crate::time::{InvalidPolicy, TimeConfig, TimePolicy};
 pub use validate::parse_url;
@@ -64,6 +66,8 @@ pub struct Config {
     pub outbox_max_messages: u64,
     /// Outbox bound in bytes of stored outputs (0: none).
     pub outbox_max_bytes: u64,
+    /// Uplink publishes in flight at most.
+    pub sink_max_inflight: u16,
     /// Metrics period in seconds.
     pub metrics_interval_s: u64,
     /// Local HTTP endpoint (`/metrics`, `/healthz`), loopback only.
@@ -80,19 +84,6 @@ pub struct Config {
     pub sources: BTreeMap<String, String>,
     /// Sparkplug B ingest (SPEC §10).
     pub sparkplug: SparkplugConfig,
-}
-
-/// `[sparkplug]`, validated.
-#[derive(Debug, Clone, Default)]
-pub struct SparkplugConfig {
-    /// Subscribe and decode Sparkplug B.
-    pub enabled: bool,
-    /// Sparkplug group ids taken (empty: all).
-    pub group_ids: Vec<String>,
-    /// Primary Host Application id.
-    pub host_id: Option<String>,
-    /// Request rebirths on unknown aliases and seq gaps.
-    pub rebirth: bool,
 }
 
 /// An MQTT connection endpoint.
@@ -139,25 +130,20 @@ impl Endpoint {
     }
 }
 
-/// Watermark and window settings of one group.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GroupConfig {
-    /// Tolerated disorder.
-    pub out_of_orderness_ms: i64,
-    /// Idleness timeout (monotonic gateway time).
-    pub idle_timeout_ms: i64,
-    /// Offline threshold behind the watermark.
-    pub heartbeat_timeout_ms: i64,
-    /// Lateness still accepted after firing.
-    pub allowed_lateness_ms: i64,
-    /// Window shape.
-    pub window: WindowSpec,
-}
-
 impl Config {
-    /// Settings of `group` (its override if any, else the defaults).
-    pub fn group(&self, group: &str) -> &GroupConfig {
-        self.groups.get(group).unwrap_or(&self.group_defaults)
+    /// The engine's settings.
+    pub fn engine(&self) -> EngineConfig {
+        EngineConfig {
+            gateway: self.gateway_id.clone(),
+            pattern: self.topic_pattern.clone(),
+            payload: self.payload.clone(),
+            time: self.time.clone(),
+            groups: GroupRules {
+                defaults: self.group_defaults.clone(),
+                overrides: self.groups.clone(),
+            },
+            sparkplug: self.sparkplug.clone(),
+        }
     }
 
     /// The effective configuration as TOML, secrets masked.

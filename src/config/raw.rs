@@ -73,6 +73,7 @@ topic_prefix = "tidemark/{gateway}"
 format = "json"
 outbox_max_messages = 1000000
 outbox_max_mb = 0
+max_inflight = 4096
 
 [metrics]
 interval_s = 10
@@ -305,6 +306,8 @@ pub struct RawSink {
     pub outbox_max_messages: u64,
     /// The same bound in MiB of the state file (0: none).
     pub outbox_max_mb: u64,
+    /// QoS 1 publishes awaiting their PUBACK at most (the broker's Receive Maximum may bind lower).
+    pub max_inflight: u64,
 }
 
 /// `[metrics]`

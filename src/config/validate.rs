@@ -258,6 +258,9 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             "must be at most 16777216 (16 TiB); 0 turns the byte bound off",
         );
     }
+    if raw.sink.max_inflight == 0 || raw.sink.max_inflight > u64::from(u16::MAX) {
+        p.add("sink.max_inflight", "must be 1..=65535 (MQTT packet ids)");
+    }
     p.positive("metrics.interval_s", raw.metrics.interval_s);
     p.positive("metrics.health_timeout_s", raw.metrics.health_timeout_s);
     let metrics_listen = if raw.metrics.listen.is_empty() {
@@ -350,6 +353,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         sink_format: raw.sink.format,
         outbox_max_messages: raw.sink.outbox_max_messages,
         outbox_max_bytes: raw.sink.outbox_max_mb.saturating_mul(1 << 20),
+        sink_max_inflight: u16::try_from(raw.sink.max_inflight).unwrap_or(u16::MAX),
         metrics_interval_s: raw.metrics.interval_s,
         metrics_listen,
         health_timeout_ms: i64::try_from(raw.metrics.health_timeout_s.saturating_mul(1000))

@@ -5,9 +5,9 @@ use std::collections::HashMap;
 
 use super::{Engine, Now, Output};
 use crate::codec::{Decoded, DeviceTs, MetricName};
-use crate::config::SparkplugConfig;
 use crate::model::{Id, Kind, Millis, Reason, valid_id};
 use crate::output::AlertType;
+use crate::sparkplug::SparkplugConfig;
 use crate::sparkplug::{self as sp, EdgeNode, MsgType, Seq, Value};
 use crate::topic::TopicParts;
 
@@ -92,7 +92,6 @@ impl Engine {
             .collect()
     }
 
-    #[allow(clippy::too_many_lines)]
     pub(super) fn sparkplug_message(
         &mut self,
         topic: &str,

@@ -8,14 +8,14 @@ use std::sync::mpsc::SyncSender;
 
 use tokio::sync::mpsc::Receiver;
 
-use super::clock::SystemClock;
-use super::link::Held;
 use super::metrics;
 use super::{Shared, StoreJob};
 use crate::driver::Driver;
 use crate::engine::Engine;
 use crate::model::Millis;
 use crate::output::{AlertType, GatewayAlert, Output};
+use crate::sys::clock::SystemClock;
+use crate::sys::link::Held;
 
 /// Input of the core thread.
 #[derive(Debug)]
@@ -54,6 +54,12 @@ pub struct Cadence {
     pub quiet_ms: Option<Millis>,
 }
 
+/// How often freed heap is handed back to the kernel under load (window results
+/// pass through in bursts) ...
+const GIVE_BACK_MS: Millis = 5_000;
+/// ... and how long the input must have been quiet for it to be handed back at once.
+const GIVE_BACK_QUIET_MS: Millis = 1_000;
+
 /// Journal bytes in one batch at which it is cut at once (a backlog burst).
 const BATCH_BYTES: usize = 1 << 20;
 /// Journal bytes on disk since the last checkpoint at which the next batch is
@@ -74,7 +80,7 @@ pub fn run(
     shared: Arc<Shared>,
     metrics_every_ms: Millis,
     cadence: Cadence,
-    commands: super::link::Client,
+    commands: crate::sys::link::Client,
 ) {
     let mut held: Vec<(u64, Held, Millis)> = Vec::new();
     let mut last_message = clock.mono();
@@ -85,6 +91,8 @@ pub fn run(
     let mut stopping = false;
     let mut report = Report::new(clock.mono());
     let mut reported = 0;
+    let mut next_give_back = clock.mono().saturating_add(GIVE_BACK_MS);
+    let mut last_give_back = clock.mono();
     // Counters are totals since the state was created: rates start from the restored ones.
     report.rates(driver.engine(), clock.mono());
     while !stopping {
@@ -169,6 +177,12 @@ pub fn run(
             next_prometheus = now.mono.saturating_add(1000);
             let m = metrics::collect(driver.engine(), now, &shared, source_up);
             shared.health.set_prometheus(m.prometheus());
+        }
+        let quiet = now.mono.saturating_sub(last_message) >= GIVE_BACK_QUIET_MS;
+        if now.mono >= next_give_back || (quiet && last_message > last_give_back) {
+            next_give_back = now.mono.saturating_add(GIVE_BACK_MS);
+            last_give_back = now.mono;
+            crate::sys::memory::give_back();
         }
         // Each output is looked at once: only those since the last look.
         report.outputs(&driver.outputs[reported..]);

@@ -11,8 +11,8 @@ use hyper::body::Bytes;
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::sync::watch;
 
-use super::clock::SystemClock;
 use crate::model::Millis;
+use crate::sys::clock::SystemClock;
 
 /// `-1`: not happening.
 const NONE: Millis = -1;
@@ -31,6 +31,8 @@ pub struct Health {
     prometheus: Mutex<String>,
     /// Why the state store cannot commit, while it cannot.
     store: Mutex<Option<String>>,
+    /// The source subscription is in place (`/readyz`).
+    subscribed: std::sync::atomic::AtomicBool,
 }
 
 impl Health {
@@ -44,7 +46,13 @@ impl Health {
             source_down_since: AtomicI64::new(now),
             prometheus: Mutex::new(String::new()),
             store: Mutex::new(None),
+            subscribed: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// The source broker granted the subscription (`true`) or the link dropped.
+    pub fn subscribed(&self, yes: bool) {
+        self.subscribed.store(yes, Ordering::Relaxed);
     }
 
     /// The state store cannot commit (`Some(why)`) or commits again (`None`).
@@ -197,7 +205,7 @@ pub async fn serve(
     mut stop: watch::Receiver<bool>,
 ) {
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(listen = %addr, "HTTP endpoint: /metrics, /healthz");
+        tracing::info!(listen = %addr, "HTTP endpoint: /metrics, /healthz, /readyz");
     }
     // A flood of connections costs at most this many tasks and sockets; the
     // rest are closed at once (a scraper needs one).
@@ -286,10 +294,22 @@ fn respond<B>(req: &Request<B>, health: &Health, limit_ms: Millis) -> Response<F
                 )
             }
         }
+        // Ready: state restored and input flowing in (what a tool or a test waits for).
+        "/readyz" => {
+            if health.subscribed.load(Ordering::Relaxed) {
+                reply(StatusCode::OK, "text/plain", "ready\n".into())
+            } else {
+                reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    "not ready: source not subscribed\n".into(),
+                )
+            }
+        }
         _ => reply(
             StatusCode::NOT_FOUND,
             "text/plain",
-            "try /metrics or /healthz\n".into(),
+            "try /metrics, /healthz or /readyz\n".into(),
         ),
     }
 }

@@ -116,14 +116,7 @@ pub struct Metrics {
 impl Metrics {
     /// The `P/metrics` payload, encoded per `[sink] format`.
     pub fn encode(&self, format: crate::config::SinkFormat) -> Vec<u8> {
-        match format {
-            crate::config::SinkFormat::Json => serde_json::to_vec(self).unwrap_or_default(),
-            crate::config::SinkFormat::Cbor => {
-                let mut b = Vec::new();
-                let _ = ciborium::ser::into_writer(self, &mut b);
-                b
-            }
-        }
+        format.encode(self)
     }
 
     /// Prometheus text exposition format (0.0.4).
@@ -421,7 +414,7 @@ pub fn collect(engine: &Engine, now: Now, shared: &Shared, source_up: bool) -> M
         wall: clock.tick_wall(now.wall, now.mono),
         ..now
     };
-    let kernel = super::clock::kernel_clock();
+    let kernel = crate::sys::clock::kernel_clock();
     let groups = engine
         .group_stats(now)
         .into_iter()

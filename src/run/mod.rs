@@ -10,15 +10,10 @@
 //! the last batch → the store commits it → its acks go out → the source
 //! disconnects → the sink drains for a few seconds, publishes `offline`, exits.
 
-mod broker;
-pub mod capture;
-pub mod clock;
 mod core;
-pub mod demo;
+mod delivery;
 mod health;
-pub mod link;
 mod metrics;
-pub mod simulate;
 mod sink;
 mod source;
 mod storer;
@@ -34,7 +29,8 @@ use crate::config::{Config, Protocol, SinkFormat};
 use crate::driver::Driver;
 use crate::engine::Engine;
 use crate::store::{Batch, Store, StoreError};
-use clock::SystemClock;
+use crate::sys::clock::SystemClock;
+use crate::sys::{broker, link};
 use core::Inbound;
 use link::{LinkError, LinkOptions};
 
@@ -96,7 +92,7 @@ pub(crate) fn gateway_alert(
     detail: Option<&str>,
     at: crate::model::Millis,
 ) -> Vec<u8> {
-    encode(&GatewayAlert { kind, detail, at }, format)
+    format.encode(&GatewayAlert { kind, detail, at })
 }
 
 /// A batch for the store thread and the acks it releases.
@@ -121,7 +117,21 @@ pub enum RunError {
     Link(#[from] LinkError),
     /// The async runtime or a thread could not start.
     #[error("runtime: {0}")]
-    Runtime(String),
+    Runtime(#[from] std::io::Error),
+    /// Restoring the state did not finish (its thread panicked).
+    #[error("restoring the state: {0}")]
+    Restore(#[from] tokio::task::JoinError),
+    /// The local HTTP endpoint could not listen.
+    #[error("metrics.listen {addr}: {source}")]
+    Listen {
+        /// `metrics.listen`.
+        addr: std::net::SocketAddr,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The embedded broker did not start.
+    #[error(transparent)]
+    Broker(#[from] broker::BrokerError),
 }
 
 #[derive(Serialize)]
@@ -130,24 +140,34 @@ struct Status<'a> {
     version: &'a str,
 }
 
-fn encode<T: Serialize>(v: &T, format: SinkFormat) -> Vec<u8> {
-    match format {
-        SinkFormat::Json => serde_json::to_vec(v).unwrap_or_default(),
-        SinkFormat::Cbor => {
-            let mut b = Vec::new();
-            let _ = ciborium::ser::into_writer(v, &mut b);
-            b
-        }
-    }
-}
-
 /// Runs the gateway until SIGTERM/SIGINT (then flushes and returns Ok).
 pub fn run(cfg: &Config) -> Result<(), RunError> {
-    let clock = SystemClock::new();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("tidemark-io")
+        .enable_all()
+        .build()?;
+    rt.block_on(serve(
+        cfg,
+        SystemClock::new(),
+        crate::sys::shutdown_signal(),
+    ))
+}
+
+/// The state restored from disk, ready to drive.
+struct Restored {
+    durable: storer::Durable,
+    driver: Driver,
+    outbox_depth: u64,
+    outbox_dropped: u64,
+}
+
+/// Opens the state dir and brings the engine to the last commit (blocking I/O).
+fn restore(cfg: &Config) -> Result<Restored, RunError> {
     let (mut store, snap) = Store::open(&cfg.state_dir, cfg.outbox_max_messages)?;
     store.set_max_bytes(cfg.outbox_max_bytes);
     let (groups, devices) = (snap.groups.len(), snap.devices.len());
-    let mut engine = Engine::new(cfg);
+    let mut engine = Engine::new(&cfg.engine());
     engine.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
     engine.restore_clock(snap.gateway_clock);
     engine.restore_sparkplug(snap.sparkplug);
@@ -164,6 +184,34 @@ pub fn run(cfg: &Config) -> Result<(), RunError> {
         outbox_depth,
         "state restored"
     );
+    let mut driver = Driver::new(engine, cfg, cfg.sink_format, None).with_journal();
+    // This process's monotonic clock starts afresh: the last reference of wall − mono is void.
+    driver.new_clock_origin();
+    // Rebirth requests recomputed from the journal were sent (or not) by the last process.
+    driver.engine_mut().take_commands();
+    Ok(Restored {
+        durable,
+        driver,
+        outbox_depth,
+        outbox_dropped,
+    })
+}
+
+/// The gateway until `shutdown` completes (then the last commit, its acks and
+/// the uplink's drain), in the shape of mini-redis's `server::run`: `run`
+/// passes the process's signals, a test may pass any future.
+pub async fn serve(
+    cfg: &Config,
+    clock: SystemClock,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), RunError> {
+    let owned = cfg.clone();
+    let Restored {
+        durable: store,
+        driver,
+        outbox_depth,
+        outbox_dropped,
+    } = tokio::task::spawn_blocking(move || restore(&owned)).await??;
     if cfg.source_protocol == Protocol::V311 {
         tracing::warn!(
             "source protocol v3.1.1: the site broker sends at most its in-flight window of QoS 1 messages \
@@ -171,37 +219,6 @@ pub fn run(cfg: &Config) -> Result<(), RunError> {
              max_queued_messages (default 1000); raise both on the broker (README: The site broker) or use v5"
         );
     }
-    let mut driver = Driver::new(engine, cfg, cfg.sink_format, None).with_journal();
-    // This process's monotonic clock starts afresh: the last reference of wall − mono is void.
-    driver.new_clock_origin();
-    // Rebirth requests recomputed from the journal were sent (or not) by the last process.
-    driver.engine_mut().take_commands();
-
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("tidemark-io")
-        .enable_all()
-        .build()
-        .map_err(|e| RunError::Runtime(e.to_string()))?;
-    rt.block_on(gateway(
-        cfg,
-        clock,
-        durable,
-        driver,
-        outbox_depth,
-        outbox_dropped,
-    ))
-}
-
-#[allow(clippy::too_many_lines)]
-async fn gateway(
-    cfg: &Config,
-    clock: SystemClock,
-    store: storer::Durable,
-    driver: Driver,
-    outbox_depth: u64,
-    outbox_dropped: u64,
-) -> Result<(), RunError> {
     let (metrics_tx, metrics_rx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared {
         delivered: AtomicU64::new(0),
@@ -227,30 +244,18 @@ async fn gateway(
     let seed = u64::try_from(clock.now().wall).unwrap_or(1) ^ u64::from(std::process::id());
     let version = env!("CARGO_PKG_VERSION");
     let status_topic = format!("{}/status", cfg.topic_prefix);
-    let offline = encode(
-        &Status {
-            state: "offline",
-            version,
-        },
-        cfg.sink_format,
-    );
-    let online = encode(
-        &Status {
-            state: "online",
-            version,
-        },
-        cfg.sink_format,
-    );
+    let status = |state| cfg.sink_format.encode(&Status { state, version });
+    let (online, offline) = (status("online"), status("offline"));
 
     if let Some(addr) = cfg.embedded_broker {
-        broker::start(addr).map_err(RunError::Runtime)?;
+        broker::start(addr)?;
         tracing::info!(listen = %addr, "embedded broker (MQTT 3.1.1, in memory) started");
     }
     let http_listener = match cfg.metrics_listen {
         Some(addr) => Some(
             tokio::net::TcpListener::bind(addr)
                 .await
-                .map_err(|e| RunError::Runtime(format!("metrics.listen {addr}: {e}")))?,
+                .map_err(|source| RunError::Listen { addr, source })?,
         ),
         None => None,
     };
@@ -280,7 +285,7 @@ async fn gateway(
     if cfg.sparkplug.enabled {
         topics.extend(crate::sparkplug::filters(&cfg.sparkplug.group_ids));
     }
-    let sink_window: u16 = 100;
+    let sink_window = cfg.sink_max_inflight;
     let (sink_client, sink_loop) = link::build(&LinkOptions {
         endpoint: &cfg.sink,
         v5: cfg.sink_protocol == Protocol::V5,
@@ -328,8 +333,7 @@ async fn gateway(
                 cadence,
                 commands,
             )
-        })
-        .map_err(|e| RunError::Runtime(e.to_string()))?;
+        })?;
     let reader = store.store().reader();
     let store_shared = shared.clone();
     let storer = std::thread::Builder::new()
@@ -339,8 +343,7 @@ async fn gateway(
             if let Err(e) = r {
                 let _ = fatal_tx.send(e);
             }
-        })
-        .map_err(|e| RunError::Runtime(e.to_string()))?;
+        })?;
 
     let source = tokio::spawn(source::run(
         src_loop,
@@ -414,7 +417,7 @@ async fn gateway(
     health::notify_ready(&format!("running; source {}", endpoint_url(&cfg.source)));
 
     let failed = tokio::select! {
-        () = shutdown_signal() => None,
+        () = shutdown => None,
         e = fatal_rx.recv() => e,
     };
     if let Some(e) = failed {
@@ -463,23 +466,4 @@ fn endpoint_url(ep: &crate::config::Endpoint) -> String {
         ep.host,
         ep.port
     )
-}
-
-pub(crate) async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let Ok(mut term) = signal(SignalKind::terminate()) else {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        };
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }

@@ -1,9 +1,5 @@
-//! Upstream publishing. The outbox is the session: the sink connects with a
-//! clean session and, on every CONNACK, publishes from the oldest entry not
-//! yet acknowledged. An entry is delivered on its PUBACK (matched FIFO: the
-//! broker acknowledges QoS 1 publishes in the order it received them). Live
-//! outputs come straight from the commit; a backlog is read from the outbox in
-//! order, so per-topic order holds and a long backlog never blocks ingest.
+//! Upstream publishing: the async task around [`Delivery`], which decides what
+//! goes next; this task only moves events between it, the link and the outbox.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -13,9 +9,10 @@ use std::time::Duration;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::Shared;
-use super::clock::Backoff;
-use super::link::{Client, Event, Loop};
+use super::delivery::{Acked, Delivery, Next};
 use crate::store::{OutboxEntry, OutboxReader};
+use crate::sys::clock::Backoff;
+use crate::sys::link::{Client, Event, Loop};
 
 /// Input of the sink task.
 #[derive(Debug)]
@@ -29,8 +26,6 @@ pub enum SinkMsg {
     Stop,
 }
 
-/// Live outputs kept in memory at most; beyond it they are read back from the outbox.
-const LIVE_MAX: usize = 50_000;
 /// Gateway alerts kept while the uplink is down (the newest).
 const ALERTS_KEPT: usize = 64;
 /// Outbox entries read per backlog step.
@@ -58,30 +53,7 @@ pub struct SinkOptions {
     pub url: String,
 }
 
-/// What a published packet was, in PUBACK order.
-#[derive(Debug, Clone, Copy)]
-enum Flight {
-    Entry(u64),
-    Status,
-}
-
-struct State {
-    /// Oldest sequence number not yet acknowledged.
-    acked_upto: u64,
-    /// Next sequence number to publish.
-    cursor: u64,
-    inflight: VecDeque<Flight>,
-    live: VecDeque<(u64, OutboxEntry)>,
-    backlog: VecDeque<(u64, OutboxEntry)>,
-    /// A v5 negative PUBACK: publish again from here once the window is empty.
-    retry_from: Option<u64>,
-    connected: bool,
-    /// One past the last sequence number known to exist (u64::MAX: not known yet).
-    end: u64,
-}
-
 /// Runs until stopped; `metrics` carries `P/metrics` payloads from the core.
-#[allow(clippy::too_many_lines)]
 #[allow(clippy::too_many_arguments)]
 pub async fn run(
     mut lp: Loop,
@@ -94,25 +66,14 @@ pub async fn run(
     seed: u64,
 ) {
     let first = match read_from(&reader, None).await {
-        Ok(v) => v.first().map_or(u64::MAX, |(s, _)| *s),
+        Ok(v) => v.first().map(|(s, _)| *s),
         Err(e) => {
             tracing::error!(error = %e, "reading the outbox");
-            u64::MAX
+            None
         }
     };
-    let mut st = State {
-        acked_upto: 0,
-        cursor: 0,
-        inflight: VecDeque::new(),
-        live: VecDeque::new(),
-        backlog: VecDeque::new(),
-        retry_from: None,
-        connected: false,
-        end: u64::MAX,
-    };
-    if first != u64::MAX {
-        st.acked_upto = first;
-        st.cursor = first;
+    let mut d = Delivery::new(first, opts.window, opts.qos);
+    if first.is_some() {
         let depth = shared.outbox_depth.load(Ordering::Relaxed);
         tracing::info!(depth, "outbox backlog to deliver upstream");
     }
@@ -122,7 +83,7 @@ pub async fn run(
     // Gateway alerts waiting for the uplink (a few: they report state changes).
     let mut alerts: VecDeque<Vec<u8>> = VecDeque::new();
     loop {
-        if st.connected {
+        if d.is_connected() {
             while let Some(a) = alerts.pop_front() {
                 if client
                     .publish(&opts.alerts_topic, a.clone(), opts.qos, false)
@@ -131,43 +92,37 @@ pub async fn run(
                     alerts.push_front(a);
                     break;
                 }
-                if opts.qos > 0 {
-                    st.inflight.push_back(Flight::Status);
-                }
+                d.other_sent(opts.qos);
             }
         }
-        if st.connected && st.retry_from.is_none() {
-            fill(&mut st, &client, &reader, &opts).await;
-        }
-        if drain.is_some()
-            && st.inflight.is_empty()
-            && st.live.is_empty()
-            && st.backlog.is_empty()
-            && st.cursor >= st.end
-        {
+        fill(&mut d, &client, &reader, opts.qos).await;
+        if drain.is_some() && d.drained() {
             break;
         }
         tokio::select! {
             ev = lp.poll() => match ev {
-                Ok(Event::Connected { .. }) => {
+                Ok(Event::Connected { receive_max, .. }) => {
                     backoff.reset();
-                    st.connected = true;
+                    d.connected(receive_max);
                     shared.sink_up.store(true, Ordering::Relaxed);
-                    st.inflight.clear();
-                    st.retry_from = None;
-                    st.cursor = st.acked_upto;
-                    st.backlog.clear();
                     let depth = shared.outbox_depth.load(Ordering::Relaxed);
-                    tracing::info!(url = %opts.url, outbox_depth = depth, "sink connected");
+                    // What bounds the uplink's rate over a long round trip: the smaller of the two.
+                    let broker_max = receive_max.unwrap_or(u16::MAX);
+                    tracing::info!(url = %opts.url, outbox_depth = depth, max_inflight = opts.window,
+                        broker_receive_maximum = broker_max, "sink connected");
+                    if broker_max < u16::try_from(opts.window).unwrap_or(u16::MAX) {
+                        tracing::info!(broker_receive_maximum = broker_max,
+                            "the upstream broker takes fewer unacknowledged publishes than sink.max_inflight: its limit applies");
+                    }
                     if client.publish(&opts.status_topic, opts.online.clone(), 1, true).is_ok() {
-                        st.inflight.push_back(Flight::Status);
+                        d.other_sent(1);
                     }
                 }
-                Ok(Event::PubAck { ok, reason }) => on_puback(&mut st, ok, &reason, &shared),
+                Ok(Event::PubAck { ok, reason }) => on_puback(&mut d, ok, &reason, &shared),
                 Ok(_) => {}
                 Err(e) => {
-                    if st.connected {
-                        st.connected = false;
+                    if d.is_connected() {
+                        d.disconnected();
                         shared.sink_up.store(false, Ordering::Relaxed);
                     }
                     if drain.is_some() {
@@ -183,17 +138,7 @@ pub async fn run(
                 }
             },
             msg = rx.recv(), if rx_open => match msg {
-                Some(SinkMsg::Live(list)) => {
-                    if let Some((last, _)) = list.last() {
-                        st.end = st.end.max(last + 1);
-                        if st.end == u64::MAX { st.end = last + 1; }
-                    }
-                    for item in list {
-                        if st.live.len() < LIVE_MAX {
-                            st.live.push_back(item);
-                        }
-                    }
-                }
+                Some(SinkMsg::Live(list)) => d.live(list),
                 Some(SinkMsg::Alert(a)) => {
                     if alerts.len() >= ALERTS_KEPT {
                         alerts.pop_front();
@@ -205,7 +150,7 @@ pub async fn run(
                     drain = Some(Box::pin(tokio::time::sleep(DRAIN)));
                 }
             },
-            m = metrics.recv() => if let Some(payload) = m && st.connected {
+            m = metrics.recv() => if let Some(payload) = m && d.is_connected() {
                 let _ = client.publish(&opts.metrics_topic, payload, 0, false);
             },
             () = async { if let Some(d) = drain.as_mut() { d.await } }, if drain.is_some() => {
@@ -215,25 +160,20 @@ pub async fn run(
                 );
                 break;
             }
-            () = tokio::time::sleep(Duration::from_millis(200)), if st.retry_from.is_some() && st.inflight.is_empty() => {
-                if let Some(from) = st.retry_from.take() {
-                    st.cursor = from;
-                    st.backlog.clear();
-                }
-            }
+            () = tokio::time::sleep(Duration::from_millis(200)), if d.retry_due() => d.retry(),
         }
     }
     // Offline status, retained, then a clean disconnect (the last will covers a crash).
-    if st.connected
+    if d.is_connected()
         && client
             .publish(&opts.status_topic, opts.offline.clone(), 1, true)
             .is_ok()
     {
-        st.inflight.push_back(Flight::Status);
+        d.other_sent(1);
         let _ = tokio::time::timeout(Duration::from_secs(1), async {
-            while !st.inflight.is_empty() {
+            while d.in_flight() > 0 {
                 match lp.poll().await {
-                    Ok(Event::PubAck { ok, reason }) => on_puback(&mut st, ok, &reason, &shared),
+                    Ok(Event::PubAck { ok, reason }) => on_puback(&mut d, ok, &reason, &shared),
                     Ok(_) => {}
                     Err(_) => break,
                 }
@@ -248,83 +188,33 @@ pub async fn run(
     }
 }
 
-fn on_puback(st: &mut State, ok: bool, reason: &str, shared: &Shared) {
-    let Some(f) = st.inflight.pop_front() else {
-        return;
-    };
-    let Flight::Entry(seq) = f else { return };
-    if !ok {
-        tracing::warn!(seq, reason, "upstream refused an output; retrying");
-        st.retry_from = Some(st.retry_from.map_or(seq, |r| r.min(seq)));
-        return;
-    }
-    if st.retry_from.is_none() {
-        st.acked_upto = seq + 1;
-        shared.delivered.store(seq + 1, Ordering::Release);
+fn on_puback(d: &mut Delivery, ok: bool, reason: &str, shared: &Shared) {
+    match d.puback(ok) {
+        Acked::Delivered(upto) => shared.delivered.store(upto, Ordering::Release),
+        Acked::Refused(seq) => tracing::warn!(seq, reason, "upstream refused an output; retrying"),
+        Acked::Nothing => {}
     }
 }
 
 /// Publishes until the in-flight window is full or nothing is left.
-async fn fill(st: &mut State, client: &Client, reader: &OutboxReader, opts: &SinkOptions) {
-    while st.inflight.len() < opts.window {
-        // Entries below the cursor were already sent (from the other queue).
-        while st.live.front().is_some_and(|(s, _)| *s < st.cursor) {
-            st.live.pop_front();
-        }
-        while st.backlog.front().is_some_and(|(s, _)| *s < st.cursor) {
-            st.backlog.pop_front();
-        }
-        let next = if st.live.front().is_some_and(|(s, _)| *s == st.cursor) {
-            st.live.pop_front()
-        } else if let Some(b) = st.backlog.pop_front() {
-            Some(b)
-        } else if st.cursor < st.end {
-            // A gap before the live queue (a backlog, or live entries over LIVE_MAX).
-            let before_live = st.live.front().map(|(s, _)| *s);
-            match read_from(reader, st.cursor.checked_sub(1)).await {
-                Ok(v) => {
-                    let found = !v.is_empty();
-                    st.backlog.extend(
-                        v.into_iter()
-                            .take_while(|(s, _)| before_live.is_none_or(|l| *s < l)),
-                    );
-                    match (st.backlog.pop_front(), before_live) {
-                        (Some(b), _) => Some(b),
-                        // Nothing stored before the live queue: it starts right there.
-                        (None, Some(l)) => {
-                            st.cursor = l;
-                            continue;
-                        }
-                        (None, None) => {
-                            if !found {
-                                st.end = st.cursor;
-                            }
-                            None
-                        }
-                    }
+async fn fill(d: &mut Delivery, client: &Client, reader: &OutboxReader, qos: u8) {
+    loop {
+        match d.next() {
+            Next::Publish(seq, e) => {
+                if client.publish(&e.topic, e.payload, qos, e.retain).is_err() {
+                    d.unsent(seq);
+                    return;
                 }
+                d.sent(seq);
+            }
+            Next::Read(after) => match read_from(reader, after).await {
+                Ok(v) => d.read(v),
                 Err(e) => {
                     tracing::error!(error = %e, "reading the outbox");
-                    None
+                    return;
                 }
-            }
-        } else {
-            None
-        };
-        let Some((seq, e)) = next else { break };
-        if client
-            .publish(&e.topic, e.payload, opts.qos, e.retain)
-            .is_err()
-        {
-            // The request channel is full; the entry is read again from the outbox.
-            st.end = st.end.max(seq + 1);
-            break;
-        }
-        st.cursor = seq + 1;
-        if opts.qos == 0 {
-            st.acked_upto = seq + 1;
-        } else {
-            st.inflight.push_back(Flight::Entry(seq));
+            },
+            Next::Wait => return,
         }
     }
 }

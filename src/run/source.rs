@@ -9,10 +9,10 @@ use tokio::sync::mpsc::{Sender, UnboundedReceiver};
 use tokio::sync::watch;
 
 use super::Shared;
-use super::clock::Backoff;
 use super::core::Inbound;
-use super::link::{Client, Event, Loop};
 use super::storer::AckJob;
+use crate::sys::clock::Backoff;
+use crate::sys::link::{Client, Event, Loop};
 
 /// What the source subscribes to.
 pub struct Subscription {
@@ -70,7 +70,9 @@ pub async fn run(
         tokio::select! {
             _ = look.tick() => {}
             ev = lp.poll(), if !paused => match ev {
-                Ok(Event::Connected { session_present }) => {
+                Ok(Event::Connected {
+                    session_present, ..
+                }) => {
                     let generation = shared.source_gen.fetch_add(1, Ordering::AcqRel) + 1;
                     connected = true;
                     received_since_connect = 0;
@@ -121,6 +123,7 @@ pub async fn run(
                 }
                 Ok(Event::Subscribed { refused }) => {
                     if refused == 0 {
+                        shared.health.subscribed(true);
                         tracing::info!(topics = ?sub.topics, "source subscribed");
                     } else {
                         tracing::error!(refused, topics = ?sub.topics, "source broker refused topic filters");
@@ -133,6 +136,7 @@ pub async fn run(
                     }
                     if connected {
                         connected = false;
+                        shared.health.subscribed(false);
                         // Ack tokens of this connection are stale from now on.
                         shared.source_gen.fetch_add(1, Ordering::AcqRel);
                         let _ = core.send(Inbound::Disconnected).await;

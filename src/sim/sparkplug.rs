@@ -141,7 +141,6 @@ impl Fleet {
                     double_value: Some(temp),
                     ..value(a_temp)
                 },
-                #[allow(clippy::cast_possible_truncation)]
                 Metric {
                     float_value: Some((80.0 - temp) as f32),
                     ..value(a_hum)

@@ -7,8 +7,16 @@
 //! transaction. Either way, after a crash the store is at a commit boundary
 //! and the input after it is processed again.
 
+mod error;
+mod read;
 pub mod schema;
+#[cfg(test)]
+mod tests;
 pub mod wal;
+
+pub use error::StoreError;
+pub use read::{Inspect, inspect};
+use read::{check_version, has_tables, read_snapshot};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,92 +31,6 @@ use schema::{
     DEVICES, GROUPS, K_CLOCK, K_COUNTERS, K_OUTBOX, K_SCHEMA, K_SPARKPLUG, META, METRIC_NAMES,
     OUTBOX, SCHEMA_VERSION,
 };
-
-/// Store failures. [`StoreError::is_io`] ones (a full disk) are retried by
-/// `run`; the others are fatal for the process (exit 1).
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// The database file could not be opened (corrupt, locked, unreadable).
-    #[error("state file {path}: {source}")]
-    Open {
-        /// The file.
-        path: PathBuf,
-        /// Cause.
-        source: redb::DatabaseError,
-    },
-    /// The state directory could not be created.
-    #[error("state dir {path}: {source}")]
-    Dir {
-        /// The directory.
-        path: PathBuf,
-        /// Cause.
-        source: std::io::Error,
-    },
-    /// Schema version not understood by this build.
-    #[error(
-        "state file {path}: schema version {found} is not supported (this build reads {SCHEMA_VERSION}); refusing to touch it"
-    )]
-    Version {
-        /// The file.
-        path: PathBuf,
-        /// Version found.
-        found: u32,
-    },
-    /// A stored value does not decode.
-    #[error("state file {path}: corrupt value in {table}: {detail}")]
-    Corrupt {
-        /// The file.
-        path: PathBuf,
-        /// Table name.
-        table: &'static str,
-        /// Cause.
-        detail: String,
-    },
-    /// A redb operation failed.
-    #[error("state store: {0}")]
-    Redb(String),
-    /// The state file could not be written or read (a full disk, an I/O error).
-    #[error("state store: {0}")]
-    Io(String),
-    /// The write-ahead journal could not be read or written.
-    #[error("journal {path}: {source}")]
-    Journal {
-        /// The file.
-        path: PathBuf,
-        /// Cause.
-        source: std::io::Error,
-    },
-}
-
-macro_rules! redb_err {
-    ($($t:ty),*) => {$(
-        impl From<$t> for StoreError {
-            fn from(e: $t) -> Self {
-                match redb::Error::from(e) {
-                    e @ (redb::Error::Io(_) | redb::Error::PreviousIo | redb::Error::Backend(_)) => {
-                        StoreError::Io(e.to_string())
-                    }
-                    e => StoreError::Redb(e.to_string()),
-                }
-            }
-        }
-    )*};
-}
-
-impl StoreError {
-    /// A write that may succeed later (a full disk): retried, not fatal.
-    pub fn is_io(&self) -> bool {
-        matches!(self, StoreError::Io(_) | StoreError::Journal { .. })
-    }
-}
-redb_err!(
-    redb::TransactionError,
-    redb::TableError,
-    redb::StorageError,
-    redb::CommitError,
-    redb::DatabaseError,
-    redb::SetDurabilityError
-);
 
 /// One output awaiting delivery.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -213,7 +135,7 @@ impl DbSlot {
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
-            .ok_or_else(|| StoreError::Io("state file closed after an I/O error".into()))
+            .ok_or(StoreError::Closed)
     }
 }
 
@@ -309,11 +231,10 @@ impl Store {
             let version = meta.get(K_SCHEMA)?.map(|v| v.value().to_vec());
             match version {
                 None => {
-                    meta.insert(K_SCHEMA, &SCHEMA_VERSION.to_be_bytes()[..])?;
+                    meta.insert(K_SCHEMA, &schema::version_bytes()[..])?;
                 }
                 Some(v) => {
-                    let found =
-                        <[u8; 4]>::try_from(v.as_slice()).map_or(u32::MAX, u32::from_be_bytes);
+                    let found = schema::version_of(&v);
                     if found != SCHEMA_VERSION {
                         return Err(StoreError::Version {
                             path: path.to_path_buf(),
@@ -462,7 +383,10 @@ impl Store {
         let db = Database::builder()
             .set_cache_size(CACHE_BYTES)
             .open(&self.path)
-            .map_err(|source| StoreError::Io(format!("{}: {source}", self.path.display())))?;
+            .map_err(|source| StoreError::Reopen {
+                path: self.path.clone(),
+                source,
+            })?;
         *slot = Some(std::sync::Arc::new(db));
         Ok(())
     }
@@ -615,7 +539,7 @@ impl OutboxReader {
             let e = ciborium::de::from_reader(v.value()).map_err(|e| StoreError::Corrupt {
                 path: self.path.clone(),
                 table: "outbox",
-                detail: e.to_string(),
+                source: e.into(),
             })?;
             out.push((k.value(), e));
         }
@@ -626,425 +550,5 @@ impl OutboxReader {
             out.extend(pending.iter().skip(skip).take(limit - out.len()).cloned());
         }
         Ok(out)
-    }
-}
-
-/// Every table exists and the schema version matches: starting writes nothing
-/// (a gateway restarted on a full disk must get as far as its retry loop).
-fn has_tables(db: &Database) -> Result<bool, StoreError> {
-    let r = db.begin_read()?;
-    let version = match r.open_table(META) {
-        Ok(t) => t.get(K_SCHEMA)?.map(|v| v.value().to_vec()),
-        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(false),
-        Err(e) => return Err(e.into()),
-    };
-    if version.as_deref() != Some(&SCHEMA_VERSION.to_be_bytes()[..]) {
-        // Missing or another version: the write path creates or refuses it.
-        return Ok(false);
-    }
-    for exists in [
-        r.open_table(GROUPS).is_ok(),
-        r.open_table(DEVICES).is_ok(),
-        r.open_table(METRIC_NAMES).is_ok(),
-        r.open_table(OUTBOX).is_ok(),
-    ] {
-        if !exists {
-            return Ok(false);
-        }
-    }
-    Ok(true)
-}
-
-fn corrupt<'a>(path: &'a Path, table: &'static str) -> impl Fn(String) -> StoreError + 'a {
-    move |detail| StoreError::Corrupt {
-        path: path.to_path_buf(),
-        table,
-        detail,
-    }
-}
-
-fn read_snapshot<D: ReadableDatabase>(db: &D, path: &Path) -> Result<Snapshot, StoreError> {
-    let r = db.begin_read()?;
-    let mut s = Snapshot::default();
-    for item in r.open_table(GROUPS)?.iter()? {
-        let (_, v) = item?;
-        s.groups.push(
-            ciborium::de::from_reader(v.value())
-                .map_err(|e| corrupt(path, "groups")(e.to_string()))?,
-        );
-    }
-    for item in r.open_table(DEVICES)?.iter()? {
-        let (_, v) = item?;
-        s.devices.push(
-            ciborium::de::from_reader(v.value())
-                .map_err(|e| corrupt(path, "devices")(e.to_string()))?,
-        );
-    }
-    for item in r.open_table(METRIC_NAMES)?.iter()? {
-        let (k, v) = item?;
-        if usize::from(k.value()) != s.metric_names.len() {
-            return Err(corrupt(path, "metric_names")(
-                "gap in metric name indexes".into(),
-            ));
-        }
-        let name = MetricName::try_from(v.value())
-            .map_err(|_| corrupt(path, "metric_names")("name too long".into()))?;
-        s.metric_names.push(name);
-    }
-    for item in r.open_table(META)?.iter()? {
-        let (k, v) = item?;
-        s.meta.insert(k.value().to_string(), v.value().to_vec());
-    }
-    if let Some(b) = s.meta.get(K_COUNTERS) {
-        s.counters =
-            ciborium::de::from_reader(&b[..]).map_err(|e| corrupt(path, "meta")(e.to_string()))?;
-    }
-    if let Some(b) = s.meta.get(K_CLOCK) {
-        s.gateway_clock = Some(
-            ciborium::de::from_reader(&b[..]).map_err(|e| corrupt(path, "meta")(e.to_string()))?,
-        );
-    }
-    for (k, b) in s.meta.range(K_SPARKPLUG.to_string()..) {
-        if !k.starts_with(K_SPARKPLUG) {
-            break;
-        }
-        s.sparkplug.push(
-            ciborium::de::from_reader(&b[..]).map_err(|e| corrupt(path, "meta")(e.to_string()))?,
-        );
-    }
-    if let Some(b) = s.meta.get(K_OUTBOX) {
-        let m: OutboxMeta =
-            ciborium::de::from_reader(&b[..]).map_err(|e| corrupt(path, "meta")(e.to_string()))?;
-        s.outbox_dropped = m.dropped;
-    }
-    s.outbox_depth = r.open_table(OUTBOX)?.len()?;
-    Ok(s)
-}
-
-/// Refuses a file without our schema version (another program's redb, or another version).
-fn check_version<D: ReadableDatabase>(db: &D, path: &Path) -> Result<(), StoreError> {
-    let r = db.begin_read()?;
-    let found = match r.open_table(META) {
-        Ok(meta) => meta
-            .get(K_SCHEMA)?
-            .and_then(|v| <[u8; 4]>::try_from(v.value()).ok())
-            .map_or(u32::MAX, u32::from_be_bytes),
-        Err(redb::TableError::TableDoesNotExist(_)) => {
-            // A database created but never initialised (crash during the first start).
-            if r.list_tables()?.next().is_none() {
-                return Ok(());
-            }
-            u32::MAX
-        }
-        Err(e) => return Err(e.into()),
-    };
-    if found != SCHEMA_VERSION {
-        return Err(StoreError::Version {
-            path: path.to_path_buf(),
-            found,
-        });
-    }
-    Ok(())
-}
-
-/// A read-only view for `tidemark inspect` (the gateway must be stopped).
-pub struct Inspect {
-    /// Everything persisted.
-    pub snapshot: Snapshot,
-    /// Oldest outbox entry, if any.
-    pub oldest: Option<OutboxEntry>,
-    /// Journal records after the checkpoint (a gateway that stopped without its final checkpoint).
-    pub journal_records: usize,
-}
-
-/// Opens a state directory read-only.
-pub fn inspect(state_dir: &Path) -> Result<Inspect, StoreError> {
-    let path = Store::file(state_dir);
-    if !path.exists() {
-        return Err(StoreError::Open {
-            path,
-            source: redb::DatabaseError::Storage(redb::StorageError::Io(std::io::Error::new(
-                std::io::ErrorKind::NotFound,
-                "no state file",
-            ))),
-        });
-    }
-    match redb::ReadOnlyDatabase::open(&path) {
-        Ok(db) => read_inspect(&db, &path, state_dir),
-        Err(redb::DatabaseError::RepairAborted) => {
-            // Left by a crash: recover a private copy, never the original.
-            let copy =
-                std::env::temp_dir().join(format!("tidemark-inspect-{}.redb", std::process::id()));
-            std::fs::copy(&path, &copy).map_err(|source| StoreError::Dir {
-                path: copy.clone(),
-                source,
-            })?;
-            let result = Database::open(&copy)
-                .map_err(|source| StoreError::Open {
-                    path: path.clone(),
-                    source,
-                })
-                .and_then(|db| read_inspect(&db, &path, state_dir));
-            let _ = std::fs::remove_file(&copy);
-            result
-        }
-        Err(source) => Err(StoreError::Open { path, source }),
-    }
-}
-
-fn read_inspect<D: ReadableDatabase>(
-    db: &D,
-    path: &Path,
-    state_dir: &Path,
-) -> Result<Inspect, StoreError> {
-    check_version(db, path)?;
-    let snapshot = read_snapshot(db, path)?;
-    let generation = schema::wal_generation(&snapshot.meta);
-    let journal_records = wal::count(state_dir, generation).unwrap_or(0);
-    let r = db.begin_read()?;
-    let oldest = match r.open_table(OUTBOX)?.first()? {
-        Some((_, v)) => Some(
-            ciborium::de::from_reader(v.value())
-                .map_err(|e| corrupt(path, "outbox")(e.to_string()))?,
-        ),
-        None => None,
-    };
-    Ok(Inspect {
-        snapshot,
-        oldest,
-        journal_records,
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::engine::{Engine, Now};
-    use crate::output::Output;
-    use std::collections::BTreeMap as Map;
-
-    const T0: i64 = 1_764_480_000_000;
-
-    fn build_config() -> crate::config::Config {
-        crate::config::load_str("[gateway]\nid = \"gw\"\n", &Map::new()).unwrap()
-    }
-
-    fn batch_of(e: &mut Engine) -> Batch {
-        Batch {
-            changes: e.take_changes(),
-            ..Batch::default()
-        }
-    }
-
-    fn entry(i: u64) -> OutboxEntry {
-        OutboxEntry {
-            topic: format!("t/{i}"),
-            payload: vec![u8::try_from(i % 256).unwrap()],
-            retain: false,
-            at: T0,
-        }
-    }
-
-    fn feed(e: &mut Engine, from: i64, to: i64, out: &mut Vec<Output>) {
-        for s in from..to {
-            let t = T0 + s * 1000;
-            for d in 0..4 {
-                let p = format!(r#"{{"ts": {t}, "seq": {s}, "temp": {d}.5}}"#);
-                e.on_message(
-                    &format!("sensors/g{}/d{d}/reading", d % 2),
-                    p.as_bytes(),
-                    Now::at(t + 30),
-                    out,
-                );
-            }
-            e.on_tick(Now::at(t + 500), out);
-        }
-    }
-
-    #[test]
-    fn restored_engine_continues_exactly_like_the_original() {
-        let cfg = build_config();
-        let (mut store, snap) = Store::in_memory(1000).unwrap();
-        assert!(snap.devices.is_empty());
-        let mut a = Engine::new(&cfg);
-        a.restart_idleness(Now::at(T0));
-        let mut out = Vec::new();
-        feed(&mut a, 0, 90, &mut out);
-        store.commit(&batch_of(&mut a)).unwrap();
-        // Reopen the same database: read everything back.
-        let snap = read_snapshot(&*store.db.get().unwrap(), store.path()).unwrap();
-        assert_eq!(snap.devices.len(), 4);
-        assert_eq!(snap.counters, *a.counters());
-        let mut b = Engine::new(&cfg);
-        b.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
-        b.restore_clock(snap.gateway_clock);
-        b.restore_sparkplug(snap.sparkplug);
-        let (mut out_a, mut out_b) = (Vec::new(), Vec::new());
-        feed(&mut a, 90, 300, &mut out_a);
-        feed(&mut b, 90, 300, &mut out_b);
-        assert!(!out_a.is_empty());
-        assert_eq!(out_a, out_b);
-        assert_eq!(a.counters(), b.counters());
-    }
-
-    #[test]
-    fn revision_pending_at_commit_is_emitted_after_restore_without_watermark_advance() {
-        let cfg = build_config();
-        let (mut store, _) = Store::in_memory(1000).unwrap();
-        let mut a = Engine::new(&cfg);
-        a.restart_idleness(Now::at(T0));
-        let mut out = Vec::new();
-        feed(&mut a, 0, 70, &mut out);
-        // A late reading within lateness revises the fired first window; commit before the tick.
-        let late = format!(r#"{{"ts": {}, "temp": 9}}"#, T0 + 5_000);
-        let at = T0 + 69_600;
-        a.on_message(
-            "sensors/g0/d0/reading",
-            late.as_bytes(),
-            Now::at(at),
-            &mut out,
-        );
-        store.commit(&batch_of(&mut a)).unwrap();
-        let snap = read_snapshot(&*store.db.get().unwrap(), store.path()).unwrap();
-        let mut b = Engine::new(&cfg);
-        b.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
-        b.restore_clock(snap.gateway_clock);
-        b.restore_sparkplug(snap.sparkplug);
-        // Same instant as the last tick: the watermark does not move.
-        let (mut out_a, mut out_b) = (Vec::new(), Vec::new());
-        a.on_tick(Now::at(T0 + 69_500), &mut out_a);
-        b.on_tick(Now::at(T0 + 69_500), &mut out_b);
-        assert!(
-            matches!(&out_a[..], [Output::Window(w)] if w.revision == 1),
-            "{out_a:?}"
-        );
-        assert_eq!(out_a, out_b);
-    }
-
-    #[test]
-    fn outbox_is_fifo_bounded_and_counts_what_it_drops() {
-        let cfg = build_config();
-        let mut e = Engine::new(&cfg);
-        let (mut store, _) = Store::in_memory(5).unwrap();
-        let batch: Vec<_> = (0..8).map(entry).collect();
-        let stats = store
-            .commit(&Batch {
-                outputs: batch,
-                ..batch_of(&mut e)
-            })
-            .unwrap();
-        assert_eq!(stats.dropped, 3);
-        assert_eq!(store.outbox_depth().unwrap(), 5);
-        assert_eq!(store.outbox_dropped(), 3);
-        let got = store.outbox_after(None, 100).unwrap();
-        let topics: Vec<_> = got.iter().map(|(_, e)| e.topic.as_str()).collect();
-        assert_eq!(topics, vec!["t/3", "t/4", "t/5", "t/6", "t/7"]);
-        // Delivered entries leave the outbox only on a later commit.
-        let upto = got[1].0;
-        store
-            .commit(&Batch {
-                outputs: vec![entry(8)],
-                delivered: Some(upto),
-                ..batch_of(&mut e)
-            })
-            .unwrap();
-        let left: Vec<_> = store
-            .outbox_after(None, 100)
-            .unwrap()
-            .into_iter()
-            .map(|(_, e)| e.topic)
-            .collect();
-        assert_eq!(left, vec!["t/5", "t/6", "t/7", "t/8"]);
-        let snap = read_snapshot(&*store.db.get().unwrap(), store.path()).unwrap();
-        assert_eq!((snap.outbox_depth, snap.outbox_dropped), (4, 3));
-    }
-
-    /// The byte bound drops oldest first, the byte count follows deliveries, and it
-    /// survives a restart; a file written before the count existed is counted at open.
-    #[test]
-    fn outbox_byte_bound_drops_oldest_and_its_count_survives_restarts() {
-        let cfg = build_config();
-        let mut e = Engine::new(&cfg);
-        let dir = tempfile::tempdir().unwrap();
-        let big = |i: u64| OutboxEntry {
-            topic: format!("t/{i:03}"),
-            payload: vec![7; 1000],
-            ..entry(i)
-        };
-        let size = {
-            let mut b = Vec::new();
-            cbor(&big(0), &mut b);
-            b.len() as u64
-        };
-        let (mut store, _) = Store::open(dir.path(), 1000).unwrap();
-        store.set_max_bytes(10 * size + size / 2);
-        let stats = store
-            .commit(&Batch {
-                outputs: (0..25).map(big).collect(),
-                ..batch_of(&mut e)
-            })
-            .unwrap();
-        assert_eq!((stats.dropped, stats.depth), (15, 10));
-        assert_eq!(store.outbox_bytes(), 10 * size);
-        let first = store.outbox_after(None, 1).unwrap()[0].0;
-        assert_eq!(store.outbox_after(None, 1).unwrap()[0].1.topic, "t/015");
-        store
-            .commit(&Batch {
-                delivered: Some(first + 3),
-                ..batch_of(&mut e)
-            })
-            .unwrap();
-        assert_eq!(store.outbox_bytes(), 6 * size);
-        drop(store);
-        let (store, _) = Store::open(dir.path(), 1000).unwrap();
-        assert_eq!(store.outbox_bytes(), 6 * size);
-        assert_eq!(store.outbox_dropped(), 15);
-        // As an older build wrote it: no byte count in the outbox meta.
-        {
-            let db = store.db.get().unwrap();
-            drop(store);
-            let db = std::sync::Arc::try_unwrap(db).ok().unwrap();
-            let txn = db.begin_write().unwrap();
-            {
-                let mut m = txn.open_table(META).unwrap();
-                let mut old = std::collections::BTreeMap::new();
-                old.insert("next_seq", first + 10);
-                old.insert("dropped", 15);
-                let mut b = Vec::new();
-                cbor(&old, &mut b);
-                m.insert(K_OUTBOX, b.as_slice()).unwrap();
-            }
-            txn.commit().unwrap();
-        }
-        let (store, _) = Store::open(dir.path(), 1000).unwrap();
-        assert_eq!(store.outbox_bytes(), 6 * size);
-        assert_eq!(store.next_seq(), first + 10);
-    }
-
-    #[test]
-    fn a_state_file_of_another_schema_version_is_refused_untouched() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = Store::file(dir.path());
-        {
-            let db = Database::create(&path).unwrap();
-            let txn = db.begin_write().unwrap();
-            txn.open_table(META)
-                .unwrap()
-                .insert(K_SCHEMA, &99u32.to_be_bytes()[..])
-                .unwrap();
-            txn.commit().unwrap();
-        }
-        let before = std::fs::read(&path).unwrap();
-        let err = Store::open(dir.path(), 10).err().expect("refused");
-        let msg = err.to_string();
-        assert!(
-            msg.contains("schema version 99") && msg.contains("tidemark.redb"),
-            "{msg}"
-        );
-        assert!(
-            std::fs::read(&path).unwrap() == before,
-            "refused file was modified"
-        );
-        assert!(inspect(dir.path()).is_err());
     }
 }

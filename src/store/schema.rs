@@ -33,6 +33,16 @@ pub const K_OUTBOX: &str = "outbox";
 /// `META` key of the write-ahead journal generation its records must carry (u64, big-endian).
 pub const K_WAL: &str = "wal_generation";
 
+/// A stored schema version (`K_SCHEMA`'s value; u32::MAX when unreadable).
+pub fn version_of(bytes: &[u8]) -> u32 {
+    <[u8; 4]>::try_from(bytes).map_or(u32::MAX, u32::from_be_bytes)
+}
+
+/// This build's schema version as stored.
+pub fn version_bytes() -> [u8; 4] {
+    SCHEMA_VERSION.to_be_bytes()
+}
+
 /// The journal generation named by the last checkpoint (0: none yet).
 pub fn wal_generation(meta: &std::collections::BTreeMap<String, Vec<u8>>) -> u64 {
     meta.get(K_WAL)

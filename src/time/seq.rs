@@ -3,9 +3,14 @@
 //! A sliding window of the last [`SEQ_WINDOW`] numbers below the highest seen,
 //! as a bitmap: bounded memory, tolerant of reordering inside the window. A
 //! number far below the window (a device reboot restarting its counter) starts
-//! a fresh window instead of being dropped.
+//! a fresh window instead of being dropped, and so does a number already seen
+//! whose device timestamp is later than every timestamp seen in the window: a
+//! redelivery carries its original's timestamp, which was seen, so that is a
+//! counter restarted by a reboot before it reached the window's size.
 
 use serde::{Deserialize, Serialize};
+
+use crate::model::Millis;
 
 /// Numbers remembered below the highest one.
 pub const SEQ_WINDOW: u64 = 1024;
@@ -40,6 +45,9 @@ pub struct SeqWindow {
     /// `None` in state written before missing readings were counted.
     #[serde(default)]
     lo: Option<u64>,
+    /// Latest device timestamp seen since the window (re)started (None: none).
+    #[serde(default)]
+    max_ts: Option<Millis>,
 }
 
 impl SeqWindow {
@@ -48,11 +56,16 @@ impl SeqWindow {
         self.observe(seq) != Seen::Duplicate
     }
 
-    /// Records `seq`: a duplicate, or new with the gap it opens or closes
-    /// (SPEC §4 "Missing readings").
+    /// Records `seq` of a reading without a device timestamp (see [`SeqWindow::observe_at`]).
     pub fn observe(&mut self, seq: u64) -> Seen {
+        self.observe_at(seq, None)
+    }
+
+    /// Records `seq` of a reading stamped `ts` by the device: a duplicate, or
+    /// new with the gap it opens or closes (SPEC §4 "Missing readings").
+    pub fn observe_at(&mut self, seq: u64, ts: Option<Millis>) -> Seen {
         let Some(hi) = self.hi else {
-            self.restart(seq);
+            self.restart(seq, ts);
             return Seen::New { missing: 0 };
         };
         let lo = *self.lo.get_or_insert(hi);
@@ -60,26 +73,40 @@ impl SeqWindow {
             let gap = seq - hi - 1;
             self.shift(seq - hi);
             self.hi = Some(seq);
+            self.note_ts(ts);
             self.set(0);
             let missing = if gap > MAX_GAP { 0 } else { gap as i64 };
             return Seen::New { missing };
         }
         let d = hi - seq;
         if d >= SEQ_WINDOW {
-            self.restart(seq);
+            self.restart(seq, ts);
             return Seen::New { missing: 0 };
         }
         if self.get(d) {
+            // Seen, but stamped after everything seen: not a redelivery.
+            if matches!((ts, self.max_ts), (Some(t), Some(m)) if t > m) {
+                self.restart(seq, ts);
+                return Seen::New { missing: 0 };
+            }
             return Seen::Duplicate;
         }
+        self.note_ts(ts);
         self.set(d);
         Seen::New {
             missing: if seq > lo { -1 } else { 0 },
         }
     }
 
-    fn restart(&mut self, seq: u64) {
+    fn note_ts(&mut self, ts: Option<Millis>) {
+        if let Some(t) = ts {
+            self.max_ts = Some(self.max_ts.map_or(t, |m| m.max(t)));
+        }
+    }
+
+    fn restart(&mut self, seq: u64, ts: Option<Millis>) {
         self.hi = Some(seq);
+        self.max_ts = ts;
         self.lo = Some(seq);
         self.bits = [0; WORDS];
         self.set(0);
@@ -143,6 +170,64 @@ mod tests {
         assert!(w.check_and_insert(0), "reboot restarts at 0");
         assert!(w.check_and_insert(1));
         assert!(!w.check_and_insert(0));
+    }
+
+    #[test]
+    fn a_reboot_before_the_counter_fills_the_window_is_told_by_the_device_time() {
+        // 15 readings a minute, then a reboot: the counter starts again at 0.
+        for (before, after) in [(1u64, 1u64), (15, 15), (15, 40), (500, 3), (1023, 1023)] {
+            let mut w = SeqWindow::default();
+            let mut t = 1_000;
+            for s in 0..before {
+                t += 4_000;
+                assert_eq!(w.observe_at(s, Some(t)), Seen::New { missing: 0 });
+            }
+            let last = t;
+            // QoS 1 redeliveries of the old stream are still duplicates.
+            for s in 0..before {
+                assert_eq!(
+                    w.observe_at(s, Some(last - 4_000 * (before - 1 - s) as i64)),
+                    Seen::Duplicate
+                );
+            }
+            for s in 0..after {
+                t += 4_000;
+                assert_eq!(
+                    w.observe_at(s, Some(t)),
+                    Seen::New { missing: 0 },
+                    "{before}/{after}: {s}"
+                );
+            }
+            // The new stream's own redeliveries are duplicates again.
+            assert_eq!(w.observe_at(after - 1, Some(t)), Seen::Duplicate);
+            assert_eq!(w.observe_at(0, Some(last + 4_000)), Seen::Duplicate);
+        }
+    }
+
+    #[test]
+    fn a_backfilled_reading_with_a_new_number_does_not_turn_redeliveries_into_reboots() {
+        let mut w = SeqWindow::default();
+        for s in 0..10 {
+            assert_eq!(
+                w.observe_at(s, Some(100_000 + s as i64 * 1000)),
+                Seen::New { missing: 0 }
+            );
+        }
+        // Number 10 carries a reading from long ago (a backfill), then 3 is redelivered.
+        assert_eq!(w.observe_at(10, Some(5_000)), Seen::New { missing: 0 });
+        assert_eq!(w.observe_at(3, Some(103_000)), Seen::Duplicate);
+        assert_eq!(w.observe_at(9, Some(109_000)), Seen::Duplicate);
+    }
+
+    #[test]
+    fn a_late_reading_inside_the_window_is_not_taken_for_a_reboot() {
+        let mut w = SeqWindow::default();
+        assert_eq!(w.observe_at(10, Some(10_000)), Seen::New { missing: 0 });
+        assert_eq!(w.observe_at(12, Some(12_000)), Seen::New { missing: 1 });
+        assert_eq!(w.observe_at(11, Some(11_000)), Seen::New { missing: -1 });
+        assert_eq!(w.observe_at(11, Some(11_000)), Seen::Duplicate);
+        // Without a device timestamp the window alone decides, as before.
+        assert_eq!(w.observe_at(10, None), Seen::Duplicate);
     }
 
     #[test]
@@ -221,6 +306,37 @@ mod tests {
                 let got: BTreeSet<u64> = sent.iter().copied().collect();
                 let expect = (first..=hi).filter(|s| !got.contains(s)).count() as i64;
                 proptest::prop_assert_eq!(missing, expect);
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// Devices rebooting after 1..300 readings (counter back to 0, clock going on),
+        /// some readings backfilled from long ago, QoS 1 redeliveries of any reading of
+        /// the current run: every redelivery is a duplicate, every first delivery is new.
+        #[test]
+        fn redeliveries_are_duplicates_and_readings_after_a_reboot_are_not(
+            runs in proptest::collection::vec(
+                (1u64..300, proptest::collection::vec(proptest::num::u16::ANY, 0..40)), 1..6),
+            backfills in proptest::collection::vec(1u64..300, 0..6),
+            period in 1i64..60_000,
+        ) {
+            let mut w = SeqWindow::default();
+            let mut t = 1_764_480_000_000i64;
+            for (n, redeliver) in runs {
+                let mut sent = Vec::new();
+                for s in 0..n {
+                    t += period;
+                    let ts = if backfills.contains(&s) { t - 86_400_000 } else { t };
+                    proptest::prop_assert_ne!(w.observe_at(s, Some(ts)), Seen::Duplicate, "first delivery of {}", s);
+                    sent.push((s, ts));
+                    if let Some(&p) = redeliver.get(s as usize) {
+                        let (rs, rts) = sent[p as usize % sent.len()];
+                        proptest::prop_assert_eq!(w.observe_at(rs, Some(rts)), Seen::Duplicate, "redelivery of {}", rs);
+                    }
+                }
+                // A reboot: the clock goes on.
+                t += 5_000;
             }
         }
     }

@@ -147,12 +147,13 @@ pub enum Sample {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SkewEstimator {
     /// Oldest first; at most `skew_window` entries.
-    /// On the heap at `skew_window` entries (32 by default) rather than inline
-    /// at the 64 maximum: 2.5 KiB per device, most of it never used.
+    /// On the heap, grown up to `skew_window` entries (32 by default) rather than
+    /// inline at the 64 maximum: 2.5 KiB per device, most of it never used.
     buckets: VecDeque<Bucket>,
     /// Step candidate (renamed from an earlier format; an old one is dropped).
+    /// Boxed: rare, and 56 bytes inline in every device.
     #[serde(default)]
-    step: Option<Candidate>,
+    step: Option<Box<Candidate>>,
     /// Minimum over `buckets`, kept with them (read on every message).
     est: Option<Millis>,
     /// Largest ordinary sample over `buckets`.
@@ -235,8 +236,8 @@ impl SkewEstimator {
             return Sample::Taken;
         }
         let tolerance = self.jitter().max(MIN_SPREAD_MS);
-        let c = match self.step {
-            Some(c) if c.up == up => c.next(offset, arrival, tolerance),
+        let c = match self.step.as_deref() {
+            Some(&c) if c.up == up => c.next(offset, arrival, tolerance),
             _ => Candidate::start(up, offset, arrival),
         };
         if c.confirmed(arrival, window) {
@@ -249,7 +250,10 @@ impl SkewEstimator {
             self.hi = Some(c.run_hi);
             return Sample::Reset;
         }
-        self.step = Some(c);
+        match &mut self.step {
+            Some(b) => **b = c,
+            None => self.step = Some(Box::new(c)),
+        }
         // Held out, but its second still counts, so the window spans what the min filter's would.
         self.put(arrival, None, window);
         Sample::Divergent
@@ -269,9 +273,13 @@ impl SkewEstimator {
                 while self.buckets.len() >= window {
                     self.buckets.pop_front();
                 }
-                // Every device fills the window in time: allocated once, at that size.
-                self.buckets
-                    .reserve_exact(window.saturating_sub(self.buckets.len()));
+                if self.buckets.len() == self.buckets.capacity() {
+                    // Doubling up to the window, never past it: a device heard from a few
+                    // times keeps a few buckets (10 000 of them: 7 MiB at a full window).
+                    let room = self.buckets.len().max(2);
+                    self.buckets
+                        .reserve_exact(room.min(window.saturating_sub(self.buckets.len())));
+                }
                 self.buckets.push_back(Bucket::new(sec, offset));
             }
         }

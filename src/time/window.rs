@@ -94,10 +94,18 @@ impl Stats {
     }
 
     /// Arithmetic mean.
-    #[allow(clippy::cast_precision_loss)]
     pub fn mean(&self) -> f64 {
         self.sum / self.count as f64
     }
+}
+
+/// Inserts with the capacity kept near the length: a device's one or two open
+/// windows and its few metrics would otherwise each take `Vec`'s first four slots.
+fn insert_tight<T>(v: &mut Vec<T>, i: usize, x: T) {
+    if v.len() == v.capacity() {
+        v.reserve_exact((v.len() / 2).max(1));
+    }
+    v.insert(i, x);
 }
 
 /// One open window of one device.
@@ -147,7 +155,7 @@ impl Window {
         for &(m, v) in metrics {
             match self.metrics.binary_search_by_key(&m, |(k, _)| *k) {
                 Ok(i) => self.metrics[i].1.add(t, v),
-                Err(i) => self.metrics.insert(i, (m, Stats::new(t, v))),
+                Err(i) => insert_tight(&mut self.metrics, i, (m, Stats::new(t, v))),
             }
         }
     }
@@ -166,7 +174,7 @@ impl Window {
         for (m, s) in o.metrics {
             match self.metrics.binary_search_by_key(&m, |(k, _)| *k) {
                 Ok(i) => self.metrics[i].1.merge(&s),
-                Err(i) => self.metrics.insert(i, (m, s)),
+                Err(i) => insert_tight(&mut self.metrics, i, (m, s)),
             }
         }
     }
@@ -231,7 +239,7 @@ pub fn apply(
         }
         merged.end = merged.last_event + gap_ms;
         merged.add(t, heartbeat, metrics);
-        windows.insert(first, merged);
+        insert_tight(windows, first, merged);
         return true;
     }
     let mut ws = heapless::Vec::new();
@@ -245,7 +253,7 @@ pub fn apply(
         let i = match windows.binary_search_by_key(&s, |w| w.start) {
             Ok(i) => i,
             Err(i) => {
-                windows.insert(i, Window::new(s, e));
+                insert_tight(windows, i, Window::new(s, e));
                 i
             }
         };

@@ -1,21 +1,20 @@
-//! Drives the engine with a manual clock, as the gateway would.
+//! Drives the engine through the real `Driver` with a manual clock, as the gateway would.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
 
 use tidemark::config;
+use tidemark::driver::Driver;
 use tidemark::engine::{Engine, Now};
-use tidemark::output::{Alert, AlertType, Late, Output, Rejected, WindowResult};
+use tidemark::output::{Alert, AlertType, Late, Output, Rejected, SinkFormat, WindowResult};
 
 /// 2025-11-30T05:20:00Z, a multiple of one minute.
 pub const T0: i64 = 1_764_480_000_000;
 
 pub struct Sim {
-    pub engine: Engine,
+    /// The real driving loop of `run` and `replay` (ticks, batches) around the engine.
+    pub driver: Driver,
     pub now: i64,
-    tick: i64,
-    next_tick: i64,
-    pub out: Vec<Output>,
 }
 
 impl Sim {
@@ -23,32 +22,34 @@ impl Sim {
     pub fn new(toml: &str, start: i64) -> Self {
         let text = format!("[gateway]\nid = \"gw\"\n{toml}");
         let cfg = config::load_str(&text, &BTreeMap::new()).expect("valid test config");
-        let tick = i64::try_from(cfg.tick_interval_ms).unwrap();
-        let mut engine = Engine::new(&cfg);
-        engine.restart_idleness(Now::at(start));
-        Self {
-            engine,
-            now: start,
-            tick,
-            next_tick: start + tick,
-            out: Vec::new(),
-        }
+        let mut driver = Driver::new(Engine::new(&cfg.engine()), &cfg, SinkFormat::Json, None);
+        driver.start(Now::at(start));
+        Self { driver, now: start }
+    }
+
+    pub fn engine(&self) -> &Engine {
+        self.driver.engine()
+    }
+
+    pub fn engine_mut(&mut self) -> &mut Engine {
+        self.driver.engine_mut()
+    }
+
+    /// Every output so far, in emission order.
+    pub fn out(&self) -> &[Output] {
+        &self.driver.outputs
     }
 
     /// Moves the clock to `t`, running every tick due on the way.
     pub fn advance(&mut self, t: i64) {
-        while self.next_tick <= t {
-            self.engine.on_tick(Now::at(self.next_tick), &mut self.out);
-            self.next_tick += self.tick;
-        }
+        self.driver.ticks_until(Now::at(t));
         self.now = self.now.max(t);
     }
 
-    /// Delivers a message arriving at `at`.
+    /// Delivers a message arriving at `at` (the ticks due before it first).
     pub fn send(&mut self, at: i64, topic: &str, payload: &str) {
-        self.advance(at);
-        self.engine
-            .on_message(topic, payload.as_bytes(), Now::at(at), &mut self.out);
+        self.driver.message(Now::at(at), topic, payload.as_bytes());
+        self.now = self.now.max(at);
     }
 
     /// A reading of `device` in `group` with device timestamp `ts`.
@@ -66,7 +67,7 @@ impl Sim {
     }
 
     pub fn windows(&self) -> Vec<&WindowResult> {
-        self.out
+        self.out()
             .iter()
             .filter_map(|o| match o {
                 Output::Window(w) => Some(w),
@@ -83,7 +84,7 @@ impl Sim {
     }
 
     pub fn late(&self) -> Vec<&Late> {
-        self.out
+        self.out()
             .iter()
             .filter_map(|o| match o {
                 Output::Late(l) => Some(l),
@@ -93,7 +94,7 @@ impl Sim {
     }
 
     pub fn rejected(&self) -> Vec<&Rejected> {
-        self.out
+        self.out()
             .iter()
             .filter_map(|o| match o {
                 Output::Rejected(r) => Some(r),
@@ -103,7 +104,7 @@ impl Sim {
     }
 
     pub fn alerts(&self, kind: AlertType) -> Vec<&Alert> {
-        self.out
+        self.out()
             .iter()
             .filter_map(|o| match o {
                 Output::Alert(a) if a.kind == kind => Some(a),
@@ -113,7 +114,7 @@ impl Sim {
     }
 
     pub fn statuses(&self, device: &str) -> Vec<bool> {
-        self.out
+        self.out()
             .iter()
             .filter_map(|o| match o {
                 Output::Status {

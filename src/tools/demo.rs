@@ -11,10 +11,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::clock::SystemClock;
-use super::link::{self, Event, LinkOptions};
 use crate::config::Endpoint;
 use crate::model::Millis;
+use crate::sys::clock::SystemClock;
+use crate::sys::link::{self, Event, LinkOptions};
 
 /// What to show, for how long.
 #[derive(Debug, Clone)]
@@ -44,7 +44,7 @@ const GROUPS: [&str; 3] = ["hall", "lab", "yard"];
 const FAST_MS: Millis = 17 * 60_000;
 const WILD_MS: Millis = 2 * 3_600_000;
 
-fn config(dir: &Path, port: u16) -> String {
+fn config(dir: &Path, port: u16, http: u16) -> String {
     format!(
         r#"# tidemark demo: embedded broker, calibrated clocks, 10 s windows.
 [gateway]
@@ -70,9 +70,24 @@ heartbeat_timeout_ms = 8000
 allowed_lateness_ms = 2000
 [metrics]
 interval_s = 1
+listen = "127.0.0.1:{http}"
 "#,
         state = dir.join("state").display()
     )
+}
+
+/// The gateway's `/readyz` answers 200: state restored, source subscribed.
+fn ready(http: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", http)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let mut head = [0u8; 12];
+    s.write_all(b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .is_ok()
+        && s.read_exact(&mut head).is_ok()
+        && head.ends_with(b" 200")
 }
 
 fn simulate_args(port: u16) -> Vec<String> {
@@ -394,15 +409,15 @@ impl Drop for Children {
 }
 
 /// Runs the demo until Ctrl-C or `duration_s`.
-#[allow(clippy::too_many_lines)]
 pub fn run(o: &DemoOptions) -> Result<(), DemoError> {
     let exe = std::env::current_exe()?;
     let clock = SystemClock::new();
     let dir = std::env::temp_dir().join(format!("tidemark-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let port = free_port()?;
+    let http = free_port()?;
     let cfg = dir.join("demo.toml");
-    std::fs::write(&cfg, config(&dir, port))?;
+    std::fs::write(&cfg, config(&dir, port, http))?;
     let log = dir.join("gateway.log");
     let gateway = Command::new(&exe)
         .args(["run", "--config"])
@@ -419,7 +434,7 @@ pub fn run(o: &DemoOptions) -> Result<(), DemoError> {
     };
     let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
     let up_by = clock.mono() + 20_000;
-    while !log_text().contains("source subscribed") {
+    while !ready(http) {
         if let Ok(Some(status)) = kids.gateway.try_wait() {
             return Err(DemoError::Gateway(
                 format!("exited with {status}"),
@@ -476,7 +491,7 @@ pub fn run(o: &DemoOptions) -> Result<(), DemoError> {
     let mut view = View::default();
     let mut out = std::io::stdout();
     let failed = rt.block_on(async {
-        let stop = super::shutdown_signal();
+        let stop = crate::sys::shutdown_signal();
         tokio::pin!(stop);
         let mut tick = tokio::time::interval(Duration::from_millis(1000));
         let mut last_status = 0;

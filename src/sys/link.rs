@@ -13,13 +13,15 @@ use crate::config::Endpoint;
 /// (rumqttc would otherwise drop the connection and the broker redeliver forever).
 pub const MAX_INCOMING_PACKET: usize = 1024 * 1024;
 
-/// A received message whose acknowledgement is held until its commit.
-#[derive(Debug, Clone)]
+/// A received message whose acknowledgement is held until its commit: only its
+/// packet id and QoS, what the acknowledgement is made of (holding the whole packet
+/// kept its payload, and the read buffer the payload points into, alive until the commit).
+#[derive(Debug, Clone, Copy)]
 pub enum Held {
     /// MQTT 3.1.1.
-    V4(Box<rumqttc::Publish>),
+    V4(u16, rumqttc::QoS),
     /// MQTT 5.
-    V5(Box<rumqttc::v5::mqttbytes::v5::Publish>),
+    V5(u16, rumqttc::v5::mqttbytes::QoS),
 }
 
 /// What the event loop reported.
@@ -29,6 +31,9 @@ pub enum Event {
     Connected {
         /// Session present flag of the CONNACK.
         session_present: bool,
+        /// The broker's Receive Maximum (MQTT 5; absent: 65 535): publishes it
+        /// takes unacknowledged at once, which caps the client's in-flight window.
+        receive_max: Option<u16>,
     },
     /// An application message.
     Message {
@@ -93,23 +98,58 @@ pub enum Loop {
 /// Errors of a link (all transient for the caller: it reconnects with backoff).
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
-    /// Connection-level failure.
-    #[error("{0}")]
-    Connection(String),
-    /// A request could not be queued.
+    /// Connection-level failure (MQTT 3.1.1).
+    #[error(transparent)]
+    Connection(Box<rumqttc::ConnectionError>),
+    /// Connection-level failure (MQTT 5).
+    #[error(transparent)]
+    Connection5(Box<rumqttc::v5::ConnectionError>),
+    /// A request could not be queued (MQTT 3.1.1).
     #[error("request not queued: {0}")]
-    Request(String),
+    Request(#[source] Box<rumqttc::ClientError>),
+    /// A request could not be queued (MQTT 5).
+    #[error("request not queued: {0}")]
+    Request5(#[source] Box<rumqttc::v5::ClientError>),
+    /// An ack for a message of the other protocol's link.
+    #[error("ack on a link of another protocol")]
+    Protocol,
     /// TLS material could not be read.
-    #[error("{0}")]
-    Tls(String),
+    #[error("reading {path}: {source}")]
+    Tls {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
 }
+
+// Boxed: the rumqttc errors are large, and every link call returns them.
+macro_rules! boxed_from {
+    ($($t:ty => $v:ident),*) => {$(
+        impl From<$t> for LinkError {
+            fn from(e: $t) -> Self {
+                LinkError::$v(Box::new(e))
+            }
+        }
+    )*};
+}
+
+boxed_from!(
+    rumqttc::ConnectionError => Connection,
+    rumqttc::v5::ConnectionError => Connection5,
+    rumqttc::ClientError => Request,
+    rumqttc::v5::ClientError => Request5
+);
 
 fn tls(ep: &Endpoint) -> Result<Option<Transport>, LinkError> {
     if !ep.tls {
         return Ok(None);
     }
     let read = |p: &std::path::Path| {
-        std::fs::read(p).map_err(|e| LinkError::Tls(format!("reading {}: {e}", p.display())))
+        std::fs::read(p).map_err(|source| LinkError::Tls {
+            path: p.to_path_buf(),
+            source,
+        })
     };
     // No silent "insecure" mode: server certificates are always verified, against
     // `ca_file` or the system roots.
@@ -192,10 +232,6 @@ pub fn build(o: &LinkOptions<'_>) -> Result<(Client, Loop), LinkError> {
     }
 }
 
-fn req(e: impl std::fmt::Display) -> LinkError {
-    LinkError::Request(e.to_string())
-}
-
 impl Client {
     /// Queues a subscription to every filter at `qos`.
     pub fn subscribe(&self, filters: &[String], qos: u8) -> Result<(), LinkError> {
@@ -207,12 +243,12 @@ impl Client {
                         .iter()
                         .map(|f| rumqttc::SubscribeFilter::new(f.clone(), q)),
                 )
-                .map_err(req)
+                .map_err(LinkError::from)
             }
             Client::V5(c) => {
                 let q = qos5(qos);
                 c.try_subscribe_many(filters.iter().map(|f| filter5(f.clone(), q)))
-                    .map_err(req)
+                    .map_err(LinkError::from)
             }
         }
     }
@@ -228,13 +264,13 @@ impl Client {
                         .map(|f| rumqttc::SubscribeFilter::new(f, q)),
                 )
                 .await
-                .map_err(req)
+                .map_err(LinkError::from)
             }
             Client::V5(c) => {
                 let q = qos5(qos);
                 c.subscribe_many(filters.into_iter().map(|f| filter5(f, q)))
                     .await
-                    .map_err(req)
+                    .map_err(LinkError::from)
             }
         }
     }
@@ -250,10 +286,10 @@ impl Client {
         match self {
             Client::V4(c) => c
                 .try_publish(topic, qos4(qos), retain, payload)
-                .map_err(req),
+                .map_err(LinkError::from),
             Client::V5(c) => c
                 .try_publish(topic, qos5(qos), retain, payload)
-                .map_err(req),
+                .map_err(LinkError::from),
         }
     }
 
@@ -268,30 +304,38 @@ impl Client {
             Client::V4(c) => c
                 .publish(topic, qos4(qos), false, payload)
                 .await
-                .map_err(req),
+                .map_err(LinkError::from),
             Client::V5(c) => c
                 .publish(topic, qos5(qos), false, payload)
                 .await
-                .map_err(req),
+                .map_err(LinkError::from),
         }
     }
 
     /// Sends the ack of a held message (waits for room in the request channel).
     pub async fn ack(&self, held: &Held) -> Result<(), LinkError> {
         match (self, held) {
-            (Client::V4(c), Held::V4(p)) => c.ack(p).await.map_err(req),
-            (Client::V5(c), Held::V5(p)) => c.ack(p).await.map_err(req),
-            _ => Err(LinkError::Request(
-                "ack on a link of another protocol".into(),
-            )),
+            // The client builds the acknowledgement from the QoS and packet id alone.
+            (Client::V4(c), &Held::V4(pkid, qos)) => {
+                let mut p = rumqttc::Publish::new("", qos, Vec::new());
+                p.pkid = pkid;
+                c.ack(&p).await.map_err(LinkError::from)
+            }
+            (Client::V5(c), &Held::V5(pkid, qos)) => {
+                let mut p =
+                    rumqttc::v5::mqttbytes::v5::Publish::new("", qos, bytes::Bytes::new(), None);
+                p.pkid = pkid;
+                c.ack(&p).await.map_err(LinkError::from)
+            }
+            _ => Err(LinkError::Protocol),
         }
     }
 
     /// Queues a clean disconnect.
     pub fn disconnect(&self) -> Result<(), LinkError> {
         match self {
-            Client::V4(c) => c.try_disconnect().map_err(req),
-            Client::V5(c) => c.try_disconnect().map_err(req),
+            Client::V4(c) => c.try_disconnect().map_err(LinkError::from),
+            Client::V5(c) => c.try_disconnect().map_err(LinkError::from),
         }
     }
 }
@@ -329,11 +373,13 @@ impl Loop {
                 match l.poll().await {
                     Ok(E::Incoming(Packet::ConnAck(c))) => Ok(Event::Connected {
                         session_present: c.session_present,
+                        receive_max: None,
                     }),
                     Ok(E::Incoming(Packet::Publish(p))) => Ok(Event::Message {
                         topic: p.topic.clone(),
                         payload: p.payload.clone(),
-                        held: (p.qos != rumqttc::QoS::AtMostOnce).then(|| Held::V4(Box::new(p))),
+                        held: (p.qos != rumqttc::QoS::AtMostOnce)
+                            .then_some(Held::V4(p.pkid, p.qos)),
                     }),
                     Ok(E::Incoming(Packet::PubAck(_))) => Ok(Event::PubAck {
                         ok: true,
@@ -347,7 +393,7 @@ impl Loop {
                             .count(),
                     }),
                     Ok(_) => Ok(Event::Other),
-                    Err(e) => Err(LinkError::Connection(e.to_string())),
+                    Err(e) => Err(e.into()),
                 }
             }
             Loop::V5(l) => {
@@ -356,12 +402,13 @@ impl Loop {
                 match l.poll().await {
                     Ok(E::Incoming(Packet::ConnAck(c))) => Ok(Event::Connected {
                         session_present: c.session_present,
+                        receive_max: c.properties.as_ref().and_then(|p| p.receive_max),
                     }),
                     Ok(E::Incoming(Packet::Publish(p))) => Ok(Event::Message {
                         topic: String::from_utf8_lossy(&p.topic).into_owned(),
                         payload: p.payload.clone(),
                         held: (p.qos != rumqttc::v5::mqttbytes::QoS::AtMostOnce)
-                            .then(|| Held::V5(Box::new(p))),
+                            .then_some(Held::V5(p.pkid, p.qos)),
                     }),
                     Ok(E::Incoming(Packet::PubAck(a))) => Ok(Event::PubAck {
                         ok: matches!(
@@ -383,7 +430,7 @@ impl Loop {
                             .count(),
                     }),
                     Ok(_) => Ok(Event::Other),
-                    Err(e) => Err(LinkError::Connection(e.to_string())),
+                    Err(e) => Err(e.into()),
                 }
             }
         }

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::clock::SystemClock;
-use super::link::{self, Event, LinkOptions};
 use crate::config::{Endpoint, parse_url};
 use crate::sim::{Fleet, SimConfig, Tally};
+use crate::sys::clock::SystemClock;
+use crate::sys::link::{self, Event, LinkOptions};
 
 /// How to publish.
 #[derive(Debug, Clone)]
@@ -76,7 +76,6 @@ struct Conn {
 }
 
 /// Publishes until `count`, `duration_s` or Ctrl-C; returns the summary.
-#[allow(clippy::too_many_lines)]
 pub fn run(o: &SimulateOptions, fleet: SimConfig) -> Result<Summary, SimulateError> {
     let (tls, host, port) = parse_url(&o.url).map_err(SimulateError::Url)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -158,7 +157,7 @@ pub fn run(o: &SimulateOptions, fleet: SimConfig) -> Result<Summary, SimulateErr
         {
             let stop = stop.clone();
             tokio::spawn(async move {
-                super::shutdown_signal().await;
+                crate::sys::shutdown_signal().await;
                 stop.store(true, Ordering::Relaxed);
             });
         }

@@ -14,8 +14,6 @@ use std::sync::mpsc::Receiver;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::clock::SystemClock;
-use super::link::Held;
 use super::sink::SinkMsg;
 use super::{Shared, StoreJob};
 use crate::engine::Engine;
@@ -24,6 +22,8 @@ use crate::model::Millis;
 use crate::store::schema::{K_WAL, wal_generation};
 use crate::store::wal::Wal;
 use crate::store::{Batch, OutboxEntry, Store, StoreError};
+use crate::sys::clock::SystemClock;
+use crate::sys::link::Held;
 
 /// Work for the ack task.
 #[derive(Debug)]
@@ -116,12 +116,12 @@ impl Durable {
             let r = decode_record(&body).map_err(|detail| StoreError::Corrupt {
                 path: path.clone(),
                 table: "journal",
-                detail,
+                source: detail.into(),
             })?;
             journal::apply(engine, &r.ops, &mut scratch).map_err(|e| StoreError::Corrupt {
                 path: path.clone(),
                 table: "journal",
-                detail: e.to_string(),
+                source: e.into(),
             })?;
             batch.folded.extend(r.outputs);
             batch.delivered = batch.delivered.max(r.delivered);
@@ -342,7 +342,7 @@ pub fn run(
             match durable.checkpoint(&mut batch) {
                 Ok(_) => break,
                 Err(e) if e.is_io() => {
-                    outage.wait(&e, &durable, &shared, &sink, &rx, &mut queued)?
+                    outage.wait(e, &durable, &shared, &sink, &rx, &mut queued)?
                 }
                 Err(e) => return Err(e),
             }
@@ -365,7 +365,7 @@ pub fn run(
             match r {
                 Ok(v) => break (delivered, v),
                 Err(e) if e.is_io() => {
-                    outage.wait(&e, &durable, &shared, &sink, &rx, &mut queued)?
+                    outage.wait(e, &durable, &shared, &sink, &rx, &mut queued)?
                 }
                 Err(e) => return Err(e),
             }
@@ -454,7 +454,7 @@ impl Outage {
     /// only when the gateway is stopping.
     fn wait(
         &mut self,
-        e: &StoreError,
+        e: StoreError,
         durable: &Durable,
         shared: &Shared,
         sink: &UnboundedSender<SinkMsg>,
@@ -497,7 +497,7 @@ impl Outage {
                 tracing::error!(
                     "stopping while the state store cannot commit: input since the last commit stays with the source broker (acks were held)"
                 );
-                return Err(StoreError::Io(detail));
+                return Err(e);
             }
             let left = until.saturating_sub(self.clock.mono());
             if left <= 0 {
@@ -509,8 +509,10 @@ impl Outage {
         }
         // redb refuses every call after an I/O error until it is opened again;
         // a journal error leaves it as it was.
-        if matches!(e, StoreError::Io(_))
-            && let Err(e) = durable.store.reopen()
+        if matches!(
+            e,
+            StoreError::Io(_) | StoreError::Closed | StoreError::Reopen { .. }
+        ) && let Err(e) = durable.store.reopen()
         {
             tracing::debug!(error = %e, "reopening the state file");
         }
@@ -537,217 +539,4 @@ impl Outage {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::driver::Driver;
-    use crate::engine::Now;
-    use crate::output::SinkFormat;
-    use proptest::prelude::*;
-    use std::collections::BTreeMap;
-
-    const T0: i64 = 1_764_480_000_000;
-
-    #[derive(Debug, Clone)]
-    enum Step {
-        /// (device, seq, event offset from arrival, gap before it)
-        Msg(u8, u16, i64, i64),
-        /// Quiet time: ticks only.
-        Quiet(i64),
-        /// Source reconnect: idleness restart.
-        Reconnect,
-        Commit,
-        Checkpoint,
-    }
-
-    fn step() -> impl Strategy<Value = Step> {
-        prop_oneof![
-            8 => (0u8..6, 0u16..40, -90_000i64..3_000, 0i64..3_000)
-                .prop_map(|(d, s, o, g)| Step::Msg(d, s, o, g)),
-            2 => (0i64..200_000).prop_map(Step::Quiet),
-            1 => Just(Step::Reconnect),
-            3 => Just(Step::Commit),
-            1 => Just(Step::Checkpoint),
-        ]
-    }
-
-    fn cfg() -> crate::config::Config {
-        crate::config::load_str(
-            "[gateway]\nid = \"gw\"\ncommit_interval_ms = 1000\n[group_defaults]\nidle_timeout_ms = 5000\nheartbeat_timeout_ms = 20000\nallowed_lateness_ms = 10000\nwindow = { kind = \"tumbling\", size_ms = 10000 }\n[groups.g1]\nwindow = { kind = \"session\", gap_ms = 4000 }\n",
-            &BTreeMap::new(),
-        )
-        .unwrap()
-    }
-
-    fn open(dir: &std::path::Path, cfg: &crate::config::Config) -> (Durable, Driver, usize) {
-        let (store, snap) = Store::open(dir, 1000).unwrap();
-        let mut e = Engine::new(cfg);
-        e.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
-        e.restore_clock(snap.gateway_clock);
-        e.restore_sparkplug(snap.sparkplug);
-        let (d, n) = Durable::recover(store, dir, &snap.meta, &mut e).unwrap();
-        (
-            d,
-            Driver::new(e, cfg, SinkFormat::Json, None).with_journal(),
-            n,
-        )
-    }
-
-    fn state(e: &Engine) -> String {
-        let mut s = format!("{:?}\n{:?}\n", e.counters(), e.metric_names());
-        for g in e.groups() {
-            s += &format!("{g:?}\n");
-            for d in e.group_devices(&g.name) {
-                s += &format!("{d:?}\n");
-            }
-        }
-        s
-    }
-
-    fn run_steps(d: &mut Durable, drv: &mut Driver, steps: &[Step], at: &mut i64) -> Vec<String> {
-        let mut out = Vec::new();
-        for s in steps {
-            match s {
-                Step::Msg(dev, seq, off, gap) => {
-                    *at += gap;
-                    let p = format!(r#"{{"ts": {}, "seq": {seq}, "v": {dev}}}"#, *at + off);
-                    let topic = format!("sensors/g{}/d{dev}/reading", dev % 2);
-                    drv.message(Now::at(*at), &topic, p.as_bytes());
-                }
-                Step::Quiet(ms) => {
-                    *at += ms;
-                    drv.ticks_until(Now::at(*at));
-                }
-                Step::Reconnect => drv.start(Now::at(*at)),
-                Step::Commit | Step::Checkpoint => {
-                    let mut b = if matches!(s, Step::Commit) {
-                        drv.take_journal(Now::at(*at))
-                    } else {
-                        drv.take_checkpoint(Now::at(*at))
-                    };
-                    out.extend(
-                        b.outputs
-                            .iter()
-                            .map(|o| format!("{} {:?}", o.topic, o.payload)),
-                    );
-                    d.write(&mut b, 0).unwrap();
-                }
-            }
-        }
-        out
-    }
-
-    #[test]
-    fn delivered_outputs_leave_memory_and_the_rest_stay_readable() {
-        let cfg = cfg();
-        let dir = tempfile::tempdir().unwrap();
-        let (mut d, _, _) = open(dir.path(), &cfg);
-        let entry = |i: u64| OutboxEntry {
-            topic: format!("t/{i}"),
-            payload: vec![1],
-            retain: false,
-            at: T0,
-        };
-        for b in 0..3u64 {
-            let mut batch = Batch {
-                outputs: (0..10).map(|i| entry(b * 10 + i)).collect(),
-                journal: Some(Vec::new()),
-                ..Batch::default()
-            };
-            d.write(&mut batch, 0).unwrap();
-        }
-        let first = d.store.next_seq() - 30;
-        // The sink acknowledged the first 25.
-        d.forget_delivered(first + 25);
-        assert_eq!(d.store.unfolded().lock().unwrap().len(), 5);
-        let reader = d.store.reader();
-        let left = reader.outbox_after(Some(first + 24), 100).unwrap();
-        let topics: Vec<_> = left.iter().map(|(_, e)| e.topic.as_str()).collect();
-        assert_eq!(topics, ["t/25", "t/26", "t/27", "t/28", "t/29"]);
-        drop(reader);
-        assert_eq!(d.depth(first + 25).0, 5);
-        // A crash now: the journal file still holds them all; the delivered mark written
-        // with the next record keeps the acknowledged ones from coming back.
-        d.write(
-            &mut Batch {
-                journal: Some(Vec::new()),
-                ..Batch::default()
-            },
-            first + 25,
-        )
-        .unwrap();
-        drop(d);
-        let (d, _, _) = open(dir.path(), &cfg);
-        let topics: Vec<_> = d
-            .store
-            .outbox_after(None, 100)
-            .unwrap()
-            .into_iter()
-            .map(|(_, e)| e.topic)
-            .collect();
-        assert_eq!(topics, ["t/25", "t/26", "t/27", "t/28", "t/29"]);
-    }
-
-    #[test]
-    fn a_journal_left_beside_a_new_state_file_is_not_replayed() {
-        let cfg = cfg();
-        let dir = tempfile::tempdir().unwrap();
-        let (mut d, mut drv, _) = open(dir.path(), &cfg);
-        drv.start(Now::at(T0));
-        let steps: Vec<Step> = (0..40)
-            .map(|i| Step::Msg(i % 6, u16::from(i), 0, 500))
-            .chain([Step::Commit])
-            .collect();
-        let mut at = T0;
-        run_steps(&mut d, &mut drv, &steps, &mut at);
-        drop(d);
-        let (_, again, replayed) = open(dir.path(), &cfg);
-        assert!(replayed > 0);
-        assert_eq!(state(again.engine()), state(drv.engine()));
-        // The operator removes the state file but not the journal.
-        std::fs::remove_file(Store::file(dir.path())).unwrap();
-        let (_, fresh, replayed) = open(dir.path(), &cfg);
-        assert_eq!(replayed, 0);
-        assert_eq!(fresh.engine().groups().count(), 0);
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
-
-        /// A crash right after any commit: checkpoint + journal rebuild exactly the
-        /// committed engine state, and the restored gateway goes on exactly as the
-        /// original would.
-        #[test]
-        fn journal_replay_after_a_crash_rebuilds_the_committed_state(
-            before in prop::collection::vec(step(), 1..120),
-            after in prop::collection::vec(step(), 0..60),
-        ) {
-            let cfg = cfg();
-            let dir = tempfile::tempdir().unwrap();
-            let (mut d, mut drv, _) = open(dir.path(), &cfg);
-            let mut at = T0;
-            drv.start(Now::at(at));
-            run_steps(&mut d, &mut drv, &before, &mut at);
-            // Whatever is not committed yet is lost in the crash (its acks were never sent).
-            let mut b = drv.take_journal(Now::at(at));
-            d.write(&mut b, 0).unwrap();
-            let committed = state(drv.engine());
-            drop(d);
-            let (mut d2, mut drv2, _) = open(dir.path(), &cfg);
-            prop_assert_eq!(&state(drv2.engine()), &committed);
-            // The original goes on with the same driver clock as the restored one.
-            let (mut d1, mut drv1) = {
-                let dir1 = tempfile::tempdir().unwrap();
-                let (d1, _, _) = open(dir1.path(), &cfg);
-                std::mem::forget(dir1);
-                (d1, drv)
-            };
-            drv2.start(Now::at(at));
-            drv1.start(Now::at(at));
-            let mut at1 = at;
-            let o1 = run_steps(&mut d1, &mut drv1, &after, &mut at1);
-            let o2 = run_steps(&mut d2, &mut drv2, &after, &mut at);
-            prop_assert_eq!(o1, o2);
-            prop_assert_eq!(state(drv1.engine()), state(drv2.engine()));
-        }
-    }
-}
+mod tests;

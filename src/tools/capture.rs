@@ -8,11 +8,9 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
-use base64::Engine as _;
-
-use super::clock::{Backoff, SystemClock};
-use super::link::{self, Event, LinkOptions};
 use crate::config::{Endpoint, parse_url};
+use crate::sys::clock::{Backoff, SystemClock};
+use crate::sys::link::{self, Event, LinkOptions};
 
 /// What to record.
 pub struct CaptureOptions<'a> {
@@ -43,28 +41,6 @@ pub enum CaptureError {
     /// The link could not be built.
     #[error(transparent)]
     Link(#[from] link::LinkError),
-}
-
-/// One capture line for a message that arrived at `now`.
-pub fn line(now: crate::engine::Now, topic: &str, payload: &[u8]) -> String {
-    let json = serde_json::from_slice::<&serde_json::value::RawValue>(payload).ok();
-    let v = match json {
-        Some(raw) => serde_json::json!({
-            "arrival": now.wall,
-            "mono": now.mono,
-            "synced": now.synced,
-            "topic": topic,
-            "payload": raw,
-        }),
-        None => serde_json::json!({
-            "arrival": now.wall,
-            "mono": now.mono,
-            "synced": now.synced,
-            "topic": topic,
-            "payload_b64": base64::engine::general_purpose::STANDARD.encode(payload),
-        }),
-    };
-    v.to_string()
 }
 
 /// Records until SIGINT/SIGTERM, `count` messages or `duration_s`.
@@ -109,7 +85,7 @@ pub fn run(o: &CaptureOptions<'_>) -> Result<u64, CaptureError> {
         let limit = o.duration_s.map_or(Duration::MAX, Duration::from_secs);
         let deadline = tokio::time::sleep(limit.min(Duration::from_secs(100 * 365 * 86_400)));
         tokio::pin!(deadline);
-        let stop = super::shutdown_signal();
+        let stop = crate::sys::shutdown_signal();
         tokio::pin!(stop);
         loop {
             tokio::select! {
@@ -123,7 +99,7 @@ pub fn run(o: &CaptureOptions<'_>) -> Result<u64, CaptureError> {
                         tracing::info!(refused, "capture subscribed");
                     }
                     Ok(Event::Message { topic, payload, .. }) => {
-                        let l = line(clock.now(), &topic, &payload);
+                        let l = crate::replay::Record::of(clock.now(), &topic, &payload).to_line();
                         writeln!(out, "{l}")?;
                         out.flush()?;
                         n += 1;

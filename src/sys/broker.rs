@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 
 /// Starts the broker on background threads; returns once it was spawned.
 #[cfg(feature = "embedded-broker")]
-pub fn start(listen: SocketAddr) -> Result<(), String> {
+pub fn start(listen: SocketAddr) -> Result<(), BrokerError> {
     use rumqttd::{Broker, Config, ConnectionSettings, RouterConfig, ServerSettings};
     let server = ServerSettings {
         name: "tidemark-embedded".into(),
@@ -17,7 +17,7 @@ pub fn start(listen: SocketAddr) -> Result<(), String> {
         next_connection_delay_ms: 1,
         connections: ConnectionSettings {
             connection_timeout_ms: 60_000,
-            max_payload_size: super::link::MAX_INCOMING_PACKET,
+            max_payload_size: crate::sys::link::MAX_INCOMING_PACKET,
             // Acks are held until commit: leave the broker room for a commit's worth.
             max_inflight_count: 10_000,
             auth: None,
@@ -38,8 +38,7 @@ pub fn start(listen: SocketAddr) -> Result<(), String> {
         ..Config::default()
     };
     // Bind first, so a taken port is a clear startup error rather than a log line later.
-    std::net::TcpListener::bind(listen)
-        .map_err(|e| format!("embedded broker cannot listen on {listen}: {e}"))?;
+    std::net::TcpListener::bind(listen).map_err(|source| BrokerError::Listen { listen, source })?;
     let mut broker = Broker::new(config);
     std::thread::Builder::new()
         .name("tidemark-broker".into())
@@ -48,15 +47,37 @@ pub fn start(listen: SocketAddr) -> Result<(), String> {
                 tracing::error!(error = %e, "embedded broker stopped");
             }
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(BrokerError::Thread)?;
     Ok(())
 }
 
 /// Built without the `embedded-broker` feature.
 #[cfg(not(feature = "embedded-broker"))]
-pub fn start(listen: SocketAddr) -> Result<(), String> {
+pub fn start(listen: SocketAddr) -> Result<(), BrokerError> {
     let _ = HashMap::<(), ()>::new();
-    Err(format!(
+    Err(BrokerError::NotBuilt { listen })
+}
+
+/// Why the embedded broker did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    /// The listen address is taken or not ours.
+    #[error("embedded broker cannot listen on {listen}: {source}")]
+    Listen {
+        /// `broker.listen`.
+        listen: SocketAddr,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// Its thread could not start.
+    #[error("embedded broker thread: {0}")]
+    Thread(#[source] std::io::Error),
+    /// Built without the `embedded-broker` feature.
+    #[error(
         "broker.embedded = true (listen {listen}), but this build has no embedded broker (cargo feature `embedded-broker`)"
-    ))
+    )]
+    NotBuilt {
+        /// `broker.listen`.
+        listen: SocketAddr,
+    },
 }

@@ -1,0 +1,245 @@
+//! Payload decoding (SPEC §3): a JSON object or CBOR map into a [`Decoded`]
+//! value. Bad input is an `Err(DecodeError)` value, never a panic. Fields are
+//! filed straight into a reused output as they stream by: no tree is built,
+//! nothing is allocated on the hot path.
+
+use std::fmt;
+
+use serde::de::DeserializeSeed;
+
+use crate::model::Millis;
+
+use serde::{Deserialize, Serialize};
+
+/// Payload encoding of sensor messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PayloadFormat {
+    /// JSON object.
+    Json,
+    /// CBOR map.
+    Cbor,
+    /// CBOR if the first byte is a CBOR map header, else JSON.
+    Auto,
+}
+
+/// Unit of numeric device timestamps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TimestampUnit {
+    /// Seconds.
+    S,
+    /// Milliseconds.
+    Ms,
+    /// Microseconds.
+    Us,
+    /// Nanoseconds.
+    Ns,
+    /// By magnitude.
+    Auto,
+}
+
+/// Payload decoding settings.
+#[derive(Debug, Clone)]
+pub struct PayloadConfig {
+    /// Encoding.
+    pub format: PayloadFormat,
+    /// Timestamp field name.
+    pub timestamp_field: String,
+    /// Timestamp unit.
+    pub timestamp_unit: TimestampUnit,
+    /// Sequence field name, if duplicate suppression is enabled.
+    pub seq_field: Option<String>,
+}
+
+/// Largest accepted payload.
+pub const MAX_PAYLOAD: usize = 64 * 1024;
+/// Largest number of metric fields in one reading.
+pub const MAX_METRICS: usize = 32;
+/// Longest metric field name.
+pub const MAX_METRIC_NAME: usize = 64;
+
+/// A metric field name, inline.
+pub type MetricName = heapless::String<MAX_METRIC_NAME>;
+
+/// The device timestamp as found in the payload.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum DeviceTs {
+    /// No timestamp field.
+    Missing,
+    /// Present but unusable (detail).
+    Invalid(&'static str),
+    /// Epoch milliseconds (not yet checked against `min_valid_epoch_ms`).
+    Ms(Millis),
+}
+
+/// A decoded payload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decoded {
+    /// Device timestamp.
+    pub ts: DeviceTs,
+    /// Per-device sequence number, when present and a non-negative integer.
+    pub seq: Option<u64>,
+    /// Top-level numeric fields other than timestamp and sequence, in payload order.
+    pub metrics: heapless::Vec<(MetricName, f64), MAX_METRICS>,
+}
+
+/// Why a payload could not be decoded (the `detail` of a `decode_error`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodeError(pub String);
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Decodes payloads according to `[payload]`.
+#[derive(Debug, Clone)]
+pub struct Decoder {
+    format: PayloadFormat,
+    ts_field: String,
+    ts_unit: TimestampUnit,
+    seq_field: Option<String>,
+}
+
+impl Decoder {
+    /// A decoder for the given settings.
+    pub fn new(cfg: &PayloadConfig) -> Self {
+        Self {
+            format: cfg.format,
+            ts_field: cfg.timestamp_field.clone(),
+            ts_unit: cfg.timestamp_unit,
+            seq_field: cfg.seq_field.clone(),
+        }
+    }
+
+    /// Name of the timestamp field.
+    pub fn ts_field(&self) -> &str {
+        &self.ts_field
+    }
+
+    /// Name of the sequence field, if any.
+    pub fn seq_field(&self) -> Option<&str> {
+        self.seq_field.as_deref()
+    }
+
+    /// Decodes one payload.
+    pub fn decode(&self, bytes: &[u8]) -> Result<Decoded, DecodeError> {
+        let mut out = Decoded::default();
+        self.decode_into(bytes, &mut out)?;
+        Ok(out)
+    }
+
+    /// Decodes one payload into `out` (reused: no allocation, no large copies).
+    pub fn decode_into(&self, bytes: &[u8], out: &mut Decoded) -> Result<(), DecodeError> {
+        out.ts = DeviceTs::Missing;
+        out.seq = None;
+        out.metrics.clear();
+        if bytes.len() > MAX_PAYLOAD {
+            return Err(DecodeError(format!(
+                "payload of {} bytes exceeds 64 KiB",
+                bytes.len()
+            )));
+        }
+        let cbor = match self.format {
+            PayloadFormat::Cbor => true,
+            PayloadFormat::Json => false,
+            // Major type 5 (map): 0xa0..=0xbf.
+            PayloadFormat::Auto => bytes.first().is_some_and(|b| b >> 5 == 5),
+        };
+        if cbor {
+            cbor::read_map(bytes, &mut |name, v| self.field(out, name, v))
+                .map_err(|e| DecodeError(format!("cbor: {e}")))
+        } else {
+            let mut de = serde_json::Deserializer::from_slice(bytes);
+            JsonSeed { dec: self, out }
+                .deserialize(&mut de)
+                .and_then(|()| de.end())
+                .map_err(|e| DecodeError(format!("json: {e}")))
+        }
+    }
+
+    /// Files one top-level field.
+    fn field(&self, out: &mut Decoded, name: &str, value: Scalar<'_>) -> Result<(), String> {
+        if name == self.ts_field {
+            out.ts = value.to_ts(self.ts_unit);
+        } else if self.seq_field.as_deref() == Some(name) {
+            out.seq = value.to_seq();
+        } else if let Some(v) = value.to_metric() {
+            if !v.is_finite() {
+                return Err(format!("metric {name:?} is not finite"));
+            }
+            let name = MetricName::try_from(name)
+                .map_err(|_| format!("field name longer than {MAX_METRIC_NAME} bytes"))?;
+            if let Some(slot) = out.metrics.iter_mut().find(|(n, _)| *n == name) {
+                slot.1 = v;
+            } else if out.metrics.push((name, v)).is_err() {
+                return Err(format!("more than {MAX_METRICS} metric fields"));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for Decoded {
+    fn default() -> Self {
+        Self {
+            ts: DeviceTs::Missing,
+            seq: None,
+            metrics: heapless::Vec::new(),
+        }
+    }
+}
+
+/// Deepest nesting accepted inside a payload (deeper is garbage, not data).
+pub const MAX_DEPTH: u32 = 16;
+
+/// A top-level value, as much as decoding needs to know about it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Scalar<'a> {
+    Int(i128),
+    Float(f64),
+    Str(&'a str),
+    Other,
+}
+
+impl Scalar<'_> {
+    fn to_metric(self) -> Option<f64> {
+        match self {
+            Scalar::Int(i) => Some(i as f64),
+            Scalar::Float(f) => Some(f),
+            _ => None,
+        }
+    }
+
+    fn to_seq(self) -> Option<u64> {
+        match self {
+            Scalar::Int(i) => u64::try_from(i).ok(),
+            Scalar::Float(f) if f >= 0.0 && f.fract() == 0.0 && f < 1.8e19 => Some(as_u64(f)),
+            _ => None,
+        }
+    }
+
+    fn to_ts(self, unit: TimestampUnit) -> DeviceTs {
+        match self {
+            Scalar::Int(i) => int_to_ms(i, unit),
+            Scalar::Float(f) => float_to_ms(f, unit),
+            Scalar::Str(s) => parse_rfc3339(s).map_or(
+                DeviceTs::Invalid("unparseable timestamp string"),
+                DeviceTs::Ms,
+            ),
+            Scalar::Other => DeviceTs::Invalid("timestamp is not a number or string"),
+        }
+    }
+}
+
+mod cbor;
+mod json;
+#[cfg(test)]
+mod tests;
+mod timestamp;
+
+use json::JsonSeed;
+use timestamp::as_u64;
+pub use timestamp::{float_to_ms, int_to_ms, parse_rfc3339};

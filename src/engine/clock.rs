@@ -1,0 +1,130 @@
+//! Event time (SPEC §4): the gateway's own clock, device calibration, the time policy.
+
+use super::{Engine, Now};
+use crate::codec::{Decoded, DeviceTs};
+use crate::model::Millis;
+use crate::output::{AlertType, GatewayAlert, Output};
+use crate::time::gateway as gwclock;
+use crate::time::{InvalidPolicy, TimePolicy};
+
+impl Engine {
+    /// Step detection and the consensus rule (SPEC §4); returns `now` on the corrected clock.
+    pub(super) fn observe_clock(&mut self, now: Now, out: &mut Vec<Output>) -> Now {
+        let t = &self.time;
+        let o = self.clock.observe(
+            now.wall,
+            now.mono,
+            now.synced,
+            t.gateway_clock,
+            t.max_skew_ms,
+        );
+        if let Some(delta) = o.step {
+            for di in 0..self.devices.len() {
+                self.devices[di].state.skew.rebase(delta);
+                self.mark_device(di);
+            }
+        }
+        let mut event = o.event;
+        if o.evaluate && self.time.policy == TimePolicy::Calibrated {
+            self.estimates.clear();
+            for d in &self.devices {
+                let idle = self.groups[d.group as usize].cfg.idle_timeout_ms;
+                if let Some(e) = d.state.skew.estimate()
+                    && now.mono.saturating_sub(d.state.last_arrival) < idle
+                {
+                    self.estimates.push(e);
+                }
+            }
+            event = self
+                .clock
+                .judge(&mut self.estimates, now.mono, self.time.max_skew_ms)
+                .or(event);
+        }
+        let corrected = Now {
+            wall: self.clock.correct(now.wall),
+            ..now
+        };
+        if let Some(e) = event {
+            self.counters.alerts += 1;
+            out.push(Output::Gateway(match e {
+                gwclock::Event::Wrong { error, agreeing } => GatewayAlert::Clock {
+                    error_ms: error,
+                    devices_agreeing: agreeing,
+                    at: corrected.wall,
+                },
+                gwclock::Event::Ok => GatewayAlert::ClockOk { at: corrected.wall },
+            }));
+        }
+        corrected
+    }
+
+    /// Event time per `[time] policy`; `Err(detail)` means reject as invalid_timestamp;
+    /// `Ok((t, true))`: timed while the gateway clock is in doubt (moves no watermark).
+    pub(super) fn event_time(
+        &mut self,
+        di: usize,
+        d: &Decoded,
+        now: Now,
+        raw_wall: Millis,
+        out: &mut Vec<Output>,
+    ) -> Result<(Millis, bool), &'static str> {
+        let valid = match d.ts {
+            DeviceTs::Ms(t) if t >= self.time.min_valid_epoch_ms => Ok(t),
+            DeviceTs::Ms(_) => Err("device clock before time.min_valid_epoch_ms (RTC reset?)"),
+            DeviceTs::Missing => Err("timestamp field missing"),
+            DeviceTs::Invalid(why) => Err(why),
+        };
+        let device_ts = match (self.time.policy, valid) {
+            (TimePolicy::Arrival, _) => return Ok((now.wall, false)),
+            (_, Ok(t)) => t,
+            (_, Err(why)) => {
+                return match self.time.invalid {
+                    InvalidPolicy::Arrival => Ok((now.wall, false)),
+                    InvalidPolicy::Reject => Err(why),
+                };
+            }
+        };
+        if self.time.policy == TimePolicy::Device {
+            return Ok((device_ts, false));
+        }
+        let window = self.time.skew_window;
+        let dev = &mut self.devices[di].state;
+        // Estimates are kept against the raw wall clock; `error` maps it onto true time.
+        dev.skew.observe(raw_wall, device_ts, window);
+        let est = dev
+            .skew
+            .estimate()
+            .unwrap_or(0)
+            .saturating_sub(self.clock.error);
+        let skewed = est.abs() > self.time.max_skew_ms;
+        if !skewed {
+            self.clock.seconded();
+        }
+        if skewed && self.clock.unsure() {
+            // Device or gateway wrong, not known yet: the earlier of the two
+            // never puts a reading ahead of true time (see time::gateway).
+            let t = if now.wall < self.time.min_valid_epoch_ms {
+                device_ts
+            } else {
+                device_ts.min(now.wall)
+            };
+            return Ok((t, true));
+        }
+        if skewed != dev.distrusted {
+            dev.distrusted = skewed;
+            let last_seen = dev.max_event;
+            let kind = if skewed {
+                AlertType::ClockSkew
+            } else {
+                AlertType::ClockOk
+            };
+            self.alert(out, di, kind, last_seen, Some(est), now);
+        }
+        let t = if skewed {
+            now.wall
+        } else {
+            device_ts.saturating_add(est)
+        };
+        Ok((t, false))
+    }
+}

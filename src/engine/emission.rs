@@ -1,0 +1,218 @@
+//! A tick: watermarks advance, windows fire and purge, devices go offline.
+
+use std::cmp::Reverse;
+
+use super::{Engine, Now};
+use crate::codec::MetricName;
+use crate::model::{Id, Millis};
+use crate::output::{Alert, AlertType, MetricOut, Output, WindowResult};
+use crate::time::window::Window;
+
+impl Engine {
+    /// Advances processing time: watermarks, firing, purge, liveness.
+    pub fn on_tick(&mut self, now: Now, out: &mut Vec<Output>) {
+        let now = Now {
+            wall: self.clock.tick_wall(now.wall, now.mono),
+            ..now
+        };
+        // A board without RTC before NTP sync: arrival-based decisions are unsafe.
+        self.clock_held = now.wall < self.time.min_valid_epoch_ms;
+        if self.clock_held {
+            return;
+        }
+        let mut visit = std::mem::take(&mut self.visit);
+        for oi in 0..self.group_order.len() {
+            let gi = self.group_order[oi] as usize;
+            let prev = self.groups[gi].state.wm;
+            let wm = self.group_watermark(gi, now);
+            let advanced = wm > prev;
+            if advanced {
+                self.groups[gi].state.wm = wm;
+                self.mark_group(gi);
+            }
+            // Devices changed before the first watermark wait for it.
+            let Some(wm) = wm else { continue };
+            if !advanced && self.groups[gi].pending.is_empty() {
+                continue;
+            }
+            visit.clear();
+            let g = &mut self.groups[gi];
+            for di in g.pending.drain(..) {
+                self.devices[di as usize].pending = false;
+                visit.push(di);
+            }
+            while let Some(&Reverse((at, di))) = g.deadlines.peek()
+                && at <= wm
+            {
+                g.deadlines.pop();
+                let d = &mut self.devices[di as usize];
+                if d.deadline == Some(at) {
+                    d.deadline = None;
+                    visit.push(di);
+                }
+            }
+            // Member (device id) order, as a visit of every member would emit.
+            let devices = &self.devices;
+            visit.sort_unstable_by(|&a, &b| {
+                devices[a as usize]
+                    .state
+                    .id
+                    .cmp(&devices[b as usize].state.id)
+            });
+            visit.dedup();
+            for &di in &visit {
+                self.close_device(gi, di as usize, wm, now, out);
+                self.schedule(gi, di);
+            }
+            #[cfg(debug_assertions)]
+            {
+                let g = &self.groups[gi];
+                for &di in &g.members {
+                    let d = &self.devices[di as usize];
+                    let next = super::heaps::deadline(
+                        &d.state,
+                        g.cfg.allowed_lateness_ms,
+                        g.cfg.heartbeat_timeout_ms,
+                    );
+                    debug_assert!(next.is_none_or(|t| t > wm), "device left behind by a tick");
+                    debug_assert!(d.deadline.is_none_or(|t| next.is_some_and(|n| t <= n)));
+                }
+            }
+            let g = &mut self.groups[gi];
+            if g.deadlines.len() > 2 * g.members.len() + 64 {
+                let devices = &self.devices;
+                g.deadlines = g
+                    .members
+                    .iter()
+                    .filter_map(|&di| devices[di as usize].deadline.map(|t| Reverse((t, di))))
+                    .collect();
+            }
+        }
+        self.visit = visit;
+    }
+
+    /// End of a bounded input (`replay --flush`): every open window with
+    /// unemitted events emits its result now, as a final watermark at +∞
+    /// would, without moving the persisted watermarks or raising alerts.
+    pub fn flush(&mut self, out: &mut Vec<Output>) {
+        for oi in 0..self.group_order.len() {
+            let gi = self.group_order[oi] as usize;
+            for mi in 0..self.groups[gi].members.len() {
+                let di = self.groups[gi].members[mi] as usize;
+                if self.emit_windows(di, Millis::MAX, out) {
+                    self.mark_device(di);
+                }
+            }
+        }
+    }
+
+    /// Emits every window of a device with unemitted events that ends at or before `upto`.
+    pub(super) fn emit_windows(&mut self, di: usize, upto: Millis, out: &mut Vec<Output>) -> bool {
+        let mut emitted = false;
+        let dev = &mut self.devices[di].state;
+        for w in dev.windows.iter_mut().filter(|w| w.dirty && upto >= w.end) {
+            let revision = w.emitted.map_or(0, |r| r + 1);
+            w.emitted = Some(revision);
+            w.dirty = false;
+            emitted = true;
+            self.counters.windows_emitted += 1;
+            out.push(Output::Window(window_result(
+                &self.gateway,
+                &dev.group,
+                &dev.id,
+                w,
+                revision,
+                &self.metric_names,
+            )));
+        }
+        emitted
+    }
+
+    pub(super) fn close_device(
+        &mut self,
+        gi: usize,
+        di: usize,
+        wm: Millis,
+        now: Now,
+        out: &mut Vec<Output>,
+    ) {
+        let (lateness, hb) = (
+            self.groups[gi].cfg.allowed_lateness_ms,
+            self.groups[gi].cfg.heartbeat_timeout_ms,
+        );
+        let mut changed = self.emit_windows(di, wm, out);
+        let dev = &mut self.devices[di].state;
+        let before = dev.windows.len();
+        dev.windows.retain(|w| wm < w.end + lateness);
+        changed |= dev.windows.len() != before;
+        let offline_now = !dev.offline && dev.max_event.is_some_and(|seen| wm >= seen + hb);
+        if offline_now {
+            dev.offline = true;
+            changed = true;
+            let last_seen = dev.max_event;
+            let (group, device) = (dev.group.clone(), dev.id.clone());
+            self.alert(out, di, AlertType::Offline, last_seen, None, now);
+            out.push(Output::Status {
+                group,
+                device,
+                online: false,
+            });
+        }
+        if changed {
+            self.mark_device(di);
+        }
+    }
+
+    pub(super) fn alert(
+        &mut self,
+        out: &mut Vec<Output>,
+        di: usize,
+        kind: AlertType,
+        last_seen: Option<Millis>,
+        offset_ms: Option<Millis>,
+        now: Now,
+    ) {
+        let d = &self.devices[di];
+        let wm = self.groups[d.group as usize].state.wm;
+        self.counters.alerts += 1;
+        out.push(Output::Alert(Alert {
+            kind,
+            group: d.state.group.clone(),
+            device: d.state.id.clone(),
+            last_seen,
+            watermark: wm,
+            offset_ms,
+            at: now.wall,
+        }));
+    }
+}
+
+fn window_result(
+    gateway: &Id,
+    group: &Id,
+    device: &Id,
+    w: &Window,
+    revision: u32,
+    names: &[MetricName],
+) -> WindowResult {
+    WindowResult {
+        id: format!("{group}/{device}/{}/{revision}", w.start),
+        gateway: gateway.clone(),
+        group: group.clone(),
+        device: device.clone(),
+        start: w.start,
+        end: w.end,
+        revision,
+        count: w.count,
+        heartbeats: w.heartbeats,
+        metrics: w
+            .metrics
+            .iter()
+            .filter_map(|(m, s)| {
+                names
+                    .get(*m as usize)
+                    .map(|n| (n.clone(), MetricOut::from(s)))
+            })
+            .collect(),
+    }
+}

@@ -1,0 +1,234 @@
+//! A message in: topic, payload, duplicate filter, sanity gate, windows, liveness.
+
+use std::cmp::Reverse;
+
+use super::{Engine, MAX_METRIC_NAMES, Now};
+use crate::codec::{Decoded, MetricName};
+use crate::model::{Id, Kind, Millis, Reason};
+use crate::output::{AlertType, Late, Output, Rejected, decoded_fields};
+use crate::time::seq::Seen;
+use crate::time::window::{self, MetricIdx};
+use crate::topic::TopicParts;
+
+impl Engine {
+    pub(super) fn reject(
+        &mut self,
+        out: &mut Vec<Output>,
+        reason: Reason,
+        topic: &str,
+        ids: Option<(&Id, &Id)>,
+        now: Now,
+        detail: String,
+    ) {
+        self.counters.rejected[reason.index()] += 1;
+        out.push(Output::Rejected(Rejected {
+            reason,
+            topic: topic.chars().take(1024).collect(),
+            group: ids.map(|(g, _)| g.clone()),
+            device: ids.map(|(_, d)| d.clone()),
+            arrival: now.wall,
+            detail,
+        }));
+    }
+
+    /// Handles one input message that arrived at `now`.
+    pub fn on_message(&mut self, topic: &str, payload: &[u8], now: Now, out: &mut Vec<Output>) {
+        let raw_wall = now.wall;
+        let now = self.observe_clock(now, out);
+        let mut decoded = self.scratch.take().unwrap_or_default();
+        self.handle(topic, payload, now, raw_wall, &mut decoded, out);
+        self.scratch = Some(decoded);
+    }
+
+    pub(super) fn handle(
+        &mut self,
+        topic: &str,
+        payload: &[u8],
+        now: Now,
+        raw_wall: Millis,
+        decoded: &mut Decoded,
+        out: &mut Vec<Output>,
+    ) {
+        self.counters.received += 1;
+        if self.sparkplug.enabled && crate::sparkplug::is_sparkplug(topic) {
+            return self.sparkplug_message(topic, payload, now, raw_wall, decoded, out);
+        }
+        let parts = match self.pattern.parse_topic(topic) {
+            Ok(p) => p,
+            Err(e) => return self.reject(out, Reason::BadTopic, topic, None, now, e.to_string()),
+        };
+        let ids = Some((&parts.group, &parts.device));
+        if let Err(e) = self.decoder.decode_into(payload, decoded) {
+            return self.reject(out, Reason::DecodeError, topic, ids, now, e.0);
+        }
+        self.apply(topic, parts, decoded, now, raw_wall, None, out);
+    }
+
+    /// One decoded reading or heartbeat of `parts`' device: time, windows,
+    /// liveness. `clock_of`: the device whose clock times it, if not its own.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn apply(
+        &mut self,
+        topic: &str,
+        parts: TopicParts,
+        decoded: &Decoded,
+        now: Now,
+        raw_wall: Millis,
+        clock_of: Option<usize>,
+        out: &mut Vec<Output>,
+    ) {
+        let ids = Some((&parts.group, &parts.device));
+        if let Some(detail) = self.over_device_limit(&parts.group, &parts.device) {
+            return self.reject(out, Reason::BadTopic, topic, ids, now, detail);
+        }
+        let di = self.device_slot(&parts.group, &parts.device);
+        if let Some(seq) = decoded.seq {
+            let dev = &mut self.devices[di].state;
+            let ts = match decoded.ts {
+                crate::codec::DeviceTs::Ms(t) => Some(t),
+                _ => None,
+            };
+            match dev.seq.observe_at(seq, ts) {
+                Seen::Duplicate => {
+                    self.counters.duplicates += 1;
+                    return;
+                }
+                Seen::New { missing } => {
+                    dev.missing = dev.missing.saturating_add_signed(missing);
+                    self.counters.readings_missing = self
+                        .counters
+                        .readings_missing
+                        .saturating_add_signed(missing);
+                }
+            }
+        }
+        self.mark_device(di);
+        // Sparkplug devices share their edge node's clock (SPEC §10).
+        let ci = clock_of.unwrap_or(di);
+        if ci != di {
+            self.mark_device(ci);
+        }
+        let (event, provisional) = match self.event_time(ci, decoded, now, raw_wall, out) {
+            Ok(t) => t,
+            Err(detail) => {
+                return self.reject(
+                    out,
+                    Reason::InvalidTimestamp,
+                    topic,
+                    ids,
+                    now,
+                    detail.into(),
+                );
+            }
+        };
+        if event > now.wall.saturating_add(self.time.max_future_ms) {
+            let detail = format!(
+                "event time {event} is {} ms ahead of the gateway clock",
+                event.saturating_sub(now.wall)
+            );
+            return self.reject(out, Reason::Future, topic, ids, now, detail);
+        }
+        if event < now.wall.saturating_sub(self.time.max_age_ms) {
+            let detail = format!(
+                "event time {event} is {} ms behind the gateway clock",
+                now.wall.saturating_sub(event)
+            );
+            return self.reject(out, Reason::TooOld, topic, ids, now, detail);
+        }
+        // Names are interned only for events that reach the windows.
+        let heartbeat = parts.kind == Kind::Heartbeat;
+        let mut metrics: heapless::Vec<(MetricIdx, f64), { crate::codec::MAX_METRICS }> =
+            heapless::Vec::new();
+        if !heartbeat {
+            for (name, v) in &decoded.metrics {
+                let Some(m) = self.intern(name) else {
+                    let detail = format!("more than {MAX_METRIC_NAMES} distinct metric names");
+                    return self.reject(out, Reason::DecodeError, topic, ids, now, detail);
+                };
+                let _ = metrics.push((m, *v));
+            }
+        }
+        let gi = self.devices[di].group as usize;
+        let (wm, spec, lateness) = {
+            let g = &self.groups[gi];
+            (g.state.wm, g.cfg.window, g.cfg.allowed_lateness_ms)
+        };
+        let dev = &mut self.devices[di].state;
+        if !window::apply(
+            &mut dev.windows,
+            spec,
+            event,
+            wm,
+            lateness,
+            heartbeat,
+            &metrics,
+        ) {
+            self.counters.late += 1;
+            out.push(Output::Late(Late {
+                group: parts.group.clone(),
+                device: parts.device.clone(),
+                event_time: event,
+                watermark: wm,
+                arrival: now.wall,
+                payload: decoded_fields(
+                    self.decoder.ts_field(),
+                    decoded.ts,
+                    self.decoder.seq_field(),
+                    decoded.seq,
+                    &decoded.metrics,
+                ),
+            }));
+            return;
+        }
+        self.counters.accepted += 1;
+        // A reading timed while the gateway clock is in doubt does not move the
+        // watermark: its time may be either clock's error.
+        if !provisional {
+            dev.max_event = Some(dev.max_event.map_or(event, |m| m.max(event)));
+        }
+        dev.last_arrival = now.mono;
+        let (was_offline, announced) = (dev.offline, dev.announced);
+        dev.offline = false;
+        dev.announced = true;
+        let last_seen = dev.max_event;
+        let slot = &mut self.devices[di];
+        if slot.wm_key != last_seen
+            && let Some(max) = last_seen
+        {
+            slot.wm_key = last_seen;
+            self.groups[gi]
+                .maxima
+                .push(Reverse((max, u32::try_from(di).unwrap_or(u32::MAX))));
+        }
+        let g = &mut self.groups[gi];
+        if !provisional {
+            g.state.max_event = Some(g.state.max_event.map_or(event, |m| m.max(event)));
+        }
+        g.state.last_arrival = g.state.last_arrival.max(now.mono);
+        self.mark_group(gi);
+        self.mark_pending(di);
+        if was_offline {
+            self.alert(out, di, AlertType::Online, last_seen, None, now);
+        }
+        if was_offline || !announced {
+            out.push(Output::Status {
+                group: parts.group,
+                device: parts.device,
+                online: true,
+            });
+        }
+    }
+
+    pub(super) fn intern(&mut self, name: &MetricName) -> Option<MetricIdx> {
+        if let Some(&i) = self.metric_index.get(name) {
+            return Some(i);
+        }
+        if self.metric_names.len() >= MAX_METRIC_NAMES {
+            return None;
+        }
+        let i = MetricIdx::try_from(self.metric_names.len()).ok()?;
+        self.metric_names.push(name.clone());
+        self.metric_index.insert(name.clone(), i);
+        Some(i)
+    }
+}

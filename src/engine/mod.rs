@@ -1,0 +1,363 @@
+//! The event-time engine (SPEC §4–§8): pure and deterministic.
+//!
+//! `on_message(topic, payload, now)` and `on_tick(now)` append [`Output`]s and
+//! mark the state they changed; they never touch a socket, a file or a clock.
+//! `run`, `replay` and the tests drive this same code.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+use foldhash::fast::RandomState;
+
+use crate::codec::{Decoded, Decoder, MetricName};
+use crate::model::{Id, Millis};
+use crate::output::Output;
+use crate::time::TimeConfig;
+use crate::time::gateway::GatewayClock;
+use crate::time::window::MetricIdx;
+use crate::topic::TopicPattern;
+
+mod clock;
+mod config;
+mod emission;
+mod heaps;
+mod ingest;
+mod slots;
+mod sparkplug;
+mod state;
+
+pub use config::{EngineConfig, GroupConfig, GroupRules};
+pub use state::{Changes, Counters, Device, Group, GroupStats};
+
+/// The gateway clock at one instant: wall time for arrival stamps, a
+/// monotonic reading for idleness (an NTP step must not make devices idle).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Now {
+    /// Wall clock, epoch ms.
+    pub wall: Millis,
+    /// Monotonic clock, ms from an arbitrary origin.
+    pub mono: Millis,
+    /// The kernel reports the wall clock synchronized (NTP).
+    pub synced: bool,
+}
+
+impl Now {
+    /// Both clocks at the same value, synchronized (virtual time, tests).
+    pub fn at(t: Millis) -> Self {
+        Self {
+            wall: t,
+            mono: t,
+            synced: true,
+        }
+    }
+}
+
+/// Devices tracked at most (memory bound on a small board against runaway or
+/// hostile topics); a message from a device beyond it is rejected `bad_topic`.
+pub const MAX_DEVICES: usize = 100_000;
+
+/// Distinct metric names remembered; beyond this a new name is a decode error.
+pub const MAX_METRIC_NAMES: usize = 4096;
+
+/// Min-heap of (time, device index); entries go stale lazily (see the users).
+type TimeHeap = BinaryHeap<Reverse<(Millis, u32)>>;
+
+struct GroupSlot {
+    state: Group,
+    cfg: GroupConfig,
+    /// Member device indexes, sorted by device id (deterministic output order).
+    members: Vec<u32>,
+    /// Device indexes, hashed by device id (the ids live in the slots).
+    index: hashbrown::HashTable<u32>,
+    /// Members' `max_event`s, for the active minimum of the watermark fold:
+    /// an entry is current while it equals its device's `wm_key`.
+    maxima: TimeHeap,
+    /// `maxima` must be rebuilt from the members (restore, idleness restart).
+    rebuild: bool,
+    /// Monotonic time of the last fold: a member dropped as idle stays idle
+    /// until its next event only while time does not go back (replayed captures may).
+    fold_mono: Millis,
+    /// Members' next deadlines in watermark time (see [`heaps::deadline`]): a tick
+    /// visits only the devices whose deadline the watermark reached, plus
+    /// `pending`. Ticks cost O(changes), not O(members).
+    deadlines: TimeHeap,
+    /// Members changed by input since their last visit.
+    pending: Vec<u32>,
+    dirty: bool,
+}
+
+struct DeviceSlot {
+    state: Device,
+    group: u32,
+    dirty: bool,
+    /// In the group's `pending` list.
+    pending: bool,
+    /// Value of this device's current entry in the group's `maxima`.
+    wm_key: Option<Millis>,
+    /// Value of this device's current entry in the group's `deadlines`.
+    deadline: Option<Millis>,
+}
+
+/// The engine.
+pub struct Engine {
+    gateway: Id,
+    pattern: TopicPattern,
+    decoder: Decoder,
+    time: TimeConfig,
+    /// Settings of groups without an override, and the overrides.
+    group_rules: GroupRules,
+    groups: Vec<GroupSlot>,
+    group_index: HashMap<Id, u32, RandomState>,
+    /// Hashes device ids for the groups' `index`.
+    hasher: RandomState,
+    /// Group indexes sorted by name.
+    group_order: Vec<u32>,
+    devices: Vec<DeviceSlot>,
+    metric_names: Vec<MetricName>,
+    metric_index: HashMap<MetricName, MetricIdx>,
+    persisted_names: usize,
+    counters: Counters,
+    dirty_groups: Vec<u32>,
+    dirty_devices: Vec<u32>,
+    /// The gateway wall clock is implausible: processing time is held.
+    clock_held: bool,
+    /// Judgement of the gateway's own clock (SPEC §4).
+    clock: GatewayClock,
+    /// Reused list of device offset estimates for the consensus.
+    estimates: Vec<Millis>,
+    /// Reused decode buffer (boxed: moved in and out without copying).
+    scratch: Option<Box<Decoded>>,
+    /// Reused list of the devices a tick visits in one group.
+    visit: Vec<u32>,
+    /// Sparkplug B ingest (SPEC §10).
+    sparkplug: sparkplug::State,
+}
+
+impl Engine {
+    /// A fresh engine; `now` starts the idleness clocks.
+    pub fn new(cfg: &EngineConfig) -> Self {
+        Self {
+            gateway: cfg.gateway.clone(),
+            pattern: cfg.pattern.clone(),
+            decoder: Decoder::new(&cfg.payload),
+            time: cfg.time.clone(),
+            group_rules: cfg.groups.clone(),
+            groups: Vec::new(),
+            group_index: HashMap::default(),
+            hasher: RandomState::default(),
+            group_order: Vec::new(),
+            devices: Vec::new(),
+            metric_names: Vec::new(),
+            metric_index: HashMap::new(),
+            persisted_names: 0,
+            counters: Counters::default(),
+            dirty_groups: Vec::new(),
+            dirty_devices: Vec::new(),
+            clock_held: false,
+            clock: GatewayClock::default(),
+            estimates: Vec::new(),
+            scratch: Some(Box::default()),
+            visit: Vec::new(),
+            sparkplug: sparkplug::State::new(&cfg.sparkplug),
+        }
+    }
+
+    /// Restores persisted state (store restore).
+    pub fn restore(
+        &mut self,
+        groups: Vec<Group>,
+        devices: Vec<Device>,
+        metric_names: Vec<MetricName>,
+        counters: Counters,
+    ) {
+        for g in groups {
+            self.group_slot(&g.name.clone());
+            let gi = self.group_index[&g.name] as usize;
+            self.groups[gi].state = g;
+            self.groups[gi].dirty = false;
+        }
+        for d in devices {
+            let di = self.device_slot(&d.group.clone(), &d.id.clone());
+            self.devices[di].state = d;
+            self.devices[di].dirty = false;
+        }
+        for (i, n) in metric_names.iter().enumerate() {
+            self.metric_index
+                .insert(n.clone(), MetricIdx::try_from(i).unwrap_or(MetricIdx::MAX));
+        }
+        self.persisted_names = metric_names.len();
+        self.metric_names = metric_names;
+        self.counters = counters;
+        // Windows changed before the last commit may await their next tick.
+        for di in 0..self.devices.len() {
+            self.mark_pending(di);
+        }
+        for g in &mut self.groups {
+            g.rebuild = true;
+        }
+        self.dirty_groups.clear();
+        self.dirty_devices.clear();
+    }
+
+    /// Restarts idleness clocks (gateway start, source reconnect): nothing is
+    /// idle until it has been silent for `idle_timeout_ms` from now.
+    pub fn restart_idleness(&mut self, now: Now) {
+        for g in &mut self.groups {
+            g.state.last_arrival = now.mono;
+        }
+        for d in &mut self.devices {
+            d.state.last_arrival = now.mono;
+        }
+        // A checkpoint must hold the restarted clocks: a journal after it counts from them.
+        for gi in 0..self.groups.len() {
+            self.mark_group(gi);
+        }
+        for di in 0..self.devices.len() {
+            self.mark_device(di);
+        }
+        // Members dropped from `maxima` as idle are active again.
+        for g in &mut self.groups {
+            g.rebuild = true;
+        }
+    }
+
+    /// Restores the persisted gateway-clock judgement (none: state from before it existed).
+    pub fn restore_clock(&mut self, clock: Option<GatewayClock>) {
+        self.clock = clock.unwrap_or_default();
+    }
+
+    /// A new process: its monotonic clock has a new origin, so a jump of
+    /// wall − mono across it is not a step (see the README's contract notes).
+    pub fn new_clock_origin(&mut self) {
+        self.clock.new_origin();
+    }
+
+    /// The gateway-clock judgement (estimated error, verdict).
+    pub fn gateway_clock(&self) -> &GatewayClock {
+        &self.clock
+    }
+
+    /// Totals.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Nothing can fire on later ticks: no device has a window or liveness
+    /// deadline and no change awaits a visit. Ticks then only move watermarks,
+    /// and one tick at the end leaves the same state as all of them.
+    pub fn settled(&self) -> bool {
+        self.groups.iter().all(|g| g.pending.is_empty())
+            && self.devices.iter().all(|d| d.deadline.is_none())
+    }
+
+    /// Whether processing time is held because the wall clock is implausible.
+    pub fn clock_held(&self) -> bool {
+        self.clock_held
+    }
+
+    /// Groups, in name order.
+    pub fn groups(&self) -> impl Iterator<Item = &Group> {
+        self.group_order
+            .iter()
+            .map(|&i| &self.groups[i as usize].state)
+    }
+
+    /// Devices of a group in id order.
+    pub fn group_devices(&self, group: &str) -> impl Iterator<Item = &Device> {
+        let members = self
+            .group_index
+            .get(group)
+            .map_or(&[][..], |&gi| &self.groups[gi as usize].members[..]);
+        members.iter().map(|&d| &self.devices[d as usize].state)
+    }
+
+    /// A device's state.
+    pub fn device(&self, group: &str, device: &str) -> Option<&Device> {
+        self.lookup(group, device).map(|i| &self.devices[i].state)
+    }
+
+    /// The watermark of a group.
+    pub fn watermark(&self, group: &str) -> Option<Millis> {
+        self.group_index
+            .get(group)
+            .and_then(|&i| self.groups[i as usize].state.wm)
+    }
+
+    /// Interned metric names.
+    pub fn metric_names(&self) -> &[MetricName] {
+        &self.metric_names
+    }
+
+    /// Whether any state changed since the last [`Engine::take_changes`].
+    pub fn has_changes(&self) -> bool {
+        !self.dirty_groups.is_empty()
+            || !self.dirty_devices.is_empty()
+            || self.persisted_names < self.metric_names.len()
+            || self.sparkplug.changed()
+    }
+
+    /// Devices changed since the last [`Engine::take_changes`].
+    pub fn dirty_devices(&self) -> usize {
+        self.dirty_devices.len()
+    }
+
+    /// Per-group liveness at `now` (metrics): devices active, idle and offline.
+    pub fn group_stats(&self, now: Now) -> Vec<GroupStats> {
+        self.group_order
+            .iter()
+            .map(|&gi| {
+                let g = &self.groups[gi as usize];
+                let mut st = GroupStats {
+                    name: g.state.name.clone(),
+                    watermark: g.state.wm,
+                    ..GroupStats::default()
+                };
+                for &di in &g.members {
+                    let d = &self.devices[di as usize].state;
+                    st.missing += d.missing;
+                    if d.offline {
+                        st.offline += 1;
+                    } else if now.mono.saturating_sub(d.last_arrival) >= g.cfg.idle_timeout_ms {
+                        st.idle += 1;
+                    } else {
+                        st.active += 1;
+                    }
+                }
+                st
+            })
+            .collect()
+    }
+
+    /// State changed since the last call, for the store.
+    pub fn take_changes(&mut self) -> Changes {
+        let mut c = Changes {
+            groups: Vec::with_capacity(self.dirty_groups.len()),
+            devices: Vec::with_capacity(self.dirty_devices.len()),
+            metric_names: Vec::new(),
+            counters: self.counters.clone(),
+            clock: self.clock.clone(),
+            sparkplug: self.take_sparkplug_changes(),
+        };
+        for g in self.dirty_groups.drain(..) {
+            let slot = &mut self.groups[g as usize];
+            slot.dirty = false;
+            c.groups.push(slot.state.clone());
+        }
+        for d in self.dirty_devices.drain(..) {
+            let slot = &mut self.devices[d as usize];
+            slot.dirty = false;
+            c.devices.push(slot.state.clone());
+        }
+        for (i, n) in self
+            .metric_names
+            .iter()
+            .enumerate()
+            .skip(self.persisted_names)
+        {
+            c.metric_names
+                .push((u16::try_from(i).unwrap_or(u16::MAX), n.clone()));
+        }
+        self.persisted_names = self.metric_names.len();
+        c
+    }
+}

@@ -1,0 +1,118 @@
+//! The engine's state as values: what the store persists and metrics report.
+
+use serde::{Deserialize, Serialize};
+
+use crate::codec::MetricName;
+use crate::model::{Id, Millis, Reason};
+use crate::time::gateway::GatewayClock;
+use crate::time::seq::SeqWindow;
+use crate::time::skew::SkewEstimator;
+use crate::time::window::Window;
+
+/// Totals since the state was created.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    /// Messages handed to the engine.
+    pub received: u64,
+    /// Events taken into at least one window.
+    pub accepted: u64,
+    /// Events published on the late topic.
+    pub late: u64,
+    /// Redelivered (device, seq) pairs dropped.
+    pub duplicates: u64,
+    /// Rejections by reason, in [`Reason::ALL`] order.
+    pub rejected: [u64; 5],
+    /// Window results emitted (revisions included).
+    pub windows_emitted: u64,
+    /// Alerts raised.
+    pub alerts: u64,
+    /// Readings lost before the gateway, by sequence-number gaps (SPEC §4).
+    #[serde(default)]
+    pub readings_missing: u64,
+    /// Sparkplug metrics of types that are not aggregated (strings, bytes, datasets, nulls).
+    #[serde(default)]
+    pub sparkplug_other: u64,
+}
+
+impl Counters {
+    /// Rejections for one reason.
+    pub fn rejected(&self, r: Reason) -> u64 {
+        self.rejected[r.index()]
+    }
+}
+
+/// Persistent state of one device (group, device).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Device {
+    /// Group id.
+    pub group: Id,
+    /// Device id.
+    pub id: Id,
+    /// Clock-offset estimator.
+    pub skew: SkewEstimator,
+    /// Clock currently distrusted (`clock_skew` raised).
+    pub distrusted: bool,
+    /// Largest accepted event time (last_seen).
+    pub max_event: Option<Millis>,
+    /// Monotonic time of the last accepted event.
+    pub last_arrival: Millis,
+    /// Liveness: offline alert raised and not yet answered by `online`.
+    pub offline: bool,
+    /// Retained status `online` published at least once.
+    pub announced: bool,
+    /// Duplicate filter.
+    pub seq: SeqWindow,
+    /// Open windows, sorted by start.
+    pub windows: Vec<Window>,
+    /// Readings lost before the gateway (sequence numbers skipped and not arrived since).
+    #[serde(default)]
+    pub missing: u64,
+}
+
+/// Persistent state of one group.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Group {
+    /// Group id.
+    pub name: Id,
+    /// Watermark; never decreases.
+    pub wm: Option<Millis>,
+    /// Largest accepted event time of any member.
+    pub max_event: Option<Millis>,
+    /// Monotonic time of the last accepted event of any member.
+    pub last_arrival: Millis,
+}
+
+/// One group's liveness counts at an instant.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct GroupStats {
+    /// Group id.
+    pub name: Id,
+    /// Watermark.
+    pub watermark: Option<Millis>,
+    /// Devices heard from within `idle_timeout_ms`.
+    pub active: u64,
+    /// Devices silent for `idle_timeout_ms` and not offline.
+    pub idle: u64,
+    /// Devices offline.
+    pub offline: u64,
+    /// Readings lost before the gateway, summed over the members.
+    pub missing: u64,
+}
+
+/// The state changed since the last [`Engine::take_changes`], as values: the
+/// store commits them on its own thread while the engine keeps working.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Changes {
+    /// Changed groups.
+    pub groups: Vec<Group>,
+    /// Changed devices.
+    pub devices: Vec<Device>,
+    /// New metric names with their indexes.
+    pub metric_names: Vec<(u16, MetricName)>,
+    /// Counters at this point.
+    pub counters: Counters,
+    /// The gateway-clock judgement at this point.
+    pub clock: GatewayClock,
+    /// Changed Sparkplug edge nodes.
+    pub sparkplug: Vec<crate::sparkplug::EdgeNode>,
+}

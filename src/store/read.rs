@@ -1,0 +1,197 @@
+//! Reading a state file: the snapshot a start restores, its checks, `inspect`.
+
+use std::path::Path;
+
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
+
+use super::schema::{
+    self, DEVICES, GROUPS, K_CLOCK, K_COUNTERS, K_OUTBOX, K_SCHEMA, K_SPARKPLUG, META,
+    METRIC_NAMES, OUTBOX, SCHEMA_VERSION,
+};
+use super::*;
+
+/// Every table exists and the schema version matches: starting writes nothing
+/// (a gateway restarted on a full disk must get as far as its retry loop).
+pub(super) fn has_tables(db: &Database) -> Result<bool, StoreError> {
+    let r = db.begin_read()?;
+    let version = match r.open_table(META) {
+        Ok(t) => t.get(K_SCHEMA)?.map(|v| v.value().to_vec()),
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    };
+    if version.as_deref().map(schema::version_of) != Some(SCHEMA_VERSION) {
+        // Missing or another version: the write path creates or refuses it.
+        return Ok(false);
+    }
+    for exists in [
+        r.open_table(GROUPS).is_ok(),
+        r.open_table(DEVICES).is_ok(),
+        r.open_table(METRIC_NAMES).is_ok(),
+        r.open_table(OUTBOX).is_ok(),
+    ] {
+        if !exists {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+type Cause = Box<dyn std::error::Error + Send + Sync>;
+
+fn corrupt<'a>(path: &'a Path, table: &'static str) -> impl Fn(Cause) -> StoreError + 'a {
+    move |source| StoreError::Corrupt {
+        path: path.to_path_buf(),
+        table,
+        source,
+    }
+}
+
+pub(super) fn read_snapshot<D: ReadableDatabase>(
+    db: &D,
+    path: &Path,
+) -> Result<Snapshot, StoreError> {
+    let r = db.begin_read()?;
+    let mut s = Snapshot::default();
+    for item in r.open_table(GROUPS)?.iter()? {
+        let (_, v) = item?;
+        s.groups.push(
+            ciborium::de::from_reader(v.value()).map_err(|e| corrupt(path, "groups")(e.into()))?,
+        );
+    }
+    for item in r.open_table(DEVICES)?.iter()? {
+        let (_, v) = item?;
+        s.devices.push(
+            ciborium::de::from_reader(v.value()).map_err(|e| corrupt(path, "devices")(e.into()))?,
+        );
+    }
+    for item in r.open_table(METRIC_NAMES)?.iter()? {
+        let (k, v) = item?;
+        if usize::from(k.value()) != s.metric_names.len() {
+            return Err(corrupt(path, "metric_names")(
+                "gap in metric name indexes".into(),
+            ));
+        }
+        let name = MetricName::try_from(v.value())
+            .map_err(|_| corrupt(path, "metric_names")("name too long".into()))?;
+        s.metric_names.push(name);
+    }
+    for item in r.open_table(META)?.iter()? {
+        let (k, v) = item?;
+        s.meta.insert(k.value().to_string(), v.value().to_vec());
+    }
+    if let Some(b) = s.meta.get(K_COUNTERS) {
+        s.counters =
+            ciborium::de::from_reader(&b[..]).map_err(|e| corrupt(path, "meta")(e.into()))?;
+    }
+    if let Some(b) = s.meta.get(K_CLOCK) {
+        s.gateway_clock =
+            Some(ciborium::de::from_reader(&b[..]).map_err(|e| corrupt(path, "meta")(e.into()))?);
+    }
+    for (k, b) in s.meta.range(K_SPARKPLUG.to_string()..) {
+        if !k.starts_with(K_SPARKPLUG) {
+            break;
+        }
+        s.sparkplug
+            .push(ciborium::de::from_reader(&b[..]).map_err(|e| corrupt(path, "meta")(e.into()))?);
+    }
+    if let Some(b) = s.meta.get(K_OUTBOX) {
+        let m: OutboxMeta =
+            ciborium::de::from_reader(&b[..]).map_err(|e| corrupt(path, "meta")(e.into()))?;
+        s.outbox_dropped = m.dropped;
+    }
+    s.outbox_depth = r.open_table(OUTBOX)?.len()?;
+    Ok(s)
+}
+
+/// Refuses a file without our schema version (another program's redb, or another version).
+pub(super) fn check_version<D: ReadableDatabase>(db: &D, path: &Path) -> Result<(), StoreError> {
+    let r = db.begin_read()?;
+    let found = match r.open_table(META) {
+        Ok(meta) => meta
+            .get(K_SCHEMA)?
+            .map_or(u32::MAX, |v| schema::version_of(v.value())),
+        Err(redb::TableError::TableDoesNotExist(_)) => {
+            // A database created but never initialised (crash during the first start).
+            if r.list_tables()?.next().is_none() {
+                return Ok(());
+            }
+            u32::MAX
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if found != SCHEMA_VERSION {
+        return Err(StoreError::Version {
+            path: path.to_path_buf(),
+            found,
+        });
+    }
+    Ok(())
+}
+
+/// A read-only view for `tidemark inspect` (the gateway must be stopped).
+pub struct Inspect {
+    /// Everything persisted.
+    pub snapshot: Snapshot,
+    /// Oldest outbox entry, if any.
+    pub oldest: Option<OutboxEntry>,
+    /// Journal records after the checkpoint (a gateway that stopped without its final checkpoint).
+    pub journal_records: usize,
+}
+
+/// Opens a state directory read-only.
+pub fn inspect(state_dir: &Path) -> Result<Inspect, StoreError> {
+    let path = Store::file(state_dir);
+    if !path.exists() {
+        return Err(StoreError::Open {
+            path,
+            source: redb::DatabaseError::Storage(redb::StorageError::Io(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no state file",
+            ))),
+        });
+    }
+    match redb::ReadOnlyDatabase::open(&path) {
+        Ok(db) => read_inspect(&db, &path, state_dir),
+        Err(redb::DatabaseError::RepairAborted) => {
+            // Left by a crash: recover a private copy, never the original.
+            let copy =
+                std::env::temp_dir().join(format!("tidemark-inspect-{}.redb", std::process::id()));
+            std::fs::copy(&path, &copy).map_err(|source| StoreError::Dir {
+                path: copy.clone(),
+                source,
+            })?;
+            let result = Database::open(&copy)
+                .map_err(|source| StoreError::Open {
+                    path: path.clone(),
+                    source,
+                })
+                .and_then(|db| read_inspect(&db, &path, state_dir));
+            let _ = std::fs::remove_file(&copy);
+            result
+        }
+        Err(source) => Err(StoreError::Open { path, source }),
+    }
+}
+
+fn read_inspect<D: ReadableDatabase>(
+    db: &D,
+    path: &Path,
+    state_dir: &Path,
+) -> Result<Inspect, StoreError> {
+    check_version(db, path)?;
+    let snapshot = read_snapshot(db, path)?;
+    let generation = schema::wal_generation(&snapshot.meta);
+    let journal_records = wal::count(state_dir, generation).unwrap_or(0);
+    let r = db.begin_read()?;
+    let oldest = match r.open_table(OUTBOX)?.first()? {
+        Some((_, v)) => Some(
+            ciborium::de::from_reader(v.value()).map_err(|e| corrupt(path, "outbox")(e.into()))?,
+        ),
+        None => None,
+    };
+    Ok(Inspect {
+        snapshot,
+        oldest,
+        journal_records,
+    })
+}

@@ -1,0 +1,28 @@
+//! What the gateway and the tools share with the operating system and the
+//! network: the clocks (the only place that reads them), MQTT links, and the
+//! embedded broker.
+
+pub mod broker;
+pub mod clock;
+pub mod link;
+pub mod memory;
+
+/// SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut term) = signal(SignalKind::terminate()) else {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

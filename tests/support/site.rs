@@ -1,0 +1,189 @@
+//! The gateway's HTTP endpoint and metrics, a flapping link, a fleet publisher,
+//! a config file with the endpoint on, and a small filesystem.
+
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::*;
+
+/// The gateway's `/readyz` answers 200 (false while its endpoint is not up yet).
+pub fn ready(port: u16) -> bool {
+    std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() && http_get(port, "/readyz").0 == 200
+}
+
+/// One HTTP/1.1 GET on loopback: (status, body).
+pub fn http_get(port: u16, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect http");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("http response");
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
+    (status, body)
+}
+
+/// A TCP proxy in front of a broker whose connections can be cut at will (a
+/// flapping link): `cut` closes every connection through it; new ones are accepted.
+pub struct Proxy {
+    pub port: u16,
+    open: Arc<Mutex<Vec<TcpStream>>>,
+    pub cuts: Arc<AtomicU64>,
+}
+
+impl Proxy {
+    pub fn start(upstream: u16) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("proxy listen");
+        let port = listener.local_addr().expect("addr").port();
+        let open: Arc<Mutex<Vec<TcpStream>>> = Arc::new(Mutex::new(Vec::new()));
+        let conns = open.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let pipe = |mut from: TcpStream, mut to: TcpStream| {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                        let _ = from.shutdown(std::net::Shutdown::Both);
+                    });
+                };
+                if let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) {
+                    let mut list = conns.lock().expect("lock");
+                    list.push(c2);
+                    list.push(s2);
+                }
+                match (client.try_clone(), server.try_clone()) {
+                    (Ok(c), Ok(s)) => {
+                        pipe(c, server);
+                        pipe(s, client);
+                    }
+                    _ => continue,
+                }
+            }
+        });
+        Self {
+            port,
+            open,
+            cuts: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Closes every connection through the proxy.
+    pub fn cut(&self) {
+        for s in self.open.lock().expect("lock").drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        self.cuts.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The gateway's Prometheus text.
+pub fn metrics(port: u16) -> String {
+    http_get(port, "/metrics").1
+}
+
+/// Sum of every sample of `name` (all label sets, unless `name` gives them).
+pub fn total(text: &str, name: &str) -> u64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+        .sum::<f64>() as u64
+}
+
+/// Sends every device of a fleet (in 4 groups) one reading per sequence number; returns how many.
+pub fn send_fleet(p: &mut Publisher, devices: u64, seqs: std::ops::Range<u64>) -> u64 {
+    let mut n = 0;
+    for seq in seqs {
+        for d in 0..devices {
+            let body = format!(r#"{{"ts": {}, "seq": {seq}, "temp": {d}.5}}"#, now_ms());
+            p.send(&format!("sensors/g{}/d{d}/reading", d % 4), body.as_bytes());
+            n += 1;
+        }
+    }
+    p.flush();
+    n
+}
+
+/// Readings in the final revision of every window result seen.
+pub fn window_readings(seen: &[Seen]) -> u64 {
+    final_windows(seen)
+        .values()
+        .map(|w| w["count"].as_u64().unwrap_or(0))
+        .sum()
+}
+
+/// A gateway config for the tests: id `gw`, state in `state`, the source at
+/// `source_port` (the broker, or a proxy in front of it), the sink on `broker`,
+/// metrics each second and the HTTP endpoint on `http`. `gateway` adds keys to
+/// `[gateway]`; `extra` follows the source keys (more of them, then whole sections).
+pub fn gateway_config(
+    dir: &Path,
+    state: &Path,
+    source_port: u16,
+    broker: &Mosquitto,
+    http: u16,
+    gateway: &str,
+    extra: &str,
+) -> PathBuf {
+    let path = dir.join("gateway.toml");
+    let text = format!(
+        "[gateway]\nid = \"gw\"\nstate_dir = \"{state}\"\n{gateway}\n\
+         [source]\nurl = \"mqtt://127.0.0.1:{source_port}\"\nclient_id = \"gw-in-{port}\"\n{extra}\n\
+         [sink]\nurl = \"{url}\"\nclient_id = \"gw-out-{port}\"\n\
+         [metrics]\ninterval_s = 1\nlisten = \"127.0.0.1:{http}\"\n",
+        state = state.display(),
+        url = broker.url(),
+        port = broker.port,
+    );
+    std::fs::write(&path, text).expect("config");
+    path
+}
+
+/// A tmpfs mounted for a test, unmounted when dropped.
+pub struct Mount(pub PathBuf);
+
+impl Mount {
+    /// A tmpfs of `size` at `at`; `None` (with a visible message) where mounting is impossible.
+    pub fn tmpfs(at: &Path, size: &str) -> Option<Self> {
+        std::fs::create_dir_all(at).expect("mount point");
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!("SKIPPED: cannot mount a tmpfs here (not root?)");
+        }
+        ok.then(|| Self(at.to_path_buf()))
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
