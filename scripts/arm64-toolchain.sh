@@ -6,7 +6,7 @@ if ! [ -d /usr/lib/rustlib/aarch64-unknown-linux-gnu ] || ! command -v aarch64-l
   SUDO=""
   if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
   $SUDO dpkg --add-architecture arm64
-  $SUDO apt-get update
+  $SUDO apt-get -o DPkg::Lock::Timeout=600 update
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout=600 install -y rustc-web libstd-rust-web-dev:arm64 \
     gcc-aarch64-linux-gnu libc6-dev-arm64-cross libc6:arm64 qemu-user-static
 fi

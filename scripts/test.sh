@@ -24,7 +24,7 @@ if [ -n "$need" ]; then
   SUDO=""
   if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
   # Another apt on the machine (unattended upgrades, a bench installing Java) holds the lock a while.
-  $SUDO apt-get update
+  $SUDO apt-get -o DPkg::Lock::Timeout=600 update
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout=600 install -y $need
 fi
 # The Tahu edge node's packages, pinned by tests/sparkplug/package-lock.json.
