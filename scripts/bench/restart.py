@@ -140,6 +140,14 @@ def mosquitto_pub(n, topic, payload):
     return dt
 
 
+def inflight(limits):
+    """The window a connection used: the smaller of the gateway's and the broker's."""
+    try:
+        return min(int(limits[0]), int(limits[1]))
+    except ValueError:
+        return "?"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--outbox", type=int, default=1_000_000)
@@ -173,7 +181,8 @@ def main():
     drain_rows = [
         ["store-and-forward: outbox drained to a stock mosquitto that came back",
          f"{ddepth:,.0f} outputs queued (window results, device status); in flight at most "
-         f"{limits[0]} (the broker's Receive Maximum {limits[1]})",
+         f"{inflight(limits)} (sink.max_inflight {limits[0]}, the broker's Receive Maximum "
+         f"{limits[1]})",
          f"{ddt:.1f} s = {rate:,.0f} msg/s = {rate / mrate:.2f}x mosquitto_pub"],
         ["the same messages from `mosquitto_pub -q 1 -l` to a stock mosquitto",
          f"{ddepth:,.0f} lines of one window result ({len(payload)} bytes)",
