@@ -28,6 +28,8 @@ pub struct Driver {
     first_durable: Option<Millis>,
     /// Monotonic time of the last batch.
     last_commit: Option<Millis>,
+    /// The engine settings in force (`Config::engine_doc`), recorded with each checkpoint.
+    rules_doc: Option<String>,
 }
 
 fn ms(v: u64) -> Millis {
@@ -53,6 +55,7 @@ impl Driver {
             journal: None,
             first_durable: None,
             last_commit: None,
+            rules_doc: None,
         }
     }
 
@@ -148,6 +151,33 @@ impl Driver {
         }
     }
 
+    /// A reload (SPEC §11): the engine's new rules from the next message on,
+    /// journaled in order with the messages; tick, commit and output settings at once.
+    pub fn reconfigure(&mut self, now: Now, cfg: &Config) {
+        self.ticks_until(now);
+        let doc = cfg.engine_doc();
+        self.engine.reconfigure(&cfg.engine());
+        if let Some(j) = &mut self.journal {
+            j.reconfigure(&doc);
+        }
+        self.rules_doc = Some(doc);
+        self.tick_ms = ms(cfg.tick_interval_ms);
+        self.commit_ms = ms(cfg.commit_interval_ms);
+        self.prefix.clone_from(&cfg.topic_prefix);
+        self.format = cfg.sink_format;
+        self.durable(now.mono);
+    }
+
+    /// Records `doc` as the engine settings in force (restore).
+    pub fn set_rules_doc(&mut self, doc: String) {
+        self.rules_doc = Some(doc);
+    }
+
+    /// The engine settings in force, when known.
+    pub fn rules_doc(&self) -> Option<&str> {
+        self.rules_doc.as_deref()
+    }
+
     /// Live clocks only: after a stall (a suspended board) run one tick at `now`
     /// instead of replaying every missed one.
     pub fn skip_missed_ticks(&mut self, now: Now) {
@@ -228,7 +258,13 @@ impl Driver {
         if let Some(j) = &mut self.journal {
             j.clear();
         }
-        self.take_batch(now)
+        let mut batch = self.take_batch(now);
+        if let Some(doc) = &self.rules_doc {
+            batch
+                .meta
+                .push((crate::store::schema::K_RULES, doc.as_bytes().to_vec()));
+        }
+        batch
     }
 
     fn cut(&mut self, now: Now) -> Batch {

@@ -20,7 +20,8 @@ use crate::model::Millis;
 use crate::output::Output;
 
 /// `M` is a message while the kernel reports the clock synchronized, `U` one
-/// while it does not; `O` a new monotonic origin (a new process).
+/// while it does not; `O` a new monotonic origin (a new process); `C` a reload's
+/// engine settings (a document of [`crate::config::Config::engine_doc`]).
 #[derive(Serialize)]
 enum OpRef<'a> {
     S(Millis, Millis),
@@ -38,6 +39,7 @@ enum OpRef<'a> {
         #[serde(with = "serde_bytes")] &'a [u8],
     ),
     O,
+    C(&'a str),
 }
 
 #[derive(Deserialize)]
@@ -57,6 +59,7 @@ enum Op {
         #[serde(with = "serde_bytes")] Vec<u8>,
     ),
     O,
+    C(String),
 }
 
 /// The ops since the last cut, encoded.
@@ -101,6 +104,12 @@ impl Journal {
         self.tick_at = None;
     }
 
+    /// A reload's engine settings, in order with the messages around it.
+    pub fn reconfigure(&mut self, doc: &str) {
+        self.push(&OpRef::C(doc));
+        self.tick_at = None;
+    }
+
     fn push(&mut self, op: &OpRef<'_>) {
         // Writing plain data into a Vec cannot fail.
         let _ = ciborium::ser::into_writer(op, &mut self.buf);
@@ -132,15 +141,23 @@ impl Journal {
 
 /// Error replaying a journal record.
 #[derive(Debug, thiserror::Error)]
-#[error("journal record does not decode: {0}")]
-pub struct ReplayError(#[from] ciborium::de::Error<std::io::Error>);
+pub enum ReplayError {
+    /// The record is not ours.
+    #[error("journal record does not decode: {0}")]
+    Decode(#[from] ciborium::de::Error<std::io::Error>),
+    /// A reload's settings no longer validate (written by another version?).
+    #[error("journal reload record: {0}")]
+    Config(#[from] crate::config::ConfigError),
+}
 
 /// Hands the ops of one record to `engine` again; their outputs are dropped.
+/// Returns the engine settings of the record's last reload, if it has one.
 pub fn apply(
     engine: &mut Engine,
     mut ops: &[u8],
     scratch: &mut Vec<Output>,
-) -> Result<(), ReplayError> {
+) -> Result<Option<String>, ReplayError> {
+    let mut reloaded = None;
     while !ops.is_empty() {
         let op: Op = ciborium::de::from_reader(&mut ops)?;
         match op {
@@ -153,10 +170,14 @@ pub fn apply(
                 engine.on_message(&topic, &payload, now(wall, mono, false), scratch);
             }
             Op::O => engine.new_clock_origin(),
+            Op::C(doc) => {
+                engine.reconfigure(&crate::config::engine_from_doc(&doc)?);
+                reloaded = Some(doc);
+            }
         }
         scratch.clear();
     }
-    Ok(())
+    Ok(reloaded)
 }
 
 fn now(wall: Millis, mono: Millis, synced: bool) -> Now {

@@ -103,12 +103,16 @@ fn serve_in_process(
     let cfg = cfg.clone();
     let gateway = std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().expect("runtime");
+        // No reloads: the sender is dropped, so the stream ends at once.
+        let (_, hangups) = tokio::sync::mpsc::unbounded_channel();
         rt.block_on(tidemark::run::serve(
             &cfg,
+            tidemark::run::ReloadOptions::default(),
             tidemark::sys::clock::SystemClock::new(),
             async {
                 let _ = stopped.await;
             },
+            hangups,
         ))
     });
     (stop, gateway)

@@ -3,6 +3,7 @@
 //! typed [`Config`]. Every problem is reported as one line naming its key.
 
 mod raw;
+mod reload;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -17,6 +18,7 @@ pub use crate::output::SinkFormat;
 pub use crate::sparkplug::SparkplugConfig;
 pub use crate::time::window::WindowSpec;
 pub use crate::time::{InvalidPolicy, TimeConfig, TimePolicy};
+pub use reload::{RESTART_ONLY, engine_from_doc, needs_restart};
 pub use validate::parse_url;
 use validate::{describe_config_error, describe_serde_error};
 
@@ -87,7 +89,7 @@ pub struct Config {
 }
 
 /// An MQTT connection endpoint.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
     /// `mqtts://`.
     pub tls: bool,

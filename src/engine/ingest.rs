@@ -149,20 +149,25 @@ impl Engine {
             }
         }
         let gi = self.devices[di].group as usize;
-        let (wm, spec, lateness) = {
+        let (wm, rule, lateness) = {
             let g = &self.groups[gi];
-            (g.state.wm, g.cfg.window, g.cfg.allowed_lateness_ms)
+            (g.state.wm, g.rule_at(event), g.cfg.allowed_lateness_ms)
         };
         let dev = &mut self.devices[di].state;
-        if !window::apply(
-            &mut dev.windows,
-            spec,
-            event,
-            wm,
-            lateness,
-            heartbeat,
-            &metrics,
-        ) {
+        // No rule: below the oldest rule kept, so past every window's lateness.
+        let taken = rule.is_some_and(|(spec, span)| {
+            window::apply(
+                &mut dev.windows,
+                spec,
+                span,
+                event,
+                wm,
+                lateness,
+                heartbeat,
+                &metrics,
+            )
+        });
+        if !taken {
             self.counters.late += 1;
             out.push(Output::Late(Late {
                 group: parts.group.clone(),

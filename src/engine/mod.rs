@@ -22,12 +22,13 @@ mod config;
 mod emission;
 mod heaps;
 mod ingest;
+mod rules;
 mod slots;
 mod sparkplug;
 mod state;
 
 pub use config::{EngineConfig, GroupConfig, GroupRules};
-pub use state::{Changes, Counters, Device, Group, GroupStats};
+pub use state::{Changes, Counters, Device, Group, GroupStats, RuleEpoch};
 
 /// The gateway clock at one instant: wall time for arrival stamps, a
 /// monotonic reading for idleness (an NTP step must not make devices idle).

@@ -48,6 +48,7 @@ impl Engine {
                 wm: None,
                 max_event: None,
                 last_arrival: 0,
+                rules: Vec::new(),
             },
             cfg: self.group_rules.of(name).clone(),
             members: Vec::new(),

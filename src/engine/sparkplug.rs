@@ -34,6 +34,13 @@ impl State {
         }
     }
 
+    /// A reload's settings; the edge nodes' state is kept.
+    pub fn configure(&mut self, cfg: &SparkplugConfig) {
+        self.enabled = cfg.enabled;
+        self.group_ids.clone_from(&cfg.group_ids);
+        self.rebirth = cfg.rebirth;
+    }
+
     /// Whether an edge node changed since the last store changes.
     pub fn changed(&self) -> bool {
         self.nodes.iter().any(|n| n.1)

@@ -7,7 +7,7 @@ use crate::model::{Id, Millis, Reason};
 use crate::time::gateway::GatewayClock;
 use crate::time::seq::SeqWindow;
 use crate::time::skew::SkewEstimator;
-use crate::time::window::Window;
+use crate::time::window::{Window, WindowSpec};
 
 /// Totals since the state was created.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,6 +80,19 @@ pub struct Group {
     pub max_event: Option<Millis>,
     /// Monotonic time of the last accepted event of any member.
     pub last_arrival: Millis,
+    /// Window rules by the event time they govern from, oldest first, after a
+    /// reload changed the rule (SPEC §11); empty: the configured rule for all times.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<RuleEpoch>,
+}
+
+/// A window rule and the event time from which it governs a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuleEpoch {
+    /// First event time under this rule (the next epoch's `from` ends it).
+    pub from: Millis,
+    /// The rule.
+    pub window: WindowSpec,
 }
 
 /// One group's liveness counts at an instant.

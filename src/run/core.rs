@@ -1,15 +1,21 @@
-//! The core thread: owns the engine (through the [`Driver`]); messages and
-//! wake-ups in, batches out to the store thread. Reads the clock once per
-//! message and once per wake-up.
+//! The core thread: owns the engine (through the [`Driver`]); messages, reloads
+//! and wake-ups in, batches out to the store thread. Reads the clock once per
+//! message and once per wake-up. When to cut a batch is [`plan`]'s to say.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::SyncSender;
 
-use tokio::sync::mpsc::Receiver;
+use tokio::sync::mpsc::{Receiver, UnboundedReceiver, UnboundedSender};
+use tokio::sync::watch;
 
+use super::events::{StoreEvent, StoreState};
 use super::metrics;
-use super::{Shared, StoreJob};
+use super::plan::{self, Cadence, Commit, Pending};
+use super::registry::Registry;
+use super::sink::SinkMsg;
+use super::{OutboxBounds, StoreJob};
+use crate::config::{Config, Protocol};
 use crate::driver::Driver;
 use crate::engine::Engine;
 use crate::model::Millis;
@@ -35,24 +41,37 @@ pub enum Inbound {
     Disconnected,
     /// Timer: ticks, commit cadence, metrics.
     Wake,
+    /// A reload's validated config: the engine's rules from the next message on.
+    Reload(Box<Config>),
     /// Shut down: process what was received, final commit.
     Stop,
 }
 
+/// The core's slice of the config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CoreConfig {
+    /// `P/metrics` period.
+    pub metrics_every_ms: Millis,
+    /// When held acks force a commit (by source protocol).
+    pub cadence: Cadence,
+    /// The HTTP endpoint is on: keep its Prometheus text fresh.
+    pub prometheus: bool,
+}
+
+impl CoreConfig {
+    /// The core's settings in `cfg`.
+    pub fn of(cfg: &Config) -> Self {
+        Self {
+            metrics_every_ms: i64::try_from(cfg.metrics_interval_s.saturating_mul(1000))
+                .unwrap_or(i64::MAX),
+            cadence: Cadence::of(cfg.source_protocol == Protocol::V5),
+            prometheus: cfg.metrics_listen.is_some(),
+        }
+    }
+}
+
 /// Messages taken per wake-up before ticks and commits are looked at.
 const BURST: usize = 4096;
-
-/// When a batch is cut sooner than `commit_interval_ms` after its first
-/// durable change: when waiting would stall the input.
-#[derive(Debug, Clone, Copy)]
-pub struct Cadence {
-    /// Held acks at which the broker stops sending (its in-flight window; v3.1.1:
-    /// mosquitto's `max_inflight_messages` defaults to 20).
-    pub hold_limit: usize,
-    /// Held acks and no message for this long: the broker may be waiting on
-    /// them (a v3.1.1 window smaller than `hold_limit`).
-    pub quiet_ms: Option<Millis>,
-}
 
 /// How often freed heap is handed back to the kernel under load (window results
 /// pass through in bursts) ...
@@ -60,182 +79,240 @@ const GIVE_BACK_MS: Millis = 5_000;
 /// ... and how long the input must have been quiet for it to be handed back at once.
 const GIVE_BACK_QUIET_MS: Millis = 1_000;
 
-/// Journal bytes in one batch at which it is cut at once (a backlog burst).
-const BATCH_BYTES: usize = 1 << 20;
-/// Journal bytes on disk since the last checkpoint at which the next batch is
-/// a checkpoint (bounds the journal, and the replay at the next start) ...
-const CHECKPOINT_BYTES: u64 = 4 << 20;
-/// ... unless the checkpoint would write more: about this many bytes per changed device ...
-const DEVICE_BYTES: u64 = 1024;
-/// ... up to this much journal.
-const CHECKPOINT_MAX_BYTES: u64 = 16 << 20;
+/// What the core thread is wired to.
+pub struct Links {
+    /// Messages, reloads, wake-ups.
+    pub rx: Receiver<Inbound>,
+    /// Batches to the store thread (blocks while it writes: backpressure).
+    pub store: SyncSender<StoreJob>,
+    /// The store thread's commits.
+    pub store_events: UnboundedReceiver<StoreEvent>,
+    /// The store's health.
+    pub store_state: watch::Receiver<StoreState>,
+    /// One past the highest outbox entry acknowledged upstream.
+    pub delivered: watch::Receiver<u64>,
+    /// `P/metrics` to the sink.
+    pub sink: UnboundedSender<SinkMsg>,
+    /// Sparkplug rebirth requests go to the site broker, not upstream.
+    pub commands: watch::Receiver<super::source::Current>,
+    /// Counters and gauges.
+    pub registry: Arc<Registry>,
+}
 
-/// Runs until `Stop` or until every sender is gone.
-#[allow(clippy::too_many_arguments)]
-pub fn run(
-    mut driver: Driver,
+/// The core: the driver and what it is wired to.
+pub struct Core {
+    driver: Driver,
     clock: SystemClock,
-    mut rx: Receiver<Inbound>,
-    store_tx: SyncSender<StoreJob>,
-    shared: Arc<Shared>,
-    metrics_every_ms: Millis,
-    cadence: Cadence,
-    commands: crate::sys::link::Client,
-) {
-    let mut held: Vec<(u64, Held, Millis)> = Vec::new();
-    let mut last_message = clock.mono();
-    let mut source_up = false;
-    let mut next_metrics = clock.mono().saturating_add(metrics_every_ms);
-    let mut next_prometheus = clock.mono();
-    let mut committed_delivered = shared.delivered.load(Ordering::Acquire);
-    let mut stopping = false;
-    let mut report = Report::new(clock.mono());
-    let mut reported = 0;
-    let mut next_give_back = clock.mono().saturating_add(GIVE_BACK_MS);
-    let mut last_give_back = clock.mono();
-    // Counters are totals since the state was created: rates start from the restored ones.
-    report.rates(driver.engine(), clock.mono());
-    while !stopping {
-        let Some(first) = rx.blocking_recv() else {
-            break;
+    cfg: CoreConfig,
+    links: Links,
+}
+
+/// The loop's own state between passes.
+struct Loop {
+    held: Vec<(u64, Held, Millis)>,
+    last_message: Millis,
+    source_up: bool,
+    next_metrics: Millis,
+    next_prometheus: Millis,
+    committed_delivered: u64,
+    stopping: bool,
+    journal_len: u64,
+    want_checkpoint: bool,
+    bounds: Option<OutboxBounds>,
+    reported: usize,
+    next_give_back: Millis,
+    last_give_back: Millis,
+}
+
+impl Core {
+    /// A core around `driver`.
+    pub fn new(driver: Driver, clock: SystemClock, cfg: CoreConfig, links: Links) -> Self {
+        Self {
+            driver,
+            clock,
+            cfg,
+            links,
+        }
+    }
+
+    /// Runs until `Stop` or until every sender is gone.
+    pub fn run(mut self) {
+        let mono = self.clock.mono();
+        let mut st = Loop {
+            held: Vec::new(),
+            last_message: mono,
+            source_up: false,
+            next_metrics: mono.saturating_add(self.cfg.metrics_every_ms),
+            next_prometheus: mono,
+            committed_delivered: *self.links.delivered.borrow(),
+            stopping: false,
+            journal_len: 0,
+            want_checkpoint: false,
+            bounds: None,
+            reported: 0,
+            next_give_back: mono.saturating_add(GIVE_BACK_MS),
+            last_give_back: mono,
         };
-        let mut next = Some(first);
-        let mut taken = 0;
-        while let Some(msg) = next.take() {
-            match msg {
-                Inbound::Message {
-                    topic,
-                    payload,
-                    held: h,
-                } => {
-                    let now = clock.now();
-                    if !source_up {
-                        // A message proves the link is up (an ordering race with `Connected`).
-                        source_up = true;
-                        shared.health.source(true, now.mono);
-                        driver.start(now);
-                    }
-                    driver.skip_missed_ticks(now);
-                    driver.message(now, &topic, &payload);
-                    for (topic, payload) in driver.engine_mut().take_commands() {
-                        match commands.publish(&topic, payload, 0, false) {
-                            Ok(()) => tracing::info!(%topic, "Sparkplug rebirth requested"),
-                            Err(e) => {
-                                tracing::warn!(%topic, error = %e, "Sparkplug rebirth request not sent")
-                            }
-                        }
-                    }
-                    shared.received.fetch_add(1, Ordering::Relaxed);
-                    held.extend(h.map(|(g, t)| (g, t, now.mono)));
-                    last_message = now.mono;
-                }
-                Inbound::Connected => {
-                    source_up = true;
-                    let now = clock.now();
-                    shared.health.source(true, now.mono);
-                    driver.start(now);
-                }
-                Inbound::Disconnected => {
-                    source_up = false;
-                    shared.health.source(false, clock.mono());
-                }
-                Inbound::Wake => {}
-                Inbound::Stop => stopping = true,
-            }
-            taken += 1;
-            if taken < BURST && !stopping {
-                next = rx.try_recv().ok();
-            }
-        }
-        let now = clock.now();
-        shared.health.core_beat(now.mono);
-        if source_up {
-            driver.skip_missed_ticks(now);
-            driver.ticks_until(now);
-        }
-        if driver.engine().clock_held() != report.clock_held {
-            report.clock_held = driver.engine().clock_held();
-            if report.clock_held {
-                tracing::warn!(
-                    wall_ms = now.wall,
-                    "gateway wall clock is before time.min_valid_epoch_ms (no RTC, NTP not synced?): processing time held"
-                );
-            } else {
-                tracing::info!(
-                    wall_ms = now.wall,
-                    "gateway wall clock plausible again: processing time resumes"
-                );
-            }
-        }
-        if now.mono >= next_metrics {
-            next_metrics = now.mono.saturating_add(metrics_every_ms);
-            let m = metrics::collect(driver.engine(), now, &shared, source_up);
-            let _ = shared.metrics_tx.send(m.encode(shared.format));
-        }
-        if shared.http && now.mono >= next_prometheus {
-            // Scrapes read the latest text: fresh to the second, never blocking the engine.
-            next_prometheus = now.mono.saturating_add(1000);
-            let m = metrics::collect(driver.engine(), now, &shared, source_up);
-            shared.health.set_prometheus(m.prometheus());
-        }
-        let quiet = now.mono.saturating_sub(last_message) >= GIVE_BACK_QUIET_MS;
-        if now.mono >= next_give_back || (quiet && last_message > last_give_back) {
-            next_give_back = now.mono.saturating_add(GIVE_BACK_MS);
-            last_give_back = now.mono;
-            crate::sys::memory::give_back();
-        }
-        // Each output is looked at once: only those since the last look.
-        report.outputs(&driver.outputs[reported..]);
-        reported = driver.outputs.len();
-        if now.mono >= report.next {
-            report.rates(driver.engine(), now.mono);
-        }
-        let delivered = shared.delivered.load(Ordering::Acquire);
-        if delivered != committed_delivered {
-            // Delivered outputs leave the outbox with the next commit (not urgent:
-            // after a crash they are published again, and ids make that harmless).
-            driver.durable(now.mono);
-        }
-        if shared.want_checkpoint.load(Ordering::Relaxed) {
-            // The outbox is over its bound: a checkpoint applies it, even with no input.
-            driver.durable(now.mono);
-        }
-        let journal = driver.journal().map_or(0, |j| j.len());
-        let urgent = held.len() >= cadence.hold_limit
-            || journal >= BATCH_BYTES
-            || cadence
-                .quiet_ms
-                .is_some_and(|q| !held.is_empty() && now.mono.saturating_sub(last_message) >= q);
-        // While the store cannot commit, the driver keeps what would be the next
-        // batch (the source is paused, so it stays small) and the core keeps ticking.
-        let store_ok = !shared.store_blocked.load(Ordering::Acquire);
-        if (store_ok && driver.has_durable() && (urgent || driver.commit_due(now.mono))) || stopping
-        {
-            committed_delivered = delivered;
-            let dirty = u64::try_from(driver.engine().dirty_devices()).unwrap_or(u64::MAX);
-            let checkpoint = stopping
-                || shared.want_checkpoint.swap(false, Ordering::Relaxed)
-                || shared.journal_len.load(Ordering::Relaxed)
-                    >= CHECKPOINT_BYTES
-                        .max(dirty.saturating_mul(DEVICE_BYTES))
-                        .min(CHECKPOINT_MAX_BYTES);
-            let batch = if checkpoint {
-                driver.take_checkpoint(now)
-            } else {
-                driver.take_journal(now)
+        let mut report = Report::new(mono);
+        // Counters are totals since the state was created: rates start from the restored ones.
+        report.rates(self.driver.engine(), mono);
+        while !st.stopping {
+            let Some(first) = self.links.rx.blocking_recv() else {
+                break;
             };
-            reported = 0;
-            tracing::debug!(acks = held.len(), outputs = batch.outputs.len(), "batch");
-            let job = StoreJob {
-                batch,
-                acks: std::mem::take(&mut held),
-                last: stopping,
-            };
-            // Blocks while the store is still writing the previous batch: backpressure.
-            if store_tx.send(job).is_err() {
+            let mut next = Some(first);
+            let mut taken = 0;
+            while let Some(msg) = next.take() {
+                self.take(msg, &mut st);
+                taken += 1;
+                if taken < BURST && !st.stopping {
+                    next = self.links.rx.try_recv().ok();
+                }
+            }
+            if !self.pass(&mut st, &mut report) {
                 break;
             }
         }
+    }
+
+    fn take(&mut self, msg: Inbound, st: &mut Loop) {
+        let driver = &mut self.driver;
+        let registry = &self.links.registry;
+        match msg {
+            Inbound::Message {
+                topic,
+                payload,
+                held: h,
+            } => {
+                let now = self.clock.now();
+                if !st.source_up {
+                    // A message proves the link is up (an ordering race with `Connected`).
+                    st.source_up = true;
+                    registry.health.source(true, now.mono);
+                    driver.start(now);
+                }
+                driver.skip_missed_ticks(now);
+                driver.message(now, &topic, &payload);
+                for (topic, payload) in driver.engine_mut().take_commands() {
+                    let client = self.links.commands.borrow().1.clone();
+                    match client.publish(&topic, payload, 0, false) {
+                        Ok(()) => tracing::info!(%topic, "Sparkplug rebirth requested"),
+                        Err(e) => {
+                            tracing::warn!(%topic, error = %e, "Sparkplug rebirth request not sent")
+                        }
+                    }
+                }
+                registry.received.fetch_add(1, Ordering::Relaxed);
+                st.held.extend(h.map(|(g, t)| (g, t, now.mono)));
+                st.last_message = now.mono;
+            }
+            Inbound::Connected => {
+                st.source_up = true;
+                let now = self.clock.now();
+                registry.health.source(true, now.mono);
+                driver.start(now);
+            }
+            Inbound::Disconnected => {
+                st.source_up = false;
+                registry.health.source(false, self.clock.mono());
+            }
+            Inbound::Reload(cfg) => {
+                let now = self.clock.now();
+                driver.reconfigure(now, &cfg);
+                self.cfg = CoreConfig::of(&cfg);
+                st.next_metrics = now.mono.saturating_add(self.cfg.metrics_every_ms);
+                st.bounds = Some(OutboxBounds::of(&cfg));
+                tracing::debug!("reload applied to the engine");
+            }
+            Inbound::Wake => {}
+            Inbound::Stop => st.stopping = true,
+        }
+    }
+
+    /// Ticks, metrics, the commit plan; false when the store thread is gone.
+    fn pass(&mut self, st: &mut Loop, report: &mut Report) -> bool {
+        let now = self.clock.now();
+        let registry = self.links.registry.clone();
+        registry.health.core_beat(now.mono);
+        while let Ok(ev) = self.links.store_events.try_recv() {
+            match ev {
+                StoreEvent::Committed {
+                    journal_len,
+                    over_bound,
+                } => {
+                    st.journal_len = journal_len;
+                    st.want_checkpoint |= over_bound;
+                }
+            }
+        }
+        let driver = &mut self.driver;
+        if st.source_up {
+            driver.skip_missed_ticks(now);
+            driver.ticks_until(now);
+        }
+        report.clock(driver.engine(), now.wall);
+        if now.mono >= st.next_metrics {
+            st.next_metrics = now.mono.saturating_add(self.cfg.metrics_every_ms);
+            let m = metrics::collect(driver.engine(), now, &registry, st.source_up);
+            let _ = self.links.sink.send(SinkMsg::Metrics(Box::new(m)));
+        }
+        if self.cfg.prometheus && now.mono >= st.next_prometheus {
+            // Scrapes read the latest text: fresh to the second, never blocking the engine.
+            st.next_prometheus = now.mono.saturating_add(1000);
+            let m = metrics::collect(driver.engine(), now, &registry, st.source_up);
+            registry.health.set_prometheus(m.prometheus());
+        }
+        let quiet = now.mono.saturating_sub(st.last_message) >= GIVE_BACK_QUIET_MS;
+        if now.mono >= st.next_give_back || (quiet && st.last_message > st.last_give_back) {
+            st.next_give_back = now.mono.saturating_add(GIVE_BACK_MS);
+            st.last_give_back = now.mono;
+            crate::sys::memory::give_back();
+        }
+        // Each output is looked at once: only those since the last look.
+        report.outputs(&driver.outputs[st.reported..]);
+        st.reported = driver.outputs.len();
+        if now.mono >= report.next {
+            report.rates(driver.engine(), now.mono);
+        }
+        let delivered = *self.links.delivered.borrow();
+        if delivered != st.committed_delivered || st.want_checkpoint || st.bounds.is_some() {
+            // Delivered outputs leave the outbox with the next commit (not urgent:
+            // after a crash they are published again, and ids make that harmless);
+            // an outbox over its bound is applied by a checkpoint, even with no input.
+            driver.durable(now.mono);
+        }
+        let pending = Pending {
+            held: st.held.len(),
+            batch_bytes: driver.journal().map_or(0, |j| j.len()),
+            quiet_for: now.mono.saturating_sub(st.last_message),
+            durable: driver.has_durable(),
+            interval_elapsed: driver.interval_elapsed(now.mono),
+            stopping: st.stopping,
+            store_ok: self.links.store_state.borrow().is_ok(),
+            journal_len: st.journal_len,
+            dirty_devices: u64::try_from(driver.engine().dirty_devices()).unwrap_or(u64::MAX),
+            want_checkpoint: st.want_checkpoint,
+        };
+        let batch = match plan::plan(&pending, &self.cfg.cadence) {
+            Commit::Wait => return true,
+            Commit::Journal => driver.take_journal(now),
+            Commit::Checkpoint => {
+                st.want_checkpoint = false;
+                driver.take_checkpoint(now)
+            }
+        };
+        st.committed_delivered = delivered;
+        st.reported = 0;
+        tracing::debug!(acks = st.held.len(), outputs = batch.outputs.len(), "batch");
+        let job = StoreJob {
+            batch,
+            acks: std::mem::take(&mut st.held),
+            delivered,
+            bounds: st.bounds.take(),
+            last: st.stopping,
+        };
+        // Blocks while the store is still writing the previous batch: backpressure.
+        self.links.store.send(job).is_ok()
     }
 }
 
@@ -267,6 +344,25 @@ impl Report {
             missing_by_device: std::collections::HashMap::new(),
             clock_held: false,
             started: false,
+        }
+    }
+
+    /// A log line when the wall clock becomes implausible or plausible again.
+    fn clock(&mut self, engine: &Engine, wall: Millis) {
+        if engine.clock_held() == self.clock_held {
+            return;
+        }
+        self.clock_held = engine.clock_held();
+        if self.clock_held {
+            tracing::warn!(
+                wall_ms = wall,
+                "gateway wall clock is before time.min_valid_epoch_ms (no RTC, NTP not synced?): processing time held"
+            );
+        } else {
+            tracing::info!(
+                wall_ms = wall,
+                "gateway wall clock plausible again: processing time resumes"
+            );
         }
     }
 

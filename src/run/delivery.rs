@@ -105,6 +105,13 @@ impl Delivery {
         self.backlog.clear();
     }
 
+    /// A reload's window (`sink.max_inflight`) and QoS, for the next connection.
+    pub fn configure(&mut self, window: usize, qos: u8) {
+        self.limit = window.max(1);
+        self.window = self.window.min(self.limit);
+        self.qos0 = qos == 0;
+    }
+
     /// The link dropped; its in-flight publishes are void.
     pub fn disconnected(&mut self) {
         self.connected = false;

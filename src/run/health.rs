@@ -155,6 +155,16 @@ pub fn notify_ready(status: &str) {
     ]);
 }
 
+/// Tells systemd a reload has begun (READY follows when it is done).
+pub fn notify_reloading() {
+    let mut states = vec![sd_notify::NotifyState::Reloading];
+    // systemd 253+ (`Type=notify-reload`) wants the instant beside it.
+    if let Ok(t) = sd_notify::NotifyState::monotonic_usec_now() {
+        states.push(t);
+    }
+    let _ = sd_notify::notify(&states);
+}
+
 /// Tells systemd the stop has begun.
 pub fn notify_stopping() {
     let _ = sd_notify::notify(&[
@@ -166,7 +176,8 @@ pub fn notify_stopping() {
 /// Pings the systemd watchdog (when `WatchdogSec=` asks for it) at half its
 /// period, only while the engine loop and commits are healthy: a wedged
 /// gateway is restarted by systemd instead of hanging on.
-pub async fn watchdog(health: Arc<Health>, mut stop: watch::Receiver<bool>) {
+pub async fn watchdog(registry: Arc<super::registry::Registry>, mut stop: watch::Receiver<bool>) {
+    let health = &registry.health;
     let Some(period) = sd_notify::watchdog_enabled() else {
         return;
     };
@@ -200,7 +211,7 @@ pub const MAX_CONNECTIONS: usize = 64;
 /// Serves `/metrics` and `/healthz` on `listener` until `stop`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    health: Arc<Health>,
+    registry: Arc<super::registry::Registry>,
     limit_ms: Millis,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -234,11 +245,11 @@ pub async fn serve(
             drop(tcp);
             continue;
         };
-        let health = health.clone();
+        let registry = registry.clone();
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
-                let health = health.clone();
-                async move { Ok::<_, Infallible>(respond(&req, &health, limit_ms)) }
+                let registry = registry.clone();
+                async move { Ok::<_, Infallible>(respond(&req, &registry.health, limit_ms)) }
             });
             // Slow or garbage clients: headers within 5 s and 16 KiB, one request
             // per connection (no idle keep-alive holding a slot).

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 
-use super::Shared;
+use super::registry::Registry;
 use crate::engine::{Engine, Now};
 use crate::model::{Millis, Reason};
 
@@ -37,7 +37,7 @@ impl Histogram {
     }
 }
 
-#[derive(Serialize)]
+#[derive(Debug, Serialize)]
 struct Group {
     watermark: Option<Millis>,
     lag_ms: Option<Millis>,
@@ -47,7 +47,7 @@ struct Group {
     readings_missing: u64,
 }
 
-#[derive(Serialize)]
+#[derive(Debug, Serialize)]
 struct Counters {
     received: u64,
     accepted: u64,
@@ -63,14 +63,14 @@ struct Counters {
     sparkplug_other: u64,
 }
 
-#[derive(Serialize)]
+#[derive(Debug, Serialize)]
 struct Connections {
     source: bool,
     sink: bool,
 }
 
 /// Durable writes since the gateway started.
-#[derive(Serialize)]
+#[derive(Debug, Serialize)]
 struct StoreIo {
     /// Group commits written to the journal.
     journal_commits: u64,
@@ -85,7 +85,7 @@ struct StoreIo {
 }
 
 /// The gateway's own clock (SPEC §4, §8 `P/metrics`).
-#[derive(Serialize)]
+#[derive(Debug, Serialize)]
 struct GatewayClockOut {
     /// Estimated error of the wall clock (wall − true), 0 while it is trusted.
     error_ms: Millis,
@@ -97,11 +97,20 @@ struct GatewayClockOut {
     verdict: crate::time::gateway::Verdict,
 }
 
+/// Reloads since the gateway started (SPEC §11).
+#[derive(Debug, Serialize)]
+struct Reloads {
+    applied: u64,
+    rejected: u64,
+}
+
 /// Gateway state at `now`.
-#[derive(Serialize)]
+#[derive(Debug, Serialize)]
 pub struct Metrics {
     at: Millis,
     uptime_s: u64,
+    config_hash: String,
+    reloads: Reloads,
     groups: BTreeMap<String, Group>,
     counters: Counters,
     outbox_oldest_age_ms: Option<Millis>,
@@ -320,6 +329,28 @@ impl Metrics {
         );
         metric(
             &mut o,
+            "config_info",
+            "gauge",
+            "The config in force: its config_hash (SPEC §11).",
+        );
+        let _ = writeln!(
+            o,
+            "tidemark_config_info{{hash=\"{}\"}} 1",
+            label(&self.config_hash)
+        );
+        metric(
+            &mut o,
+            "config_reloads_total",
+            "counter",
+            "Reloads (SIGHUP), by result.",
+        );
+        let _ = writeln!(
+            o,
+            "tidemark_config_reloads_total{{result=\"applied\"}} {}\ntidemark_config_reloads_total{{result=\"rejected\"}} {}",
+            self.reloads.applied, self.reloads.rejected
+        );
+        metric(
+            &mut o,
             "uptime_seconds",
             "gauge",
             "Seconds since the gateway started.",
@@ -406,7 +437,7 @@ fn label(v: &str) -> String {
 }
 
 /// Gateway state now.
-pub fn collect(engine: &Engine, now: Now, shared: &Shared, source_up: bool) -> Metrics {
+pub fn collect(engine: &Engine, now: Now, shared: &Registry, source_up: bool) -> Metrics {
     let c = engine.counters();
     let clock = engine.gateway_clock();
     // Times on the corrected gateway clock, as the engine's (SPEC §4).
@@ -436,6 +467,11 @@ pub fn collect(engine: &Engine, now: Now, shared: &Shared, source_up: bool) -> M
     Metrics {
         at: now.wall,
         uptime_s: u64::try_from(now.mono / 1000).unwrap_or(0),
+        config_hash: shared.config_hash(),
+        reloads: Reloads {
+            applied: shared.reloads[0].load(Ordering::Relaxed),
+            rejected: shared.reloads[1].load(Ordering::Relaxed),
+        },
         groups,
         counters: Counters {
             received: c.received,
@@ -470,7 +506,7 @@ pub fn collect(engine: &Engine, now: Now, shared: &Shared, source_up: bool) -> M
             checkpoints: shared.commits[1].load(Ordering::Relaxed),
             journal_bytes: shared.journal_bytes.load(Ordering::Relaxed),
             disk_write_bytes: disk_write_bytes(),
-            ok: !shared.store_blocked.load(Ordering::Relaxed),
+            ok: shared.store_ok.load(Ordering::Relaxed),
         },
         ack_delay: shared.ack_delay.snapshot(),
     }

@@ -1,199 +1,355 @@
 //! Upstream publishing: the async task around [`Delivery`], which decides what
 //! goes next; this task only moves events between it, the link and the outbox.
+//! A reload that changes the connection moves to a new link; the outbox keeps
+//! everything not yet acknowledged, and it goes again on the new one.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use serde::Serialize;
 use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::watch;
 
-use super::Shared;
 use super::delivery::{Acked, Delivery, Next};
+use super::events::Notice;
+use super::metrics::Metrics;
+use super::registry::Registry;
+use crate::config::{Config, Endpoint, Protocol, SinkFormat};
+use crate::model::Millis;
 use crate::store::{OutboxEntry, OutboxReader};
 use crate::sys::clock::Backoff;
-use crate::sys::link::{Client, Event, Loop};
+use crate::sys::link::{self, Client, Event, LinkError, LinkOptions, Loop};
 
 /// Input of the sink task.
 #[derive(Debug)]
 pub enum SinkMsg {
     /// Outputs of a commit, with their outbox sequence numbers.
     Live(Vec<(u64, OutboxEntry)>),
-    /// A gateway-level alert for `P/alerts`, published as it is (the state
+    /// A gateway-level notice for `P/alerts`, published as it is (the state
     /// store may be what it is about); kept until the uplink is up.
-    Alert(Vec<u8>),
+    Notice(Notice),
+    /// `P/metrics` (QoS 0, dropped while the uplink is down).
+    Metrics(Box<Metrics>),
+    /// A reload was applied: these settings (a new link if they differ) and the
+    /// retained status again (its `config_hash` changed).
+    Apply(SinkConfig),
     /// The last commit is done: drain for a few seconds, then go offline.
     Stop,
 }
 
-/// Gateway alerts kept while the uplink is down (the newest).
-const ALERTS_KEPT: usize = 64;
+/// Gateway notices kept while the uplink is down (the newest).
+const NOTICES_KEPT: usize = 64;
 /// Outbox entries read per backlog step.
 const BACKLOG_READ: usize = 512;
 /// Time given to the uplink to drain at shutdown.
 const DRAIN: Duration = Duration::from_secs(3);
 
-/// Sink settings.
-pub struct SinkOptions {
-    /// Publish QoS.
-    pub qos: u8,
-    /// `P/status` topic.
-    pub status_topic: String,
-    /// Online status payload.
-    pub online: Vec<u8>,
-    /// Offline status payload (also the last will).
-    pub offline: Vec<u8>,
-    /// `P/metrics` topic.
-    pub metrics_topic: String,
-    /// `P/alerts`.
-    pub alerts_topic: String,
-    /// In-flight publishes at most (≤ the client's inflight limit).
-    pub window: usize,
-    /// For logs.
-    pub url: String,
+/// The sink's slice of the config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SinkConfig {
+    /// The upstream broker.
+    pub endpoint: Endpoint,
+    /// MQTT 5.
+    pub v5: bool,
+    /// In-flight publishes at most (`sink.max_inflight`).
+    pub window: u16,
+    /// Output prefix P.
+    pub prefix: String,
+    /// Encoding of status, notices and metrics.
+    pub format: SinkFormat,
 }
 
-/// Runs until stopped; `metrics` carries `P/metrics` payloads from the core.
-#[allow(clippy::too_many_arguments)]
-pub async fn run(
-    mut lp: Loop,
-    client: Client,
-    opts: SinkOptions,
-    reader: OutboxReader,
-    mut rx: UnboundedReceiver<SinkMsg>,
-    mut metrics: UnboundedReceiver<Vec<u8>>,
-    shared: Arc<Shared>,
-    seed: u64,
-) {
-    let first = match read_from(&reader, None).await {
-        Ok(v) => v.first().map(|(s, _)| *s),
-        Err(e) => {
-            tracing::error!(error = %e, "reading the outbox");
-            None
+impl SinkConfig {
+    /// The sink's settings in `cfg`.
+    pub fn of(cfg: &Config) -> Self {
+        Self {
+            endpoint: cfg.sink.clone(),
+            v5: cfg.sink_protocol == Protocol::V5,
+            window: cfg.sink_max_inflight,
+            prefix: cfg.topic_prefix.clone(),
+            format: cfg.sink_format,
         }
-    };
-    let mut d = Delivery::new(first, opts.window, opts.qos);
-    if first.is_some() {
-        let depth = shared.outbox_depth.load(Ordering::Relaxed);
-        tracing::info!(depth, "outbox backlog to deliver upstream");
     }
-    let mut backoff = Backoff::new(seed);
-    let mut drain: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
-    let mut rx_open = true;
-    // Gateway alerts waiting for the uplink (a few: they report state changes).
-    let mut alerts: VecDeque<Vec<u8>> = VecDeque::new();
-    loop {
-        if d.is_connected() {
-            while let Some(a) = alerts.pop_front() {
-                if client
-                    .publish(&opts.alerts_topic, a.clone(), opts.qos, false)
-                    .is_err()
-                {
-                    alerts.push_front(a);
-                    break;
-                }
-                d.other_sent(opts.qos);
+
+    fn topic(&self, leaf: &str) -> String {
+        format!("{}/{leaf}", self.prefix)
+    }
+
+    /// For logs.
+    pub fn url(&self) -> String {
+        super::endpoint_url(&self.endpoint)
+    }
+}
+
+/// `P/status` (SPEC §8, §12).
+#[derive(Serialize)]
+struct Status<'a> {
+    state: &'a str,
+    version: &'a str,
+    config_hash: &'a str,
+    started_at: Millis,
+}
+
+/// The sink component.
+pub struct Sink {
+    cfg: SinkConfig,
+    client: Client,
+    lp: Loop,
+    d: Delivery,
+    reader: OutboxReader,
+    rx: UnboundedReceiver<SinkMsg>,
+    registry: Arc<Registry>,
+    delivered: watch::Sender<u64>,
+    backoff: Backoff,
+    started_at: Millis,
+    /// Gateway notices waiting for the uplink (a few: they report state changes).
+    notices: VecDeque<Notice>,
+}
+
+impl Sink {
+    /// A sink publishing the outbox `reader` reads; `delivered` carries how far
+    /// upstream has acknowledged.
+    pub fn new(
+        cfg: SinkConfig,
+        reader: OutboxReader,
+        rx: UnboundedReceiver<SinkMsg>,
+        registry: Arc<Registry>,
+        delivered: watch::Sender<u64>,
+        (seed, started_at): (u64, Millis),
+    ) -> Result<Self, LinkError> {
+        let qos = cfg.endpoint.qos;
+        let window = usize::from(cfg.window);
+        let (client, lp) = build(&cfg, status(&cfg, &registry, started_at, "offline"))?;
+        Ok(Self {
+            client,
+            lp,
+            d: Delivery::new(None, window, qos),
+            cfg,
+            reader,
+            rx,
+            registry,
+            delivered,
+            backoff: Backoff::new(seed),
+            started_at,
+            notices: VecDeque::new(),
+        })
+    }
+
+    fn status(&self, cfg: &SinkConfig, state: &str) -> Vec<u8> {
+        status(cfg, &self.registry, self.started_at, state)
+    }
+
+    /// Runs until stopped.
+    pub async fn run(mut self) {
+        let first = match read_from(&self.reader, None).await {
+            Ok(v) => v.first().map(|(s, _)| *s),
+            Err(e) => {
+                tracing::error!(error = %e, "reading the outbox");
+                None
             }
+        };
+        self.d = Delivery::new(first, usize::from(self.cfg.window), self.cfg.endpoint.qos);
+        if first.is_some() {
+            let depth = self.registry.outbox_depth.load(Ordering::Relaxed);
+            tracing::info!(depth, "outbox backlog to deliver upstream");
         }
-        fill(&mut d, &client, &reader, opts.qos).await;
-        if drain.is_some() && d.drained() {
-            break;
-        }
-        tokio::select! {
-            ev = lp.poll() => match ev {
-                Ok(Event::Connected { receive_max, .. }) => {
-                    backoff.reset();
-                    d.connected(receive_max);
-                    shared.sink_up.store(true, Ordering::Relaxed);
-                    let depth = shared.outbox_depth.load(Ordering::Relaxed);
-                    // What bounds the uplink's rate over a long round trip: the smaller of the two.
-                    let broker_max = receive_max.unwrap_or(u16::MAX);
-                    tracing::info!(url = %opts.url, outbox_depth = depth, max_inflight = opts.window,
-                        broker_receive_maximum = broker_max, "sink connected");
-                    if broker_max < u16::try_from(opts.window).unwrap_or(u16::MAX) {
-                        tracing::info!(broker_receive_maximum = broker_max,
-                            "the upstream broker takes fewer unacknowledged publishes than sink.max_inflight: its limit applies");
-                    }
-                    if client.publish(&opts.status_topic, opts.online.clone(), 1, true).is_ok() {
-                        d.other_sent(1);
-                    }
-                }
-                Ok(Event::PubAck { ok, reason }) => on_puback(&mut d, ok, &reason, &shared),
-                Ok(_) => {}
-                Err(e) => {
-                    if d.is_connected() {
-                        d.disconnected();
-                        shared.sink_up.store(false, Ordering::Relaxed);
-                    }
-                    if drain.is_some() {
-                        break;
-                    }
-                    let delay = backoff.next_delay();
-                    tracing::warn!(
-                        url = %opts.url, cause = %e, retry_in_ms = delay.as_millis() as u64,
-                        outbox_depth = shared.outbox_depth.load(Ordering::Relaxed),
-                        "sink disconnected; outputs kept in the outbox"
-                    );
-                    tokio::time::sleep(delay).await;
-                }
-            },
-            msg = rx.recv(), if rx_open => match msg {
-                Some(SinkMsg::Live(list)) => d.live(list),
-                Some(SinkMsg::Alert(a)) => {
-                    if alerts.len() >= ALERTS_KEPT {
-                        alerts.pop_front();
-                    }
-                    alerts.push_back(a);
-                }
-                Some(SinkMsg::Stop) | None => {
-                    rx_open = false;
-                    drain = Some(Box::pin(tokio::time::sleep(DRAIN)));
-                }
-            },
-            m = metrics.recv() => if let Some(payload) = m && d.is_connected() {
-                let _ = client.publish(&opts.metrics_topic, payload, 0, false);
-            },
-            () = async { if let Some(d) = drain.as_mut() { d.await } }, if drain.is_some() => {
-                tracing::warn!(
-                    outbox_depth = shared.outbox_depth.load(Ordering::Relaxed),
-                    "uplink not drained at shutdown; the rest stays in the outbox"
-                );
+        let mut drain: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
+        let mut rx_open = true;
+        loop {
+            self.send_notices();
+            fill(
+                &mut self.d,
+                &self.client,
+                &self.reader,
+                self.cfg.endpoint.qos,
+            )
+            .await;
+            if drain.is_some() && self.d.drained() {
                 break;
             }
-            () = tokio::time::sleep(Duration::from_millis(200)), if d.retry_due() => d.retry(),
+            tokio::select! {
+                ev = self.lp.poll() => match ev {
+                    Ok(Event::Connected { receive_max, .. }) => self.on_connected(receive_max),
+                    Ok(Event::PubAck { ok, reason }) => self.on_puback(ok, &reason),
+                    Ok(_) => {}
+                    Err(e) => {
+                        if self.d.is_connected() {
+                            self.d.disconnected();
+                            self.registry.sink_up.store(false, Ordering::Relaxed);
+                        }
+                        if drain.is_some() {
+                            break;
+                        }
+                        let delay = self.backoff.next_delay();
+                        tracing::warn!(
+                            url = %self.cfg.url(), cause = %e, retry_in_ms = delay.as_millis() as u64,
+                            outbox_depth = self.registry.outbox_depth.load(Ordering::Relaxed),
+                            "sink disconnected; outputs kept in the outbox"
+                        );
+                        tokio::time::sleep(delay).await;
+                    }
+                },
+                msg = self.rx.recv(), if rx_open => match msg {
+                    Some(SinkMsg::Live(list)) => self.d.live(list),
+                    Some(SinkMsg::Notice(n)) => {
+                        if self.notices.len() >= NOTICES_KEPT {
+                            self.notices.pop_front();
+                        }
+                        self.notices.push_back(n);
+                    }
+                    Some(SinkMsg::Metrics(m)) => if self.d.is_connected() {
+                        let payload = m.encode(self.cfg.format);
+                        let _ = self.client.publish(&self.cfg.topic("metrics"), payload, 0, false);
+                    },
+                    Some(SinkMsg::Apply(cfg)) => self.apply(cfg).await,
+                    Some(SinkMsg::Stop) | None => {
+                        rx_open = false;
+                        drain = Some(Box::pin(tokio::time::sleep(DRAIN)));
+                    }
+                },
+                () = async { if let Some(d) = drain.as_mut() { d.await } }, if drain.is_some() => {
+                    tracing::warn!(
+                        outbox_depth = self.registry.outbox_depth.load(Ordering::Relaxed),
+                        "uplink not drained at shutdown; the rest stays in the outbox"
+                    );
+                    break;
+                }
+                () = tokio::time::sleep(Duration::from_millis(200)), if self.d.retry_due() => self.d.retry(),
+            }
+        }
+        self.offline().await;
+    }
+
+    fn send_notices(&mut self) {
+        if !self.d.is_connected() {
+            return;
+        }
+        let (topic, qos) = (self.cfg.topic("alerts"), self.cfg.endpoint.qos);
+        while let Some(n) = self.notices.pop_front() {
+            let payload = self.cfg.format.encode(&n);
+            if self.client.publish(&topic, payload, qos, false).is_err() {
+                self.notices.push_front(n);
+                break;
+            }
+            self.d.other_sent(qos);
         }
     }
-    // Offline status, retained, then a clean disconnect (the last will covers a crash).
-    if d.is_connected()
-        && client
-            .publish(&opts.status_topic, opts.offline.clone(), 1, true)
-            .is_ok()
-    {
-        d.other_sent(1);
+
+    fn on_connected(&mut self, receive_max: Option<u16>) {
+        self.backoff.reset();
+        self.d.connected(receive_max);
+        self.registry.sink_up.store(true, Ordering::Relaxed);
+        let depth = self.registry.outbox_depth.load(Ordering::Relaxed);
+        // What bounds the uplink's rate over a long round trip: the smaller of the two.
+        let broker_max = receive_max.unwrap_or(u16::MAX);
+        tracing::info!(url = %self.cfg.url(), outbox_depth = depth, max_inflight = self.cfg.window,
+            broker_receive_maximum = broker_max, "sink connected");
+        if broker_max < self.cfg.window {
+            tracing::info!(
+                broker_receive_maximum = broker_max,
+                "the upstream broker takes fewer unacknowledged publishes than sink.max_inflight: its limit applies"
+            );
+        }
+        self.publish_status("online");
+    }
+
+    fn publish_status(&mut self, state: &str) -> bool {
+        let payload = self.status(&self.cfg, state);
+        let ok = self
+            .client
+            .publish(&self.cfg.topic("status"), payload, 1, true)
+            .is_ok();
+        if ok {
+            self.d.other_sent(1);
+        }
+        ok
+    }
+
+    fn on_puback(&mut self, ok: bool, reason: &str) {
+        match self.d.puback(ok) {
+            Acked::Delivered(upto) => {
+                self.delivered.send_replace(upto);
+            }
+            Acked::Refused(seq) => {
+                tracing::warn!(seq, reason, "upstream refused an output; retrying");
+            }
+            Acked::Nothing => {}
+        }
+    }
+
+    /// A reload: the same link republishes the status (new hash); other settings
+    /// go offline on the old link and connect a new one.
+    async fn apply(&mut self, new: SinkConfig) {
+        if new == self.cfg {
+            if self.d.is_connected() {
+                self.publish_status("online");
+            }
+            return;
+        }
+        let link = match build(&new, self.status(&new, "offline")) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, "reload: the new sink link cannot be built; keeping the current one");
+                return;
+            }
+        };
+        tracing::info!(from = %self.cfg.url(), to = %new.url(), "sink reconnecting for a reload");
+        self.send_notices();
+        self.offline().await;
+        self.d.disconnected();
+        self.registry.sink_up.store(false, Ordering::Relaxed);
+        self.d.configure(usize::from(new.window), new.endpoint.qos);
+        (self.client, self.lp) = link;
+        self.cfg = new;
+        self.backoff.reset();
+    }
+
+    /// Offline status, retained, then a clean disconnect (the last will covers a crash).
+    async fn offline(&mut self) {
+        if !self.d.is_connected() || !self.publish_status("offline") {
+            return;
+        }
         let _ = tokio::time::timeout(Duration::from_secs(1), async {
-            while d.in_flight() > 0 {
-                match lp.poll().await {
-                    Ok(Event::PubAck { ok, reason }) => on_puback(&mut d, ok, &reason, &shared),
+            while self.d.in_flight() > 0 {
+                match self.lp.poll().await {
+                    Ok(Event::PubAck { ok, reason }) => self.on_puback(ok, &reason),
                     Ok(_) => {}
                     Err(_) => break,
                 }
             }
         })
         .await;
-        let _ = client.disconnect();
+        let _ = self.client.disconnect();
         let _ = tokio::time::timeout(Duration::from_millis(500), async {
-            while lp.poll().await.is_ok() {}
+            while self.lp.poll().await.is_ok() {}
         })
         .await;
     }
 }
 
-fn on_puback(d: &mut Delivery, ok: bool, reason: &str, shared: &Shared) {
-    match d.puback(ok) {
-        Acked::Delivered(upto) => shared.delivered.store(upto, Ordering::Release),
-        Acked::Refused(seq) => tracing::warn!(seq, reason, "upstream refused an output; retrying"),
-        Acked::Nothing => {}
-    }
+/// The `P/status` payload in `cfg`'s format with the config hash in force.
+fn status(cfg: &SinkConfig, registry: &Registry, started_at: Millis, state: &str) -> Vec<u8> {
+    cfg.format.encode(&Status {
+        state,
+        version: env!("CARGO_PKG_VERSION"),
+        config_hash: &registry.config_hash(),
+        started_at,
+    })
+}
+
+/// The uplink: a clean session each time (the outbox is the session), `offline` as its will.
+fn build(cfg: &SinkConfig, offline: Vec<u8>) -> Result<(Client, Loop), LinkError> {
+    link::build(&LinkOptions {
+        endpoint: &cfg.endpoint,
+        v5: cfg.v5,
+        persistent: false,
+        session_expiry_s: 0,
+        manual_acks: false,
+        will: Some((cfg.topic("status"), offline)),
+        inflight: cfg.window,
+    })
 }
 
 /// Publishes until the in-flight window is full or nothing is left.

@@ -9,6 +9,7 @@
 
 mod error;
 mod read;
+pub mod record;
 pub mod schema;
 #[cfg(test)]
 mod tests;
@@ -324,6 +325,11 @@ impl Store {
     /// Bytes in the outbox table after the last commit.
     pub fn outbox_bytes(&self) -> u64 {
         self.outbox.bytes.unwrap_or(0)
+    }
+
+    /// Bounds the outbox in entries (`sink.outbox_max_messages`, a reload).
+    pub fn set_max_outbox(&mut self, n: u64) {
+        self.max_outbox = n.max(1);
     }
 
     /// The outbox bound in entries.

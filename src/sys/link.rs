@@ -331,6 +331,14 @@ impl Client {
         }
     }
 
+    /// Queues an unsubscription of one filter.
+    pub fn unsubscribe(&self, filter: &str) -> Result<(), LinkError> {
+        match self {
+            Client::V4(c) => c.try_unsubscribe(filter).map_err(LinkError::from),
+            Client::V5(c) => c.try_unsubscribe(filter).map_err(LinkError::from),
+        }
+    }
+
     /// Queues a clean disconnect.
     pub fn disconnect(&self) -> Result<(), LinkError> {
         match self {

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::Millis;
 
 /// A validated window shape.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum WindowSpec {
     /// `[k·size, (k+1)·size)`.
     Tumbling {
@@ -208,11 +208,53 @@ pub fn assign(spec: WindowSpec, t: Millis, out: &mut heapless::Vec<(Millis, Mill
 /// Largest number of hopping windows one event may fall into.
 pub const MAX_OVERLAP: i64 = 64;
 
-/// Adds an event to a device's open windows (sorted by start).
-/// Returns false if every window of the event is past `end + lateness` (late).
+/// The event-time span `[from, until)` one window rule governs (SPEC §11: a
+/// changed rule switches at an event time, so the windows of two rules never overlap).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    /// No window of the rule starts before this.
+    pub from: Millis,
+    /// No window of the rule ends after this (the one across it ends here).
+    pub until: Millis,
+}
+
+impl Span {
+    /// Every event time.
+    pub const ALL: Span = Span {
+        from: Millis::MIN,
+        until: Millis::MAX,
+    };
+}
+
+/// Where a group switches from rule `old` to rule `new` when its latest event
+/// time is `latest`: the first boundary of `new` at or after the end of the last
+/// `old` window holding `latest` (SPEC §11). Sessions have no boundaries.
+pub fn switch_point(old: WindowSpec, new: WindowSpec, latest: Millis) -> Millis {
+    let mut ws = heapless::Vec::new();
+    assign(old, latest, &mut ws);
+    let end = ws.iter().map(|&(_, e)| e).max().unwrap_or(latest);
+    let step = match new {
+        WindowSpec::Tumbling { size_ms } => size_ms,
+        WindowSpec::Hopping { slide_ms, .. } => slide_ms,
+        WindowSpec::Session { .. } => 1,
+    };
+    let k = end.div_euclid(step);
+    let at = k.saturating_mul(step);
+    if at < end {
+        at.saturating_add(step)
+    } else {
+        at
+    }
+}
+
+/// Adds an event to a device's open windows (sorted by start), within the
+/// rule's `span`. Returns false if every window of the event is past
+/// `end + lateness` (late).
+#[allow(clippy::too_many_arguments)]
 pub fn apply(
     windows: &mut Vec<Window>,
     spec: WindowSpec,
+    span: Span,
     t: Millis,
     wm: Option<Millis>,
     lateness: Millis,
@@ -221,10 +263,11 @@ pub fn apply(
 ) -> bool {
     let open = |end: Millis| wm.is_none_or(|w| end + lateness > w);
     if let WindowSpec::Session { gap_ms } = spec {
-        if !open(t + gap_ms) {
+        let hi = t.saturating_add(gap_ms).min(span.until);
+        if !open(hi) {
             return false;
         }
-        let (lo, hi) = (t, t + gap_ms);
+        let lo = t;
         // Sessions whose span [start, end) touches [t, t + gap) merge with the event.
         let first = windows.partition_point(|w| w.end <= lo);
         let mut last = first;
@@ -237,7 +280,7 @@ pub fn apply(
         for w in windows.drain(first..last) {
             merged.absorb(w);
         }
-        merged.end = merged.last_event + gap_ms;
+        merged.end = (merged.last_event + gap_ms).min(span.until);
         merged.add(t, heartbeat, metrics);
         insert_tight(windows, first, merged);
         return true;
@@ -246,7 +289,8 @@ pub fn apply(
     assign(spec, t, &mut ws);
     let mut any = false;
     for &(s, e) in &ws {
-        if !open(e) {
+        let e = e.min(span.until);
+        if s < span.from || !open(e) {
             continue;
         }
         any = true;
@@ -311,21 +355,48 @@ mod tests {
     fn sessions_merge_events_closer_than_the_gap() {
         let spec = WindowSpec::Session { gap_ms: 10_000 };
         let mut ws = Vec::new();
-        assert!(apply(&mut ws, spec, 0, None, 0, false, &[(0, 1.0)]));
-        assert!(apply(&mut ws, spec, 25_000, None, 0, false, &[(0, 2.0)]));
+        assert!(apply(
+            &mut ws,
+            spec,
+            Span::ALL,
+            0,
+            None,
+            0,
+            false,
+            &[(0, 1.0)]
+        ));
+        assert!(apply(
+            &mut ws,
+            spec,
+            Span::ALL,
+            25_000,
+            None,
+            0,
+            false,
+            &[(0, 2.0)]
+        ));
         assert_eq!(ws.len(), 2);
-        assert!(apply(&mut ws, spec, 9_000, None, 0, false, &[(0, 3.0)]));
+        assert!(apply(
+            &mut ws,
+            spec,
+            Span::ALL,
+            9_000,
+            None,
+            0,
+            false,
+            &[(0, 3.0)]
+        ));
         assert_eq!(ws.len(), 2);
         assert_eq!((ws[0].start, ws[0].end, ws[0].count), (0, 19_000, 2));
         // This one bridges both sessions.
-        assert!(apply(&mut ws, spec, 18_000, None, 0, true, &[]));
+        assert!(apply(&mut ws, spec, Span::ALL, 18_000, None, 0, true, &[]));
         assert_eq!(ws.len(), 1);
         assert_eq!(
             (ws[0].start, ws[0].end, ws[0].count, ws[0].heartbeats),
             (0, 35_000, 3, 1)
         );
         // Exactly one gap away is not closer than the gap: a new session.
-        assert!(apply(&mut ws, spec, 45_000, None, 0, false, &[]));
+        assert!(apply(&mut ws, spec, Span::ALL, 45_000, None, 0, false, &[]));
         assert_eq!(ws.len(), 2);
         assert_eq!(ws[0].metrics[0].1.first, 1.0);
         assert_eq!(ws[0].metrics[0].1.last, 2.0);
@@ -351,7 +422,25 @@ mod tests {
     fn windows_past_lateness_refuse_the_event() {
         let spec = WindowSpec::Tumbling { size_ms: 1000 };
         let mut ws = Vec::new();
-        assert!(apply(&mut ws, spec, 500, Some(1400), 500, false, &[]));
-        assert!(!apply(&mut ws, spec, 500, Some(1500), 500, false, &[]));
+        assert!(apply(
+            &mut ws,
+            spec,
+            Span::ALL,
+            500,
+            Some(1400),
+            500,
+            false,
+            &[]
+        ));
+        assert!(!apply(
+            &mut ws,
+            spec,
+            Span::ALL,
+            500,
+            Some(1500),
+            500,
+            false,
+            &[]
+        ));
     }
 }

@@ -11,15 +11,18 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::watch;
 
+use super::StoreJob;
+use super::events::{Notice, StoreEvent, StoreState};
+use super::registry::Registry;
 use super::sink::SinkMsg;
-use super::{Shared, StoreJob};
 use crate::engine::Engine;
 use crate::journal;
 use crate::model::Millis;
-use crate::store::schema::{K_WAL, wal_generation};
+use crate::store::record;
+use crate::store::schema::{K_RULES, K_WAL, rules_doc, wal_generation};
 use crate::store::wal::Wal;
 use crate::store::{Batch, OutboxEntry, Store, StoreError};
 use crate::sys::clock::SystemClock;
@@ -32,43 +35,6 @@ pub enum AckJob {
     Acks(Vec<(u64, Held)>),
     /// The final commit is done: flush and disconnect the source.
     Done,
-}
-
-#[derive(Serialize)]
-struct RecordRef<'a> {
-    #[serde(with = "serde_bytes")]
-    ops: &'a [u8],
-    outputs: &'a [(u64, &'a OutboxEntry)],
-    delivered: Option<u64>,
-}
-
-#[derive(Deserialize)]
-struct Record {
-    #[serde(with = "serde_bytes")]
-    ops: Vec<u8>,
-    outputs: Vec<(u64, OutboxEntry)>,
-    delivered: Option<u64>,
-}
-
-/// Journal record body: a format byte, then the CBOR record (LZ4 block, size prepended).
-const LZ4: u8 = 1;
-/// A record larger than this when decompressed is not ours.
-const MAX_RECORD: usize = 1 << 30;
-
-fn decode_record(body: &[u8]) -> Result<Record, String> {
-    let (&format, rest) = body.split_first().ok_or("empty record")?;
-    if format != LZ4 {
-        return Err(format!("unknown record format {format}"));
-    }
-    let size = rest
-        .get(..4)
-        .and_then(|b| <[u8; 4]>::try_from(b).ok())
-        .map_or(usize::MAX, |b| u32::from_le_bytes(b) as usize);
-    if size > MAX_RECORD {
-        return Err(format!("record size {size} out of range"));
-    }
-    let cbor = lz4_flex::block::decompress_size_prepended(rest).map_err(|e| e.to_string())?;
-    ciborium::de::from_reader(cbor.as_slice()).map_err(|e| e.to_string())
 }
 
 /// The durable side of `run`: redb (checkpoints, outbox) and the journal.
@@ -105,24 +71,30 @@ impl Durable {
         state_dir: &std::path::Path,
         meta: &std::collections::BTreeMap<String, Vec<u8>>,
         engine: &mut Engine,
-    ) -> Result<(Self, usize), StoreError> {
+    ) -> Result<(Self, usize, Option<String>), StoreError> {
         let generation = wal_generation(meta);
+        // The engine settings in force: the checkpoint's, then each journaled reload's.
+        let mut in_force = rules_doc(meta);
         let path = Wal::file(state_dir);
         let (wal, records) = Wal::open(state_dir, generation).map_err(wal_err(&path))?;
         let replayed = records.len();
         let mut batch = Batch::default();
         let mut scratch = Vec::new();
         for body in records {
-            let r = decode_record(&body).map_err(|detail| StoreError::Corrupt {
+            let r = record::decode(&body).map_err(|detail| StoreError::Corrupt {
                 path: path.clone(),
                 table: "journal",
                 source: detail.into(),
             })?;
-            journal::apply(engine, &r.ops, &mut scratch).map_err(|e| StoreError::Corrupt {
-                path: path.clone(),
-                table: "journal",
-                source: e.into(),
-            })?;
+            let reloaded =
+                journal::apply(engine, &r.ops, &mut scratch).map_err(|e| StoreError::Corrupt {
+                    path: path.clone(),
+                    table: "journal",
+                    source: e.into(),
+                })?;
+            if reloaded.is_some() {
+                in_force = reloaded;
+            }
             batch.folded.extend(r.outputs);
             batch.delivered = batch.delivered.max(r.delivered);
         }
@@ -136,6 +108,9 @@ impl Durable {
         };
         if replayed > 0 || generation == 0 {
             batch.changes = engine.take_changes();
+            if let Some(doc) = &in_force {
+                batch.meta.push((K_RULES, doc.as_bytes().to_vec()));
+            }
             match d.checkpoint(&mut batch) {
                 Ok(_) => {}
                 Err(e) if e.is_io() && generation != 0 => {
@@ -149,7 +124,7 @@ impl Durable {
         } else {
             d.oldest = d.store.next_seq().saturating_sub(d.store.outbox_depth()?);
         }
-        Ok((d, replayed))
+        Ok((d, replayed, in_force))
     }
 
     /// Keeps the start's checkpoint for the store thread: its outputs become the
@@ -254,17 +229,7 @@ impl Durable {
         };
         let first = self.store.next_seq();
         let numbered: Vec<(u64, &OutboxEntry)> = (first..).zip(batch.outputs.iter()).collect();
-        self.buf.clear();
-        let rec = RecordRef {
-            ops,
-            outputs: &numbered,
-            delivered: batch.delivered,
-        };
-        let _ = ciborium::ser::into_writer(&rec, &mut self.buf);
-        // Readings compress 5-8x (JSON keys, topics, timestamps): fewer pages per commit.
-        let mut body = Vec::with_capacity(self.buf.len() / 4 + 16);
-        body.push(LZ4);
-        body.extend_from_slice(&lz4_flex::block::compress_prepend_size(&self.buf));
+        let body = record::encode(ops, &numbered, batch.delivered, &mut self.buf);
         let path = self.wal.path().to_path_buf();
         let bytes = self.wal.append(&body).map_err(wal_err(&path))?;
         self.store
@@ -324,100 +289,113 @@ struct Written {
     dropped: u64,
 }
 
+/// What the store thread is wired to.
+pub struct Links {
+    /// Batches from the core.
+    pub rx: Receiver<StoreJob>,
+    /// Acks of committed messages to the source.
+    pub acks: UnboundedSender<AckJob>,
+    /// Committed outputs and notices to the sink.
+    pub sink: UnboundedSender<SinkMsg>,
+    /// Commits, to the core.
+    pub events: UnboundedSender<StoreEvent>,
+    /// The store's health, to the core and the source.
+    pub state: watch::Sender<StoreState>,
+    /// The uplink's delivered mark (the start's deferred checkpoint).
+    pub delivered: watch::Receiver<u64>,
+    /// A stop was requested (a store outage gives up then).
+    pub stop: watch::Receiver<bool>,
+    /// Counters and gauges.
+    pub registry: Arc<Registry>,
+}
+
 /// Runs until the last batch or until the core is gone.
-pub fn run(
-    mut durable: Durable,
-    rx: Receiver<StoreJob>,
-    acks: UnboundedSender<AckJob>,
-    sink: UnboundedSender<SinkMsg>,
-    shared: Arc<Shared>,
-    clock: SystemClock,
-) -> Result<(), StoreError> {
+pub fn run(mut durable: Durable, links: Links, clock: SystemClock) -> Result<(), StoreError> {
     let mut outage = Outage::new(clock);
     let mut queued = std::collections::VecDeque::new();
+    let registry = links.registry.clone();
     if let Some(mut batch) = durable.startup.take() {
         loop {
-            let delivered = shared.delivered.load(Ordering::Acquire).checked_sub(1);
+            let delivered = links.delivered.borrow().checked_sub(1);
             batch.delivered = batch.delivered.max(delivered);
             match durable.checkpoint(&mut batch) {
                 Ok(_) => break,
-                Err(e) if e.is_io() => {
-                    outage.wait(e, &durable, &shared, &sink, &rx, &mut queued)?
-                }
+                Err(e) if e.is_io() => outage.wait(e, &durable, &links, &mut queued)?,
                 Err(e) => return Err(e),
             }
         }
-        outage.over(&shared, &sink);
+        outage.over(&links);
     }
     loop {
         let mut job = match queued.pop_front() {
             Some(j) => j,
-            None => match rx.recv() {
+            None => match links.rx.recv() {
                 Ok(j) => j,
                 Err(_) => break,
             },
         };
-        let (delivered, (mut live, w)) = loop {
-            let delivered = shared.delivered.load(Ordering::Acquire);
-            shared.health.committing(true);
+        if let Some(b) = job.bounds.take() {
+            durable.store.set_max_outbox(b.messages);
+            durable.store.set_max_bytes(b.bytes);
+        }
+        let delivered = job.delivered;
+        let (mut live, w) = loop {
+            registry.health.committing(true);
             let r = durable.write(&mut job.batch, delivered);
-            shared.health.committing(false);
+            registry.health.committing(false);
             match r {
-                Ok(v) => break (delivered, v),
-                Err(e) if e.is_io() => {
-                    outage.wait(e, &durable, &shared, &sink, &rx, &mut queued)?
-                }
+                Ok(v) => break v,
+                Err(e) if e.is_io() => outage.wait(e, &durable, &links, &mut queued)?,
                 Err(e) => return Err(e),
             }
         };
-        outage.over(&shared, &sink);
+        outage.over(&links);
         let kind = usize::from(w.checkpoint);
-        shared.commits[kind].fetch_add(1, Ordering::Relaxed);
-        shared.journal_bytes.fetch_add(w.bytes, Ordering::Relaxed);
-        shared
-            .journal_len
-            .store(durable.wal.len(), Ordering::Relaxed);
+        registry.commits[kind].fetch_add(1, Ordering::Relaxed);
+        registry.journal_bytes.fetch_add(w.bytes, Ordering::Relaxed);
         durable.forget_delivered(delivered);
         let (depth, oldest) = durable.depth(delivered);
-        shared.outbox_depth.store(depth, Ordering::Relaxed);
-        shared
+        registry.outbox_depth.store(depth, Ordering::Relaxed);
+        registry
             .outbox_oldest
             .store(oldest.unwrap_or(0), Ordering::Relaxed);
-        shared
+        registry
             .outbox_dropped
             .store(durable.store.outbox_dropped(), Ordering::Relaxed);
         let bytes = durable
             .store
             .outbox_bytes()
             .saturating_add(durable.unfolded_bytes);
-        if depth > durable.store.max_outbox() || bytes > durable.store.max_bytes() {
-            // The bound is applied when the journal's outputs are folded into the table.
-            shared.want_checkpoint.store(true, Ordering::Relaxed);
-        }
+        // The bound is applied when the journal's outputs are folded into the table.
+        let over_bound = depth > durable.store.max_outbox() || bytes > durable.store.max_bytes();
+        let _ = links.events.send(StoreEvent::Committed {
+            journal_len: durable.wal.len(),
+            over_bound,
+        });
         if w.dropped > 0 {
             tracing::warn!(
                 dropped = w.dropped,
-                limit = shared.outbox_max,
+                limit = durable.store.max_outbox(),
                 "outbox full: oldest outputs dropped"
             );
         }
         if !job.acks.is_empty() {
             let now = clock.mono();
             for (_, _, at) in &job.acks {
-                shared.ack_delay.observe(now.saturating_sub(*at));
+                registry.ack_delay.observe(now.saturating_sub(*at));
             }
             let list = job.acks.drain(..).map(|(g, h, _)| (g, h)).collect();
-            let _ = acks.send(AckJob::Acks(list));
+            let _ = links.acks.send(AckJob::Acks(list));
         }
         if !live.is_empty() {
             // A checkpoint that dropped outputs over the bound: only those still there go live.
             let keep = durable.oldest;
             live.retain(|(s, _)| *s >= keep);
-            let _ = sink.send(SinkMsg::Live(live));
+            let _ = links.sink.send(SinkMsg::Live(live));
         }
         if job.last {
-            let _ = acks.send(AckJob::Done);
-            let _ = sink.send(SinkMsg::Stop);
+            let _ = links.acks.send(AckJob::Done);
+            let _ = links.sink.send(SinkMsg::Stop);
             break;
         }
     }
@@ -456,9 +434,7 @@ impl Outage {
         &mut self,
         e: StoreError,
         durable: &Durable,
-        shared: &Shared,
-        sink: &UnboundedSender<SinkMsg>,
-        rx: &Receiver<StoreJob>,
+        links: &Links,
         queued: &mut std::collections::VecDeque<StoreJob>,
     ) -> Result<(), StoreError> {
         let now = self.clock.mono();
@@ -467,33 +443,35 @@ impl Outage {
             self.since = Some(now);
             self.next_log = now.saturating_add(OUTAGE_LOG_MS);
             self.delay_ms = RETRY_FIRST_MS;
-            shared.store_blocked.store(true, Ordering::Release);
+            links.registry.store_ok.store(false, Ordering::Relaxed);
+            links
+                .state
+                .send_replace(StoreState::Blocked(detail.clone()));
             tracing::error!(
                 error = %detail,
                 "state store cannot commit: input paused, acks held, retrying (nothing is lost; free disk space under the state dir)"
             );
             let at = self.clock.now().wall;
-            let _ = sink.send(SinkMsg::Alert(super::gateway_alert(
-                shared.format,
-                "state_store",
-                Some(&detail),
+            let _ = links.sink.send(SinkMsg::Notice(Notice::StateStore {
+                detail: detail.clone(),
                 at,
-            )));
+            }));
         } else if now >= self.next_log {
             self.next_log = now.saturating_add(OUTAGE_LOG_MS);
             let secs = now.saturating_sub(self.since.unwrap_or(now)) / 1000;
             tracing::warn!(error = %detail, for_s = secs, "state store still cannot commit: input paused");
         }
-        shared
+        links
+            .registry
             .health
             .store_problem(Some(format!("state store cannot commit: {detail}")));
         let until = now.saturating_add(i64::try_from(self.delay_ms).unwrap_or(i64::MAX));
         self.delay_ms = (self.delay_ms * 2).min(RETRY_MAX_MS);
         loop {
-            while let Ok(job) = rx.try_recv() {
+            while let Ok(job) = links.rx.try_recv() {
                 queued.push_back(job);
             }
-            if shared.stopping.load(Ordering::Acquire) {
+            if *links.stop.borrow() {
                 tracing::error!(
                     "stopping while the state store cannot commit: input since the last commit stays with the source broker (acks were held)"
                 );
@@ -520,21 +498,19 @@ impl Outage {
     }
 
     /// After a successful write: ends an outage.
-    fn over(&mut self, shared: &Shared, sink: &UnboundedSender<SinkMsg>) {
+    fn over(&mut self, links: &Links) {
         let Some(since) = self.since.take() else {
             return;
         };
         let secs = self.clock.mono().saturating_sub(since) / 1000;
         tracing::info!(after_s = secs, "state store commits again: input resumes");
-        shared.health.store_problem(None);
-        shared.store_blocked.store(false, Ordering::Release);
+        links.registry.health.store_problem(None);
+        links.registry.store_ok.store(true, Ordering::Relaxed);
+        links.state.send_replace(StoreState::Ok);
         let at = self.clock.now().wall;
-        let _ = sink.send(SinkMsg::Alert(super::gateway_alert(
-            shared.format,
-            "state_store_ok",
-            None,
-            at,
-        )));
+        let _ = links
+            .sink
+            .send(SinkMsg::Notice(Notice::StateStoreOk { at }));
     }
 }
 

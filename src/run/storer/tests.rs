@@ -44,7 +44,7 @@ fn open(dir: &std::path::Path, cfg: &crate::config::Config) -> (Durable, Driver,
     e.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
     e.restore_clock(snap.gateway_clock);
     e.restore_sparkplug(snap.sparkplug);
-    let (d, n) = Durable::recover(store, dir, &snap.meta, &mut e).unwrap();
+    let (d, n, _) = Durable::recover(store, dir, &snap.meta, &mut e).unwrap();
     (
         d,
         Driver::new(e, cfg, SinkFormat::Json, None).with_journal(),

@@ -1,0 +1,81 @@
+//! The numbers the components write and the metrics read: counters and gauges
+//! only. Feedback between components travels as typed events (see
+//! [`super::events`]), never through here.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+
+use super::health::Health;
+use super::metrics::Histogram;
+
+/// Written by one component each, read by metrics and the HTTP endpoint.
+#[derive(Debug)]
+pub struct Registry {
+    /// Outbox entries after the last commit (store).
+    pub outbox_depth: AtomicU64,
+    /// Outputs dropped because the outbox was full (store).
+    pub outbox_dropped: AtomicU64,
+    /// Wall time of the oldest undelivered output, 0: none (store).
+    pub outbox_oldest: AtomicI64,
+    /// The sink is connected (sink).
+    pub sink_up: AtomicBool,
+    /// Messages handed to the core in this process (core).
+    pub received: AtomicU64,
+    /// Durable writes: journal records \[0\], checkpoints \[1\] (store).
+    pub commits: [AtomicU64; 2],
+    /// Bytes appended to the journal (store).
+    pub journal_bytes: AtomicU64,
+    /// Time from receipt to release of QoS 1 acks (store).
+    pub ack_delay: Histogram,
+    /// The state store commits (store).
+    pub store_ok: AtomicBool,
+    /// Reloads applied \[0\] and rejected \[1\] (reload).
+    pub reloads: [AtomicU64; 2],
+    /// `config_hash` of the config in force (reload).
+    config_hash: Mutex<String>,
+    /// Liveness of the parts (watchdog, `/healthz`).
+    pub health: Health,
+}
+
+impl Registry {
+    /// A registry with the restored outbox figures.
+    pub fn new(health: Health, outbox_depth: u64, outbox_dropped: u64, hash: String) -> Self {
+        Self {
+            outbox_depth: AtomicU64::new(outbox_depth),
+            outbox_dropped: AtomicU64::new(outbox_dropped),
+            outbox_oldest: AtomicI64::new(0),
+            sink_up: AtomicBool::new(false),
+            received: AtomicU64::new(0),
+            commits: [AtomicU64::new(0), AtomicU64::new(0)],
+            journal_bytes: AtomicU64::new(0),
+            ack_delay: Histogram::default(),
+            store_ok: AtomicBool::new(true),
+            reloads: [AtomicU64::new(0), AtomicU64::new(0)],
+            config_hash: Mutex::new(hash),
+            health,
+        }
+    }
+
+    /// The config hash in force.
+    pub fn config_hash(&self) -> String {
+        self.config_hash
+            .lock()
+            .map(|h| h.clone())
+            .unwrap_or_default()
+    }
+
+    /// A reload was applied (`Some(hash)`) or rejected (`None`).
+    pub fn reloaded(&self, applied: Option<&str>) {
+        match applied {
+            Some(h) => {
+                if let Ok(mut cur) = self.config_hash.lock() {
+                    h.clone_into(&mut cur);
+                }
+                self.reloads[0].fetch_add(1, Ordering::Relaxed);
+            }
+            None => {
+                self.reloads[1].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
