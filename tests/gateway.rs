@@ -540,9 +540,13 @@ fn systemd_notify_watchdog_and_the_local_http_endpoint() {
     }
     publisher.send("sensors/hall/d1/bogus", b"{}");
     publisher.flush();
-    wait_until(MIN, "accepted in /metrics", || {
+    // The text is refreshed once a second: the accepted count may show a pass before the
+    // tick that moves the watermark.
+    wait_until(MIN, "accepted and a watermark in /metrics", || {
         let (code, body) = support::http_get(http_port, "/metrics");
-        code == 200 && sample(&body, "tidemark_accepted_total") == Some(5.0)
+        code == 200
+            && sample(&body, "tidemark_accepted_total") == Some(5.0)
+            && body.contains("tidemark_group_watermark_seconds{group=\"hall\"}")
     });
     let (_, body) = support::http_get(http_port, "/metrics");
     assert!(

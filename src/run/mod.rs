@@ -157,8 +157,9 @@ fn restore(cfg: &Config, clock: SystemClock) -> Result<Restored, RunError> {
     engine.restore_clock(snap.gateway_clock);
     engine.restore_sparkplug(snap.sparkplug);
     // What the journal holds since the last checkpoint goes into the engine and the state file.
+    let configured = cfg.engine_doc();
     let (durable, replayed, in_force) =
-        storer::Durable::recover(store, &cfg.state_dir, &snap.meta, &mut engine)?;
+        storer::Durable::recover(store, &cfg.state_dir, &snap.meta, &mut engine, &configured)?;
     let outbox_depth = durable.store().outbox_depth()?;
     let outbox_dropped = durable.store().outbox_dropped();
     tracing::info!(
@@ -174,14 +175,12 @@ fn restore(cfg: &Config, clock: SystemClock) -> Result<Restored, RunError> {
     driver.new_clock_origin();
     // Rebirth requests recomputed from the journal were sent (or not) by the last process.
     driver.engine_mut().take_commands();
-    let configured = cfg.engine_doc();
-    match in_force {
-        Some(doc) if doc != configured => {
-            tracing::info!("the config changed while the gateway was stopped: applied as a reload");
-            driver.set_rules_doc(doc);
-            driver.reconfigure(clock.now(), cfg);
-        }
-        _ => driver.set_rules_doc(configured),
+    if in_force == configured {
+        driver.set_rules_doc(configured);
+    } else {
+        tracing::info!("the rules changed since the state was written: applied as a reload");
+        driver.set_rules_doc(in_force);
+        driver.reconfigure(clock.now(), cfg);
     }
     Ok(Restored {
         durable,

@@ -65,16 +65,18 @@ fn wal_err(wal: &std::path::Path) -> impl Fn(std::io::Error) -> StoreError + '_ 
 impl Durable {
     /// Opens the journal of the store's current generation and folds whatever it
     /// holds into `engine` (restored from the store) and into redb, so the gateway
-    /// starts from one checkpoint with an empty journal.
+    /// starts from one checkpoint with an empty journal. Returns the engine
+    /// settings in force after the journal: the checkpoint's (`configured` for a
+    /// state that recorded none), then each journaled reload's.
     pub fn recover(
         store: Store,
         state_dir: &std::path::Path,
         meta: &std::collections::BTreeMap<String, Vec<u8>>,
         engine: &mut Engine,
-    ) -> Result<(Self, usize, Option<String>), StoreError> {
+        configured: &str,
+    ) -> Result<(Self, usize, String), StoreError> {
         let generation = wal_generation(meta);
-        // The engine settings in force: the checkpoint's, then each journaled reload's.
-        let mut in_force = rules_doc(meta);
+        let mut in_force = rules_doc(meta).unwrap_or_else(|| configured.to_owned());
         let path = Wal::file(state_dir);
         let (wal, records) = Wal::open(state_dir, generation).map_err(wal_err(&path))?;
         let replayed = records.len();
@@ -92,8 +94,8 @@ impl Durable {
                     table: "journal",
                     source: e.into(),
                 })?;
-            if reloaded.is_some() {
-                in_force = reloaded;
+            if let Some(doc) = reloaded {
+                in_force = doc;
             }
             batch.folded.extend(r.outputs);
             batch.delivered = batch.delivered.max(r.delivered);
@@ -108,9 +110,7 @@ impl Durable {
         };
         if replayed > 0 || generation == 0 {
             batch.changes = engine.take_changes();
-            if let Some(doc) = &in_force {
-                batch.meta.push((K_RULES, doc.as_bytes().to_vec()));
-            }
+            batch.meta.push((K_RULES, in_force.as_bytes().to_vec()));
             match d.checkpoint(&mut batch) {
                 Ok(_) => {}
                 Err(e) if e.is_io() && generation != 0 => {
