@@ -115,7 +115,10 @@ proptest! {
 fn readings_before_the_switch_point_stay_in_old_rule_windows_and_the_one_across_it_ends_there() {
     // 10 s windows; the latest event is at T0 + 4.5 s, so the switch to 3 s windows is at
     // the first 3 s boundary at or after T0 + 10 s: T0 + 12 s.
-    let mut sim = Sim::new(&toml(0, 600_000).replace("size_ms = 1000", "size_ms = 10000"), T0);
+    let mut sim = Sim::new(
+        &toml(0, 600_000).replace("size_ms = 1000", "size_ms = 10000"),
+        T0,
+    );
     for k in 0..10 {
         sim.reading(T0 + k * 500, "g", "d", T0 + k * 500, 1.0);
     }
@@ -130,7 +133,9 @@ fn readings_before_the_switch_point_stay_in_old_rule_windows_and_the_one_across_
     sim.driver.flush();
     let mut last: BTreeMap<i64, (u32, i64, u64)> = BTreeMap::new();
     for w in sim.windows() {
-        let e = last.entry(w.start - T0).or_insert((w.revision, w.end - T0, w.count));
+        let e = last
+            .entry(w.start - T0)
+            .or_insert((w.revision, w.end - T0, w.count));
         if w.revision >= e.0 {
             *e = (w.revision, w.end - T0, w.count);
         }

@@ -277,7 +277,11 @@ fn a_crash_after_a_journaled_reload_recovers_each_message_under_its_own_rules() 
         let rules = want.group_rules_of("g");
         assert_eq!(rules.len(), 2);
         assert_eq!(rules[1].from, T0 + 20_000);
-        assert!(windows(want).iter().all(|&(s, e, _)| e <= T0 + 20_000 || s >= T0 + 20_000));
+        assert!(
+            windows(want)
+                .iter()
+                .all(|&(s, e, _)| e <= T0 + 20_000 || s >= T0 + 20_000)
+        );
         drop(r);
     }
 }
