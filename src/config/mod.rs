@@ -114,6 +114,16 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
+    /// `mqtt[s]://host:port`, for logs.
+    pub fn url(&self) -> String {
+        format!(
+            "{}://{}:{}",
+            if self.tls { "mqtts" } else { "mqtt" },
+            self.host,
+            self.port
+        )
+    }
+
     /// A tool's own connection (capture, simulate, demo): no credentials or
     /// client certificate, system CA roots for `mqtts`, 30 s keep-alive.
     pub fn plain(tls: bool, host: String, port: u16, client_id: String, qos: u8) -> Self {

@@ -156,16 +156,12 @@ impl Engine {
         let dev = &mut self.devices[di].state;
         // No rule: below the oldest rule kept, so past every window's lateness.
         let taken = rule.is_some_and(|(spec, span)| {
-            window::apply(
-                &mut dev.windows,
+            let rule = window::Rule {
                 spec,
                 span,
-                event,
-                wm,
                 lateness,
-                heartbeat,
-                &metrics,
-            )
+            };
+            window::apply(&mut dev.windows, rule, event, wm, heartbeat, &metrics)
         });
         if !taken {
             self.counters.late += 1;

@@ -9,12 +9,11 @@ use std::sync::mpsc::SyncSender;
 use tokio::sync::mpsc::{Receiver, UnboundedReceiver, UnboundedSender};
 use tokio::sync::watch;
 
-use super::events::{StoreEvent, StoreState};
+use super::events::{Current, Inbound, OutboxBounds, StoreEvent, StoreJob, StoreState};
 use super::metrics;
 use super::plan::{self, Cadence, Commit, Pending};
 use super::registry::Registry;
 use super::sink::SinkMsg;
-use super::{OutboxBounds, StoreJob};
 use crate::config::{Config, Protocol};
 use crate::driver::Driver;
 use crate::engine::Engine;
@@ -22,30 +21,8 @@ use crate::model::Millis;
 use crate::output::{AlertType, GatewayAlert, Output};
 use crate::sys::clock::SystemClock;
 use crate::sys::link::Held;
-
-/// Input of the core thread.
-#[derive(Debug)]
-pub enum Inbound {
-    /// A message from the source; `held` is its ack token tagged with the connection.
-    Message {
-        /// Topic.
-        topic: String,
-        /// Payload.
-        payload: bytes::Bytes,
-        /// (connection generation, ack token) for QoS 1.
-        held: Option<(u64, Held)>,
-    },
-    /// The source (re)connected: idleness clocks restart, processing time resumes.
-    Connected,
-    /// The source is down: nothing may become idle until it is back.
-    Disconnected,
-    /// Timer: ticks, commit cadence, metrics.
-    Wake,
-    /// A reload's validated config: the engine's rules from the next message on.
-    Reload(Box<Config>),
-    /// Shut down: process what was received, final commit.
-    Stop,
-}
+use std::time::Duration;
+use tokio::sync::mpsc::Sender;
 
 /// The core's slice of the config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,7 +71,7 @@ pub struct Links {
     /// `P/metrics` to the sink.
     pub sink: UnboundedSender<SinkMsg>,
     /// Sparkplug rebirth requests go to the site broker, not upstream.
-    pub commands: watch::Receiver<super::source::Current>,
+    pub commands: watch::Receiver<Current>,
     /// Counters and gauges.
     pub registry: Arc<Registry>,
 }
@@ -313,6 +290,31 @@ impl Core {
         };
         // Blocks while the store is still writing the previous batch: backpressure.
         self.links.store.send(job).is_ok()
+    }
+}
+
+/// The core's wake-up period: the tick or commit interval, whichever is shorter.
+pub fn wake_every(cfg: &Config) -> u64 {
+    cfg.tick_interval_ms.min(cfg.commit_interval_ms).max(1)
+}
+
+/// Wakes the core every `every` ms (a reload may change it).
+pub async fn wake(
+    core: Sender<Inbound>,
+    mut every: watch::Receiver<u64>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let period = Duration::from_millis(*every.borrow_and_update());
+        let mut iv = tokio::time::interval(period);
+        iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tokio::select! {
+                _ = iv.tick() => { let _ = core.try_send(Inbound::Wake); }
+                r = every.changed() => if r.is_ok() { break },
+                _ = stop.changed() => return,
+            }
+        }
     }
 }
 

@@ -1,9 +1,83 @@
-//! What the components tell each other, as typed values: the store's state and
-//! commits, the uplink's delivered mark, the gateway-level notices for `P/alerts`.
+//! What the components tell each other, as typed values: input for the core,
+//! batches for the store and acks for the source, the store's state and commits,
+//! the connection acks go to, the gateway-level notices for `P/alerts`.
 
 use serde::Serialize;
 
+use crate::config::Config;
 use crate::model::Millis;
+use crate::store::Batch;
+use crate::sys::link::{Client, Held};
+
+/// Input of the core thread.
+#[derive(Debug)]
+pub enum Inbound {
+    /// A message from the source; `held` is its ack token tagged with the connection.
+    Message {
+        /// Topic.
+        topic: String,
+        /// Payload.
+        payload: bytes::Bytes,
+        /// (connection generation, ack token) for QoS 1.
+        held: Option<(u64, Held)>,
+    },
+    /// The source (re)connected: idleness clocks restart, processing time resumes.
+    Connected,
+    /// The source is down: nothing may become idle until it is back.
+    Disconnected,
+    /// Timer: ticks, commit cadence, metrics.
+    Wake,
+    /// A reload's validated config: the engine's rules from the next message on.
+    Reload(Box<Config>),
+    /// Shut down: process what was received, final commit.
+    Stop,
+}
+
+/// The connection the acks must use: its generation and client. Tokens of an
+/// older generation are void (the broker redelivers those messages).
+pub type Current = (u64, Client);
+
+/// Work for the ack task.
+#[derive(Debug)]
+pub enum AckJob {
+    /// Acks of committed messages, in receive order, tagged with their connection.
+    Acks(Vec<(u64, Held)>),
+    /// The final commit is done: flush and disconnect the source.
+    Done,
+}
+
+/// Outbox bounds a reload hands to the store thread with the next batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutboxBounds {
+    /// `sink.outbox_max_messages`.
+    pub messages: u64,
+    /// `sink.outbox_max_mb` in bytes (0: none).
+    pub bytes: u64,
+}
+
+impl OutboxBounds {
+    pub fn of(cfg: &Config) -> Self {
+        Self {
+            messages: cfg.outbox_max_messages,
+            bytes: cfg.outbox_max_bytes,
+        }
+    }
+}
+
+/// A batch for the store thread and the acks it releases.
+pub struct StoreJob {
+    /// What to commit.
+    pub batch: Batch,
+    /// Acks of the messages the batch covers, in receive order, with the
+    /// monotonic time each message was taken.
+    pub acks: Vec<(u64, Held, Millis)>,
+    /// One past the highest outbox entry acknowledged upstream when the batch was cut.
+    pub delivered: u64,
+    /// New outbox bounds (a reload).
+    pub bounds: Option<OutboxBounds>,
+    /// The final batch of a graceful stop.
+    pub last: bool,
+}
 
 /// The state store's health, as a `watch` value: the core stops cutting
 /// batches and the source stops taking messages while it is `Blocked`.

@@ -176,8 +176,7 @@ pub fn notify_stopping() {
 /// Pings the systemd watchdog (when `WatchdogSec=` asks for it) at half its
 /// period, only while the engine loop and commits are healthy: a wedged
 /// gateway is restarted by systemd instead of hanging on.
-pub async fn watchdog(registry: Arc<super::registry::Registry>, mut stop: watch::Receiver<bool>) {
-    let health = &registry.health;
+pub async fn watchdog(health: Arc<Health>, mut stop: watch::Receiver<bool>) {
     let Some(period) = sd_notify::watchdog_enabled() else {
         return;
     };
@@ -211,7 +210,7 @@ pub const MAX_CONNECTIONS: usize = 64;
 /// Serves `/metrics` and `/healthz` on `listener` until `stop`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    registry: Arc<super::registry::Registry>,
+    health: Arc<Health>,
     limit_ms: Millis,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -245,11 +244,11 @@ pub async fn serve(
             drop(tcp);
             continue;
         };
-        let registry = registry.clone();
+        let health = health.clone();
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
-                let registry = registry.clone();
-                async move { Ok::<_, Infallible>(respond(&req, &registry.health, limit_ms)) }
+                let health = health.clone();
+                async move { Ok::<_, Infallible>(respond(&req, &health, limit_ms)) }
             });
             // Slow or garbage clients: headers within 5 s and 16 KiB, one request
             // per connection (no idle keep-alive holding a slot).

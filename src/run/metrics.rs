@@ -1,41 +1,13 @@
 //! `P/metrics` (SPEC §8): gateway state at an instant, published at QoS 0.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use serde::Serialize;
 
-use super::registry::Registry;
+use super::registry::{ACK_BUCKETS_MS, Registry};
 use crate::engine::{Engine, Now};
 use crate::model::{Millis, Reason};
-
-/// Upper bounds (ms) of the ack-delay histogram's buckets.
-const ACK_BUCKETS_MS: [Millis; 10] = [10, 50, 100, 250, 500, 1000, 1250, 1500, 2000, 5000];
-
-/// A fixed-bucket histogram of durations, shared between threads.
-#[derive(Debug, Default)]
-pub struct Histogram {
-    /// Counts per bucket of [`ACK_BUCKETS_MS`], then +Inf.
-    buckets: [AtomicU64; 11],
-    sum_ms: AtomicU64,
-}
-
-impl Histogram {
-    /// One observation of `ms`.
-    pub fn observe(&self, ms: Millis) {
-        let i = ACK_BUCKETS_MS.partition_point(|&b| b < ms);
-        self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        self.sum_ms
-            .fetch_add(u64::try_from(ms).unwrap_or(0), Ordering::Relaxed);
-    }
-
-    fn snapshot(&self) -> ([u64; 11], u64) {
-        (
-            std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed)),
-            self.sum_ms.load(Ordering::Relaxed),
-        )
-    }
-}
 
 #[derive(Debug, Serialize)]
 struct Group {

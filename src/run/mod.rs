@@ -33,50 +33,18 @@ use tokio::sync::{mpsc, watch};
 use crate::config::{Config, Protocol};
 use crate::driver::Driver;
 use crate::engine::Engine;
-use crate::store::{Batch, Store, StoreError};
+use crate::store::{Store, StoreError};
 use crate::sys::broker;
 use crate::sys::clock::SystemClock;
-use crate::sys::link::{self, LinkError};
-use core::{Core, CoreConfig, Inbound};
+use crate::sys::link::LinkError;
+use core::{Core, CoreConfig};
 use events::StoreState;
+use events::{Inbound, StoreJob};
 use registry::Registry;
 use reload::{Http, Reloader, Targets};
 pub use reload::{LogControl, ReloadOptions};
 use sink::{Sink, SinkConfig};
 use source::{Source, SourceConfig};
-
-/// Outbox bounds a reload hands to the store thread with the next batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OutboxBounds {
-    /// `sink.outbox_max_messages`.
-    pub messages: u64,
-    /// `sink.outbox_max_mb` in bytes (0: none).
-    pub bytes: u64,
-}
-
-impl OutboxBounds {
-    fn of(cfg: &Config) -> Self {
-        Self {
-            messages: cfg.outbox_max_messages,
-            bytes: cfg.outbox_max_bytes,
-        }
-    }
-}
-
-/// A batch for the store thread and the acks it releases.
-pub struct StoreJob {
-    /// What to commit.
-    pub batch: Batch,
-    /// Acks of the messages the batch covers, in receive order, with the
-    /// monotonic time each message was taken.
-    pub acks: Vec<(u64, link::Held, crate::model::Millis)>,
-    /// One past the highest outbox entry acknowledged upstream when the batch was cut.
-    pub delivered: u64,
-    /// New outbox bounds (a reload).
-    pub bounds: Option<OutboxBounds>,
-    /// The final batch of a graceful stop.
-    pub last: bool,
-}
 
 /// Why the gateway stopped with exit code 1.
 #[derive(Debug, thiserror::Error)]
@@ -213,7 +181,7 @@ pub async fn serve(
     let started_at = clock.now().wall;
     let seed = u64::try_from(started_at).unwrap_or(1) ^ u64::from(std::process::id());
     let registry = Arc::new(Registry::new(
-        health::Health::new(clock),
+        Arc::new(health::Health::new(clock)),
         restored.outbox_depth,
         restored.outbox_dropped,
         cfg.hash(),
@@ -223,7 +191,11 @@ pub async fn serve(
         tracing::info!(listen = %addr, "embedded broker (MQTT 3.1.1, in memory) started");
     }
     let listener = match cfg.metrics_listen {
-        Some(addr) => Some(Http::bind(addr).await?),
+        Some(addr) => Some(
+            Http::bind(addr)
+                .await
+                .map_err(|source| RunError::Listen { addr, source })?,
+        ),
         None => None,
     };
     let source_cfg = SourceConfig::of(cfg, started_at);
@@ -306,13 +278,13 @@ pub async fn serve(
     let source = tokio::spawn(source.run());
     let acker = tokio::spawn(source::acks(acks_rx, current_rx, acked_tx, flushed_tx));
     let sink = tokio::spawn(sink.run());
-    let (wake_tx, wake_rx) = watch::channel(wake_every(cfg));
-    let waker = tokio::spawn(wake(core_tx.clone(), wake_rx, stop_rx.clone()));
-    let watchdog = tokio::spawn(health::watchdog(registry.clone(), stop_rx.clone()));
+    let (wake_tx, wake_rx) = watch::channel(core::wake_every(cfg));
+    let waker = tokio::spawn(core::wake(core_tx.clone(), wake_rx, stop_rx.clone()));
+    let watchdog = tokio::spawn(health::watchdog(registry.health.clone(), stop_rx.clone()));
     let http = Http::start(
         listener,
         cfg.health_timeout_ms,
-        registry.clone(),
+        registry.health.clone(),
         stop_rx.clone(),
     );
     let mut reloader = Reloader::new(
@@ -329,7 +301,7 @@ pub async fn serve(
         (clock, started_at),
     );
     tracing::info!(gateway = %cfg.gateway_id, source = %source_url,
-        sink = %endpoint_url(&cfg.sink), config_hash = %cfg.hash(), "tidemark running");
+        sink = %cfg.sink.url(), config_hash = %cfg.hash(), "tidemark running");
     // State is restored and the source is connecting (or retrying): systemd may go on.
     health::notify_ready(&format!("running; source {source_url}"));
 
@@ -382,38 +354,4 @@ pub async fn serve(
         "stopped"
     );
     Ok(())
-}
-
-/// The core's wake-up period: the tick or commit interval, whichever is shorter.
-fn wake_every(cfg: &Config) -> u64 {
-    cfg.tick_interval_ms.min(cfg.commit_interval_ms).max(1)
-}
-
-/// Wakes the core every `every` ms (a reload may change it).
-async fn wake(
-    core: mpsc::Sender<Inbound>,
-    mut every: watch::Receiver<u64>,
-    mut stop: watch::Receiver<bool>,
-) {
-    loop {
-        let period = Duration::from_millis(*every.borrow_and_update());
-        let mut iv = tokio::time::interval(period);
-        iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        loop {
-            tokio::select! {
-                _ = iv.tick() => { let _ = core.try_send(Inbound::Wake); }
-                r = every.changed() => if r.is_ok() { break },
-                _ = stop.changed() => return,
-            }
-        }
-    }
-}
-
-fn endpoint_url(ep: &crate::config::Endpoint) -> String {
-    format!(
-        "{}://{}:{}",
-        if ep.tls { "mqtts" } else { "mqtt" },
-        ep.host,
-        ep.port
-    )
 }

@@ -5,8 +5,38 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
+use std::sync::Arc;
+
 use super::health::Health;
-use super::metrics::Histogram;
+use crate::model::Millis;
+
+/// Upper bounds (ms) of the ack-delay histogram's buckets.
+pub const ACK_BUCKETS_MS: [Millis; 10] = [10, 50, 100, 250, 500, 1000, 1250, 1500, 2000, 5000];
+
+/// A fixed-bucket histogram of durations, shared between threads.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    /// Counts per bucket of [`ACK_BUCKETS_MS`], then +Inf.
+    buckets: [AtomicU64; 11],
+    sum_ms: AtomicU64,
+}
+
+impl Histogram {
+    /// One observation of `ms`.
+    pub fn observe(&self, ms: Millis) {
+        let i = ACK_BUCKETS_MS.partition_point(|&b| b < ms);
+        self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_ms
+            .fetch_add(u64::try_from(ms).unwrap_or(0), Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> ([u64; 11], u64) {
+        (
+            std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed)),
+            self.sum_ms.load(Ordering::Relaxed),
+        )
+    }
+}
 
 /// Written by one component each, read by metrics and the HTTP endpoint.
 #[derive(Debug)]
@@ -34,12 +64,12 @@ pub struct Registry {
     /// `config_hash` of the config in force (reload).
     config_hash: Mutex<String>,
     /// Liveness of the parts (watchdog, `/healthz`).
-    pub health: Health,
+    pub health: Arc<Health>,
 }
 
 impl Registry {
     /// A registry with the restored outbox figures.
-    pub fn new(health: Health, outbox_depth: u64, outbox_dropped: u64, hash: String) -> Self {
+    pub fn new(health: Arc<Health>, outbox_depth: u64, outbox_dropped: u64, hash: String) -> Self {
         Self {
             outbox_depth: AtomicU64::new(outbox_depth),
             outbox_dropped: AtomicU64::new(outbox_dropped),

@@ -10,12 +10,11 @@ use tokio::sync::mpsc::{Sender, UnboundedSender};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::core::Inbound;
-use super::events::Notice;
+use super::events::{Inbound, Notice};
+use super::health::{self, Health};
 use super::registry::Registry;
 use super::sink::{SinkConfig, SinkMsg};
 use super::source::SourceConfig;
-use super::{RunError, health};
 use crate::config::{self, Config};
 use crate::model::Millis;
 use crate::sys::clock::SystemClock;
@@ -35,28 +34,26 @@ pub struct ReloadOptions {
 /// The local HTTP endpoint, rebound when `metrics.listen` changes.
 pub struct Http {
     task: Option<JoinHandle<()>>,
-    registry: Arc<Registry>,
+    health: Arc<Health>,
     stop: watch::Receiver<bool>,
 }
 
 impl Http {
     /// Binds `addr` (a reload binds before it applies anything).
-    pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, RunError> {
-        tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|source| RunError::Listen { addr, source })
+    pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+        tokio::net::TcpListener::bind(addr).await
     }
 
     /// Serves on `listener`, if any.
     pub fn start(
         listener: Option<tokio::net::TcpListener>,
         limit_ms: Millis,
-        registry: Arc<Registry>,
+        health: Arc<Health>,
         stop: watch::Receiver<bool>,
     ) -> Self {
         let mut h = Self {
             task: None,
-            registry,
+            health,
             stop,
         };
         h.serve(listener, limit_ms);
@@ -70,7 +67,7 @@ impl Http {
         self.task = listener.map(|l| {
             tokio::spawn(health::serve(
                 l,
-                self.registry.clone(),
+                self.health.clone(),
                 limit_ms,
                 self.stop.clone(),
             ))
@@ -155,7 +152,7 @@ impl Reloader {
         let listener = match (rebind, new.metrics_listen) {
             (true, Some(addr)) => match Http::bind(addr).await {
                 Ok(l) => Some(l),
-                Err(e) => return self.reject(vec![format!("metrics.listen: {e}")]),
+                Err(e) => return self.reject(vec![format!("metrics.listen {addr}: {e}")]),
             },
             _ => None,
         };
@@ -184,7 +181,9 @@ impl Reloader {
         if rebind {
             self.targets.http.serve(listener, new.health_timeout_ms);
         }
-        self.targets.wake.send_replace(super::wake_every(&new));
+        self.targets
+            .wake
+            .send_replace(super::core::wake_every(&new));
         if changed.iter().any(|k| k == "log.format") {
             tracing::warn!("log.format takes effect at the next start");
         }

@@ -79,7 +79,7 @@ impl SinkConfig {
 
     /// For logs.
     pub fn url(&self) -> String {
-        super::endpoint_url(&self.endpoint)
+        self.endpoint.url()
     }
 }
 

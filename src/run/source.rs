@@ -10,10 +10,8 @@ use std::time::Duration;
 use tokio::sync::mpsc::{Sender, UnboundedReceiver};
 use tokio::sync::watch;
 
-use super::core::Inbound;
-use super::events::StoreState;
+use super::events::{AckJob, Current, Inbound, StoreState};
 use super::registry::Registry;
-use super::storer::AckJob;
 use crate::config::{Config, Endpoint, Protocol};
 use crate::model::Millis;
 use crate::sys::clock::Backoff;
@@ -89,13 +87,9 @@ impl SourceConfig {
 
     /// For logs.
     pub fn url(&self) -> String {
-        super::endpoint_url(&self.endpoint)
+        self.endpoint.url()
     }
 }
-
-/// The connection the acks must use: its generation and client. Tokens of an
-/// older generation are void (the broker redelivers those messages).
-pub type Current = (u64, Client);
 
 /// What the source task is wired to.
 pub struct Links {

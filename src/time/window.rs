@@ -247,20 +247,34 @@ pub fn switch_point(old: WindowSpec, new: WindowSpec, latest: Millis) -> Millis 
     }
 }
 
+/// A window rule as it applies to one event: its shape, the event-time span it
+/// governs, and how long its windows accept late events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rule {
+    /// Window shape.
+    pub spec: WindowSpec,
+    /// Where the shape governs.
+    pub span: Span,
+    /// `allowed_lateness_ms`.
+    pub lateness: Millis,
+}
+
 /// Adds an event to a device's open windows (sorted by start), within the
-/// rule's `span`. Returns false if every window of the event is past
+/// rule's span. Returns false if every window of the event is past
 /// `end + lateness` (late).
-#[allow(clippy::too_many_arguments)]
 pub fn apply(
     windows: &mut Vec<Window>,
-    spec: WindowSpec,
-    span: Span,
+    rule: Rule,
     t: Millis,
     wm: Option<Millis>,
-    lateness: Millis,
     heartbeat: bool,
     metrics: &[(MetricIdx, f64)],
 ) -> bool {
+    let Rule {
+        spec,
+        span,
+        lateness,
+    } = rule;
     let open = |end: Millis| wm.is_none_or(|w| end + lateness > w);
     if let WindowSpec::Session { gap_ms } = spec {
         let hi = t.saturating_add(gap_ms).min(span.until);
@@ -310,6 +324,14 @@ pub fn apply(
 mod tests {
     use super::*;
 
+    fn rule(spec: WindowSpec, lateness: Millis) -> Rule {
+        Rule {
+            spec,
+            span: Span::ALL,
+            lateness,
+        }
+    }
+
     fn starts(spec: WindowSpec, t: Millis) -> Vec<(Millis, Millis)> {
         let mut v = heapless::Vec::new();
         assign(spec, t, &mut v);
@@ -355,48 +377,57 @@ mod tests {
     fn sessions_merge_events_closer_than_the_gap() {
         let spec = WindowSpec::Session { gap_ms: 10_000 };
         let mut ws = Vec::new();
+        assert!(apply(&mut ws, rule(spec, 0), 0, None, false, &[(0, 1.0)]));
         assert!(apply(
             &mut ws,
-            spec,
-            Span::ALL,
-            0,
-            None,
-            0,
-            false,
-            &[(0, 1.0)]
-        ));
-        assert!(apply(
-            &mut ws,
-            spec,
-            Span::ALL,
+            rule(spec, 0),
             25_000,
             None,
-            0,
             false,
             &[(0, 2.0)]
         ));
         assert_eq!(ws.len(), 2);
         assert!(apply(
             &mut ws,
-            spec,
-            Span::ALL,
+            rule(spec, 0),
             9_000,
             None,
-            0,
             false,
             &[(0, 3.0)]
         ));
         assert_eq!(ws.len(), 2);
         assert_eq!((ws[0].start, ws[0].end, ws[0].count), (0, 19_000, 2));
         // This one bridges both sessions.
-        assert!(apply(&mut ws, spec, Span::ALL, 18_000, None, 0, true, &[]));
+        assert!(apply(
+            &mut ws,
+            Rule {
+                spec,
+                span: Span::ALL,
+                lateness: 0
+            },
+            18_000,
+            None,
+            true,
+            &[]
+        ));
         assert_eq!(ws.len(), 1);
         assert_eq!(
             (ws[0].start, ws[0].end, ws[0].count, ws[0].heartbeats),
             (0, 35_000, 3, 1)
         );
         // Exactly one gap away is not closer than the gap: a new session.
-        assert!(apply(&mut ws, spec, Span::ALL, 45_000, None, 0, false, &[]));
+        assert!(apply(
+            &mut ws,
+            Rule {
+                spec,
+                span: Span::ALL,
+                lateness: 0
+            },
+            45_000,
+            None,
+            false,
+            &[]
+        ));
         assert_eq!(ws.len(), 2);
         assert_eq!(ws[0].metrics[0].1.first, 1.0);
         assert_eq!(ws[0].metrics[0].1.last, 2.0);
@@ -422,23 +453,12 @@ mod tests {
     fn windows_past_lateness_refuse_the_event() {
         let spec = WindowSpec::Tumbling { size_ms: 1000 };
         let mut ws = Vec::new();
-        assert!(apply(
-            &mut ws,
-            spec,
-            Span::ALL,
-            500,
-            Some(1400),
-            500,
-            false,
-            &[]
-        ));
+        assert!(apply(&mut ws, rule(spec, 500), 500, Some(1400), false, &[]));
         assert!(!apply(
             &mut ws,
-            spec,
-            Span::ALL,
+            rule(spec, 500),
             500,
             Some(1500),
-            500,
             false,
             &[]
         ));

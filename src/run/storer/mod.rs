@@ -14,8 +14,7 @@ use std::sync::mpsc::Receiver;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::watch;
 
-use super::StoreJob;
-use super::events::{Notice, StoreEvent, StoreState};
+use super::events::{AckJob, Notice, StoreEvent, StoreJob, StoreState};
 use super::registry::Registry;
 use super::sink::SinkMsg;
 use crate::engine::Engine;
@@ -26,16 +25,6 @@ use crate::store::schema::{K_RULES, K_WAL, rules_doc, wal_generation};
 use crate::store::wal::Wal;
 use crate::store::{Batch, OutboxEntry, Store, StoreError};
 use crate::sys::clock::SystemClock;
-use crate::sys::link::Held;
-
-/// Work for the ack task.
-#[derive(Debug)]
-pub enum AckJob {
-    /// Acks of committed messages, in receive order, tagged with their connection.
-    Acks(Vec<(u64, Held)>),
-    /// The final commit is done: flush and disconnect the source.
-    Done,
-}
 
 /// The durable side of `run`: redb (checkpoints, outbox) and the journal.
 pub struct Durable {
