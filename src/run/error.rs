@@ -1,0 +1,33 @@
+//! Why `run` ends with exit code 1.
+
+use crate::store::StoreError;
+use crate::sys::broker;
+use crate::sys::link::LinkError;
+
+/// Why the gateway stopped with exit code 1.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The state store failed (unreadable file, disk error).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A connection could not be set up (TLS material).
+    #[error(transparent)]
+    Link(#[from] LinkError),
+    /// The async runtime or a thread could not start.
+    #[error("runtime: {0}")]
+    Runtime(#[from] std::io::Error),
+    /// Restoring the state did not finish (its thread panicked).
+    #[error("restoring the state: {0}")]
+    Restore(#[from] tokio::task::JoinError),
+    /// The local HTTP endpoint could not listen.
+    #[error("metrics.listen {addr}: {source}")]
+    Listen {
+        /// `metrics.listen`.
+        addr: std::net::SocketAddr,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The embedded broker did not start.
+    #[error(transparent)]
+    Broker(#[from] broker::BrokerError),
+}

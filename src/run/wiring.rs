@@ -1,0 +1,211 @@
+//! Builds each component from its slice of the config and wires them: the
+//! channels between them, the threads and tasks that run them, and the order
+//! in which they stop.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use super::core::{self, Core, CoreConfig};
+use super::error::RunError;
+use super::events::{Inbound, StoreJob, StoreState};
+use super::health::{self, Health};
+use super::registry::Registry;
+use super::reload::{Http, ReloadOptions, Reloader, Targets};
+use super::restore::Restored;
+use super::sink::{Sink, SinkConfig};
+use super::source::{self, Source, SourceConfig};
+use super::storer;
+use crate::config::Config;
+use crate::store::StoreError;
+use crate::sys::clock::SystemClock;
+
+/// A running gateway: what stops it and what reloads it.
+pub struct Running {
+    /// A store failure that stops the gateway.
+    pub fatal: mpsc::UnboundedReceiver<StoreError>,
+    /// Applies SIGHUPs.
+    pub reloader: Reloader,
+    core_tx: mpsc::Sender<Inbound>,
+    stop_tx: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    registry: Arc<Registry>,
+}
+
+/// Builds and starts every component on the restored state.
+pub fn start(
+    cfg: &Config,
+    opts: ReloadOptions,
+    restored: Restored,
+    listener: Option<TcpListener>,
+    clock: SystemClock,
+) -> Result<Running, RunError> {
+    let started_at = clock.now().wall;
+    let seed = u64::try_from(started_at).unwrap_or(1) ^ u64::from(std::process::id());
+    let registry = Arc::new(Registry::new(
+        Arc::new(Health::new(clock)),
+        restored.outbox_depth,
+        restored.outbox_dropped,
+        cfg.hash(),
+    ));
+    let source_cfg = SourceConfig::of(cfg, started_at);
+    let source_link = source_cfg.build()?;
+
+    let (core_tx, core_rx) = mpsc::channel::<Inbound>(8192);
+    let (store_tx, store_rx) = std::sync::mpsc::sync_channel::<StoreJob>(1);
+    let (acks_tx, acks_rx) = mpsc::unbounded_channel();
+    let (sink_tx, sink_rx) = mpsc::unbounded_channel();
+    let (store_events_tx, store_events_rx) = mpsc::unbounded_channel();
+    let (source_ctl_tx, source_ctl_rx) = mpsc::unbounded_channel();
+    let (fatal_tx, fatal) = mpsc::unbounded_channel::<StoreError>();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (flushed_tx, flushed_rx) = watch::channel(false);
+    let (store_state_tx, store_state_rx) = watch::channel(StoreState::Ok);
+    let (delivered_tx, delivered_rx) = watch::channel(0u64);
+    let (current_tx, current_rx) = watch::channel((0u64, source_link.0.clone()));
+    let (acked_tx, acked_rx) = watch::channel(0u64);
+    let (wake_tx, wake_rx) = watch::channel(core::wake_every(cfg));
+
+    let sink = Sink::new(
+        SinkConfig::of(cfg),
+        restored.durable.store().reader(),
+        sink_rx,
+        registry.clone(),
+        delivered_tx,
+        (seed.rotate_left(17), started_at),
+    )?;
+    let core = Core::new(
+        restored.driver,
+        clock,
+        CoreConfig::of(cfg),
+        core::Links {
+            rx: core_rx,
+            store: store_tx,
+            store_events: store_events_rx,
+            store_state: store_state_rx.clone(),
+            delivered: delivered_rx.clone(),
+            sink: sink_tx.clone(),
+            commands: current_rx.clone(),
+            registry: registry.clone(),
+        },
+    );
+    let store_links = storer::Links {
+        rx: store_rx,
+        acks: acks_tx,
+        sink: sink_tx.clone(),
+        events: store_events_tx,
+        state: store_state_tx,
+        delivered: delivered_rx,
+        stop: stop_rx.clone(),
+        registry: registry.clone(),
+    };
+    let source = Source::new(
+        source_cfg,
+        source_link,
+        source::Links {
+            core: core_tx.clone(),
+            control: source_ctl_rx,
+            store_state: store_state_rx,
+            current: current_tx,
+            acked: acked_rx,
+            stop: stop_rx.clone(),
+            flushed: flushed_rx,
+            registry: registry.clone(),
+        },
+        seed,
+    );
+    let durable = restored.durable;
+    let threads = vec![
+        std::thread::Builder::new()
+            .name("tidemark-core".into())
+            .spawn(move || core.run())?,
+        std::thread::Builder::new()
+            .name("tidemark-store".into())
+            .spawn(move || {
+                if let Err(e) = storer::run(durable, store_links, clock) {
+                    let _ = fatal_tx.send(e);
+                }
+            })?,
+    ];
+    // Stopped in this order: the ack task's flush ends the source, the store's last batch the sink.
+    let tasks = vec![
+        tokio::spawn(health::watchdog(registry.health.clone(), stop_rx.clone())),
+        tokio::spawn(core::wake(core_tx.clone(), wake_rx, stop_rx.clone())),
+        tokio::spawn(source::acks(acks_rx, current_rx, acked_tx, flushed_tx)),
+        tokio::spawn(source.run()),
+        tokio::spawn(sink.run()),
+    ];
+    let http = Http::start(
+        listener,
+        cfg.health_timeout_ms,
+        registry.health.clone(),
+        stop_rx,
+    );
+    let reloader = Reloader::new(
+        opts,
+        cfg.clone(),
+        Targets {
+            core: core_tx.clone(),
+            source: source_ctl_tx,
+            sink: sink_tx,
+            wake: wake_tx,
+            http,
+        },
+        registry.clone(),
+        (clock, started_at),
+    );
+    Ok(Running {
+        fatal,
+        reloader,
+        core_tx,
+        stop_tx,
+        tasks,
+        threads,
+        registry,
+    })
+}
+
+impl Running {
+    /// Stop ingest → the core's last batch → its commit and acks → the source
+    /// disconnects → the sink drains and goes offline.
+    pub async fn stop(mut self) -> Result<(), RunError> {
+        let _ = self.stop_tx.send(true);
+        let _ = self.core_tx.send(Inbound::Stop).await;
+        drop(self.core_tx);
+        let http = self.reloader.into_http();
+        let tasks = self.tasks;
+        let all = async {
+            http.finished().await;
+            for t in tasks {
+                let _ = t.await;
+            }
+        };
+        if tokio::time::timeout(Duration::from_millis(4500), all)
+            .await
+            .is_err()
+        {
+            tracing::warn!("shutdown took too long; exiting with what is committed");
+        }
+        let threads = self.threads;
+        let _ = tokio::task::spawn_blocking(move || {
+            for t in threads {
+                let _ = t.join();
+            }
+        })
+        .await;
+        if let Ok(e) = self.fatal.try_recv() {
+            return Err(RunError::Store(e));
+        }
+        tracing::info!(
+            received = self.registry.received.load(Ordering::Relaxed),
+            outbox_depth = self.registry.outbox_depth.load(Ordering::Relaxed),
+            "stopped"
+        );
+        Ok(())
+    }
+}
