@@ -597,3 +597,30 @@ fn a_device_rebooting_before_its_counter_fills_the_window_loses_nothing() {
         assert_eq!(counted, before + after, "{case}");
     }
 }
+
+#[test]
+fn readings_with_invalid_timestamps_timed_by_arrival_are_counted_per_device_and_group() {
+    let mut sim = Sim::new("[time]\ninvalid = \"arrival\"\n", T0);
+    for (i, p) in [
+        r#"{"ts": "yesterday", "temp": "hot"}"#,
+        r#"{"temp": 1}"#,
+        r#"{"ts": 5, "temp": 1}"#,
+        r#"{"ts": 0, "temp": 1}"#,
+    ]
+    .iter()
+    .enumerate()
+    {
+        sim.send(T0 + i as i64, "sensors/g/d/reading", p);
+    }
+    sim.reading(T0 + 10, "g", "d", T0 + 10, 2.0);
+    let c = sim.engine().counters();
+    assert_eq!((c.accepted, c.timestamps_invalid), (5, 4));
+    assert_eq!(sim.engine().device("g", "d").unwrap().timestamps_invalid, 4);
+    let stats = sim.engine().group_stats(tidemark::engine::Now::at(T0 + 10));
+    assert_eq!(stats[0].timestamps_invalid, 4);
+    // Rejected instead under `invalid = "reject"`: not counted as accepted.
+    let mut sim = Sim::new("[time]\ninvalid = \"reject\"\n", T0);
+    sim.send(T0, "sensors/g/d/reading", r#"{"ts": "yesterday"}"#);
+    assert_eq!(sim.engine().counters().timestamps_invalid, 0);
+    assert_eq!(sim.rejected().len(), 1);
+}

@@ -562,6 +562,10 @@ fn systemd_notify_watchdog_and_the_local_http_endpoint() {
         "{body}"
     );
     assert!(
+        body.contains("tidemark_timestamps_invalid_total{group=\"hall\"} 0"),
+        "{body}"
+    );
+    assert!(
         body.contains("tidemark_group_devices{group=\"hall\",state=\"active\"} 1"),
         "{body}"
     );

@@ -58,8 +58,7 @@ impl Engine {
         corrected
     }
 
-    /// Event time per `[time] policy`; `Err(detail)` means reject as invalid_timestamp;
-    /// `Ok((t, true))`: timed while the gateway clock is in doubt (moves no watermark).
+    /// Event time per `[time] policy`; `Err(detail)` means reject as invalid_timestamp.
     pub(super) fn event_time(
         &mut self,
         di: usize,
@@ -67,7 +66,12 @@ impl Engine {
         now: Now,
         raw_wall: Millis,
         out: &mut Vec<Output>,
-    ) -> Result<(Millis, bool), &'static str> {
+    ) -> Result<Timed, &'static str> {
+        let timed = |t, provisional, invalid| Timed {
+            t,
+            provisional,
+            invalid,
+        };
         let valid = match d.ts {
             DeviceTs::Ms(t) if t >= self.time.min_valid_epoch_ms => Ok(t),
             DeviceTs::Ms(_) => Err("device clock before time.min_valid_epoch_ms (RTC reset?)"),
@@ -75,17 +79,17 @@ impl Engine {
             DeviceTs::Invalid(why) => Err(why),
         };
         let device_ts = match (self.time.policy, valid) {
-            (TimePolicy::Arrival, _) => return Ok((now.wall, false)),
+            (TimePolicy::Arrival, _) => return Ok(timed(now.wall, false, false)),
             (_, Ok(t)) => t,
             (_, Err(why)) => {
                 return match self.time.invalid {
-                    InvalidPolicy::Arrival => Ok((now.wall, false)),
+                    InvalidPolicy::Arrival => Ok(timed(now.wall, false, true)),
                     InvalidPolicy::Reject => Err(why),
                 };
             }
         };
         if self.time.policy == TimePolicy::Device {
-            return Ok((device_ts, false));
+            return Ok(timed(device_ts, false, false));
         }
         let window = self.time.skew_window;
         let dev = &mut self.devices[di].state;
@@ -108,7 +112,7 @@ impl Engine {
             } else {
                 device_ts.min(now.wall)
             };
-            return Ok((t, true));
+            return Ok(timed(t, true, false));
         }
         if skewed != dev.distrusted {
             dev.distrusted = skewed;
@@ -125,6 +129,17 @@ impl Engine {
         } else {
             device_ts.saturating_add(est)
         };
-        Ok((t, false))
+        Ok(timed(t, false, false))
     }
+}
+
+/// A reading's event time and how it was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Timed {
+    /// Event time.
+    pub t: Millis,
+    /// Timed while the gateway clock is in doubt: moves no watermark.
+    pub provisional: bool,
+    /// The device timestamp was invalid: timed by arrival (`timestamps_invalid`).
+    pub invalid: bool,
 }

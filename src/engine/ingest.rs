@@ -108,19 +108,20 @@ impl Engine {
         if ci != di {
             self.mark_device(ci);
         }
-        let (event, provisional) = match self.event_time(ci, decoded, now, raw_wall, out) {
-            Ok(t) => t,
-            Err(detail) => {
-                return self.reject(
-                    out,
-                    Reason::InvalidTimestamp,
-                    topic,
-                    ids,
-                    now,
-                    detail.into(),
-                );
-            }
-        };
+        let (event, provisional, invalid_ts) =
+            match self.event_time(ci, decoded, now, raw_wall, out) {
+                Ok(t) => (t.t, t.provisional, t.invalid),
+                Err(detail) => {
+                    return self.reject(
+                        out,
+                        Reason::InvalidTimestamp,
+                        topic,
+                        ids,
+                        now,
+                        detail.into(),
+                    );
+                }
+            };
         if event > now.wall.saturating_add(self.time.max_future_ms) {
             let detail = format!(
                 "event time {event} is {} ms ahead of the gateway clock",
@@ -182,6 +183,10 @@ impl Engine {
             return;
         }
         self.counters.accepted += 1;
+        if invalid_ts {
+            self.counters.timestamps_invalid += 1;
+            dev.timestamps_invalid += 1;
+        }
         // A reading timed while the gateway clock is in doubt does not move the
         // watermark: its time may be either clock's error.
         if !provisional {

@@ -316,6 +316,7 @@ impl Engine {
                 for &di in &g.members {
                     let d = &self.devices[di as usize].state;
                     st.missing += d.missing;
+                    st.timestamps_invalid += d.timestamps_invalid;
                     if d.offline {
                         st.offline += 1;
                     } else if now.mono.saturating_sub(d.last_arrival) >= g.cfg.idle_timeout_ms {

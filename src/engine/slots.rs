@@ -107,6 +107,7 @@ impl Engine {
                 seq: SeqWindow::default(),
                 windows: Vec::new(),
                 missing: 0,
+                timestamps_invalid: 0,
             },
             group: u32::try_from(gi).unwrap_or(u32::MAX),
             dirty: false,

@@ -32,6 +32,10 @@ pub struct Counters {
     /// Sparkplug metrics of types that are not aggregated (strings, bytes, datasets, nulls).
     #[serde(default)]
     pub sparkplug_other: u64,
+    /// Events accepted although their device timestamp was missing, unparseable or
+    /// invalid (timed by arrival under `invalid = "arrival"`; SPEC §8).
+    #[serde(default)]
+    pub timestamps_invalid: u64,
 }
 
 impl Counters {
@@ -67,6 +71,14 @@ pub struct Device {
     /// Readings lost before the gateway (sequence numbers skipped and not arrived since).
     #[serde(default)]
     pub missing: u64,
+    /// Events accepted with an invalid device timestamp.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub timestamps_invalid: u64,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// Persistent state of one group.
@@ -110,6 +122,8 @@ pub struct GroupStats {
     pub offline: u64,
     /// Readings lost before the gateway, summed over the members.
     pub missing: u64,
+    /// Events accepted with an invalid device timestamp, summed over the members.
+    pub timestamps_invalid: u64,
 }
 
 /// The state changed since the last [`Engine::take_changes`], as values: the

@@ -17,6 +17,7 @@ struct Group {
     devices_idle: u64,
     devices_offline: u64,
     readings_missing: u64,
+    timestamps_invalid: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -26,6 +27,7 @@ struct Counters {
     late: u64,
     duplicates: u64,
     readings_missing: u64,
+    timestamps_invalid: u64,
     rejected: BTreeMap<&'static str, u64>,
     windows_emitted: u64,
     alerts: u64,
@@ -376,6 +378,20 @@ impl Metrics {
         }
         metric(
             &mut o,
+            "timestamps_invalid_total",
+            "counter",
+            "Events accepted although their device timestamp was missing, unparseable or invalid (timed by arrival).",
+        );
+        for (g, s) in &self.groups {
+            let _ = writeln!(
+                o,
+                "tidemark_timestamps_invalid_total{{group=\"{}\"}} {}",
+                label(g),
+                s.timestamps_invalid
+            );
+        }
+        metric(
+            &mut o,
             "group_devices",
             "gauge",
             "Devices of the group by state.",
@@ -431,6 +447,7 @@ pub fn collect(engine: &Engine, now: Now, shared: &Registry, source_up: bool) ->
                     devices_idle: g.idle,
                     devices_offline: g.offline,
                     readings_missing: g.missing,
+                    timestamps_invalid: g.timestamps_invalid,
                 },
             )
         })
@@ -451,6 +468,7 @@ pub fn collect(engine: &Engine, now: Now, shared: &Registry, source_up: bool) ->
             late: c.late,
             duplicates: c.duplicates,
             readings_missing: c.readings_missing,
+            timestamps_invalid: c.timestamps_invalid,
             rejected: Reason::ALL
                 .iter()
                 .map(|r| (r.as_str(), c.rejected(*r)))
