@@ -2,6 +2,8 @@
 //! `simulate` driving a fleet through the gateway upstream.
 mod support;
 
+use std::process::Command;
+
 use support::fleet::*;
 use support::{
     Collector, Gateway, Mosquitto, Publisher, final_windows, now_ms, wait_or_explain, wait_until,
@@ -237,4 +239,60 @@ fn simulate_to_run_to_upstream_accounts_for_every_message() {
     assert_eq!(d, m["duplicates"].as_u64().unwrap(), "{summary}");
     let (code, _) = gw.terminate();
     assert_eq!(code, Some(0));
+}
+
+/// The quick start's config on free ports and a private state dir.
+fn local_config(dir: &std::path::Path) -> (std::path::PathBuf, u16, u16) {
+    let (mqtt, http) = (support::free_port(), support::free_port());
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/configs/local.toml"))
+        .expect("configs/local.toml")
+        .replace("127.0.0.1:1883", &format!("127.0.0.1:{mqtt}"))
+        .replace("127.0.0.1:9464", &format!("127.0.0.1:{http}"))
+        .replace("./tidemark-state", &dir.join("state").display().to_string());
+    let path = dir.join("local.toml");
+    std::fs::write(&path, text).expect("config");
+    (path, mqtt, http)
+}
+
+#[test]
+fn simulate_with_its_defaults_against_the_quick_start_gateway_gets_every_message_acked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (config, mqtt, http) = local_config(dir.path());
+    let log = dir.path().join("gw.log");
+    let gw = Gateway::start(&config, &log);
+    // The quick start's endpoint is on, and no v3.1.1 tuning warning for its own broker.
+    support::wait_until(MIN, "/healthz", || {
+        support::http_get(http, "/healthz").0 == 200
+    });
+    assert!(
+        !gw.log_text().contains("max_inflight_messages"),
+        "{}",
+        gw.log_text()
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args(["simulate", "--url", &format!("mqtt://127.0.0.1:{mqtt}")])
+        .args(["--devices", "5", "--count", "200", "--rate", "0"])
+        .output()
+        .expect("simulate");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "simulate: {stderr}");
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).expect("summary JSON");
+    assert_eq!(summary["sent"], 200, "{summary}");
+    assert_eq!(summary["acked"], 200, "{summary}");
+    assert!(stderr.contains("MQTT 3.1.1"), "{stderr}");
+    let _ = gw.terminate();
+}
+
+#[test]
+fn simulate_without_a_broker_stops_early_saying_so() {
+    let port = support::free_port();
+    let out = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args(["simulate", "--url", &format!("mqtt://127.0.0.1:{port}")])
+        .args(["--count", "10"])
+        .output()
+        .expect("simulate");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("no MQTT broker answers"), "{stderr}");
+    assert!(stderr.contains(&port.to_string()), "{stderr}");
 }

@@ -49,6 +49,69 @@ pub enum SimulateError {
     /// Acks did not arrive.
     #[error("{0} QoS 1 messages were not acknowledged by the broker")]
     Unacked(u64),
+    /// No broker answered a CONNECT, in either MQTT version.
+    #[error("no MQTT broker answers at {url} (tried for {secs} s: {cause}); is it running?")]
+    NoBroker {
+        /// `--url`.
+        url: String,
+        /// How long it was tried.
+        secs: u64,
+        /// The last connection error.
+        cause: String,
+    },
+}
+
+/// How long `simulate` tries to reach a broker before it gives up.
+const REACH_S: u64 = 10;
+
+/// The MQTT version to publish with: `v5` as asked when the broker takes it, else
+/// 3.1.1 when it answers only that (the embedded broker, older brokers); an error
+/// when nothing answers within [`REACH_S`].
+async fn reach(endpoint: &Endpoint, v5: bool, url: &str) -> Result<bool, SimulateError> {
+    let clock = SystemClock::new();
+    let start = clock.mono();
+    let mut cause = String::from("no answer");
+    let versions: &[bool] = if v5 { &[true, false] } else { &[false] };
+    while clock.mono() - start < i64::try_from(REACH_S * 1000).unwrap_or(i64::MAX) {
+        for &version in versions {
+            let (client, mut lp) = link::build(&LinkOptions {
+                endpoint,
+                v5: version,
+                persistent: false,
+                session_expiry_s: 0,
+                manual_acks: false,
+                will: None,
+                inflight: 10,
+            })?;
+            let answer = tokio::time::timeout(Duration::from_secs(3), async {
+                loop {
+                    match lp.poll().await {
+                        Ok(Event::Connected { .. }) => return Ok(()),
+                        Ok(_) => {}
+                        Err(e) => return Err(e.to_string()),
+                    }
+                }
+            })
+            .await;
+            let _ = client.disconnect();
+            match answer {
+                Ok(Ok(())) => {
+                    if v5 && !version {
+                        tracing::warn!(%url, "the broker does not take MQTT 5: simulate publishes over MQTT 3.1.1");
+                    }
+                    return Ok(version);
+                }
+                Ok(Err(e)) => cause = e,
+                Err(_) => cause = "no CONNACK within 3 s".into(),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    Err(SimulateError::NoBroker {
+        url: url.to_owned(),
+        secs: REACH_S,
+        cause,
+    })
 }
 
 /// The final summary (stdout, one JSON object).
@@ -84,6 +147,14 @@ pub fn run(o: &SimulateOptions, fleet: SimConfig) -> Result<Summary, SimulateErr
         .build()?;
     let clock = SystemClock::new();
     let errors = Arc::new(AtomicU64::new(0));
+    let probe = Endpoint::plain(
+        tls,
+        host.clone(),
+        port,
+        format!("tidemark-sim-{}-probe", std::process::id()),
+        o.qos,
+    );
+    let v5 = rt.block_on(reach(&probe, o.v5, &o.url))?;
     let mut conns = Vec::new();
     let mut loops = Vec::new();
     for c in 0..o.connections.max(1) {
@@ -96,7 +167,7 @@ pub fn run(o: &SimulateOptions, fleet: SimConfig) -> Result<Summary, SimulateErr
         );
         let (client, lp) = link::build(&LinkOptions {
             endpoint: &endpoint,
-            v5: o.v5,
+            v5,
             persistent: false,
             session_expiry_s: 0,
             manual_acks: false,
