@@ -184,6 +184,8 @@ pub async fn watchdog(health: Arc<Health>, mut stop: watch::Receiver<bool>) {
     let limit = Millis::try_from(half.as_millis()).unwrap_or(Millis::MAX);
     let mut iv = tokio::time::interval(half);
     iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first ping half a period from now: READY (sent once everything is wired) comes first.
+    iv.tick().await;
     let mut failing = false;
     loop {
         tokio::select! {
