@@ -344,3 +344,38 @@ fn every_shipped_config_passes_check() {
         assert!(!text.contains("secret"), "a secret was printed");
     }
 }
+
+#[test]
+fn every_typo_and_wrong_type_is_listed_in_one_run_in_plain_words() {
+    let body = "[gateway]\nid = \"gw\"\ncomit_interval_ms = 5\n[sink]\nqos = \"x\"\n\
+                [time]\nmax_age_ms = \"long\"\nmax_skew_ms = 0\n[groups.a]\nidle_timeout_ms = true\nwindw = 1\n";
+    let out = check_text(body);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for want in [
+        "gateway.comit_interval_ms: unknown key",
+        "groups.a.windw: unknown key",
+        "sink.qos: invalid type: string \"x\", expected 0 or 1",
+        "time.max_age_ms: invalid type: string \"long\", expected a whole number of milliseconds",
+        "groups.a.idle_timeout_ms: invalid type: boolean `true`, expected a whole number of milliseconds",
+        "time.max_skew_ms: must be > 0",
+    ] {
+        assert!(err.contains(want), "want {want:?} in:\n{err}");
+    }
+    assert_eq!(err.lines().count(), 6, "{err}");
+    assert!(!err.contains("u64") && !err.contains("u8"), "{err}");
+}
+
+#[test]
+fn a_bad_value_from_the_environment_names_the_variable() {
+    let out = tidemark(
+        &["check", "--config", "configs/example.toml"],
+        &[("TIDEMARK__SINK__QOS", "abc")],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("sink.qos (set by environment variable TIDEMARK__SINK__QOS): invalid type: string \"abc\", expected 0 or 1"),
+        "{err}"
+    );
+}

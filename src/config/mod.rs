@@ -300,13 +300,133 @@ fn load_layers(
     let tree: serde_json::Value = layered
         .try_deserialize()
         .map_err(|e| ConfigError::one(describe_config_error(&e)))?;
-    let raw: RawConfig = serde_path_to_error::deserialize(tree).map_err(|e| {
-        let path = e.path().to_string();
-        ConfigError::one(describe_serde_error(&path, &e.into_inner().to_string()))
-    })?;
-    let mut cfg = validate::validate(raw)?;
-    cfg.sources = sources;
-    Ok(cfg)
+    let (raw, mut problems) = deserialize_all(tree);
+    let named = |problems: Vec<String>| ConfigError {
+        problems: problems
+            .into_iter()
+            .map(|p| name_the_source(p, &sources))
+            .collect(),
+    };
+    let Some(raw) = raw else {
+        return Err(named(problems));
+    };
+    // Rule violations too, so one run lists every problem (the bad keys above
+    // stand at their defaults here).
+    match validate::validate(raw) {
+        Ok(mut cfg) if problems.is_empty() => {
+            cfg.sources = sources;
+            Ok(cfg)
+        }
+        Ok(_) => Err(named(problems)),
+        Err(e) => {
+            problems.extend(e.problems);
+            Err(named(problems))
+        }
+    }
+}
+
+/// Deserializes `tree`, collecting every unknown key and wrong type: each one is
+/// reported, then removed (unknown) or set to its default, and the rest tried again.
+fn deserialize_all(mut tree: serde_json::Value) -> (Option<RawConfig>, Vec<String>) {
+    let defaults: serde_json::Value = toml::from_str::<toml::Table>(DEFAULTS)
+        .ok()
+        .and_then(|t| serde_json::to_value(t).ok())
+        .unwrap_or_default();
+    let mut problems = Vec::new();
+    loop {
+        match serde_path_to_error::deserialize::<_, RawConfig>(tree.clone()) {
+            Ok(raw) => return (Some(raw), problems),
+            Err(e) => {
+                let path = e.path().to_string();
+                let msg = e.into_inner().to_string();
+                problems.push(describe_serde_error(&path, &msg));
+                if problems.len() >= 100 || !repair(&mut tree, &defaults, &path, &msg) {
+                    return (None, problems);
+                }
+            }
+        }
+    }
+}
+
+/// Takes the key an error names out of the way: an unknown key is removed, a wrong
+/// value replaced by its default (a group's by `group_defaults`'), else removed.
+fn repair(
+    tree: &mut serde_json::Value,
+    defaults: &serde_json::Value,
+    path: &str,
+    msg: &str,
+) -> bool {
+    let mut keys: Vec<String> = if path == "." {
+        Vec::new()
+    } else {
+        path.split('.').map(str::to_owned).collect()
+    };
+    if let Some(rest) = msg.strip_prefix("unknown field `") {
+        let key = rest.split('`').next().unwrap_or(rest);
+        if keys.last().map(String::as_str) != Some(key) {
+            keys.push(key.to_owned());
+        }
+    }
+    let Some((leaf, parents)) = keys.split_last() else {
+        return false;
+    };
+    let mut default_path: Vec<&str> = keys.iter().map(String::as_str).collect();
+    if default_path.first() == Some(&"groups") && default_path.len() > 2 {
+        default_path.splice(..2, ["group_defaults"]);
+    }
+    let default = if msg.starts_with("unknown field") {
+        None
+    } else {
+        default_path
+            .iter()
+            .try_fold(defaults, |v, k| v.get(*k))
+            .cloned()
+    };
+    let Some(parent) = parents
+        .iter()
+        .try_fold(&mut *tree, |v, k| v.get_mut(k.as_str()))
+        .and_then(serde_json::Value::as_object_mut)
+    else {
+        return false;
+    };
+    match default {
+        Some(d) => parent.insert(leaf.clone(), d).is_some(),
+        None => parent.remove(leaf).is_some(),
+    }
+}
+
+/// `key: problem` with the environment variable named when one set the key, and
+/// the deserializer's type names in plain words.
+fn name_the_source(problem: String, sources: &BTreeMap<String, String>) -> String {
+    let Some((key, what)) = problem.split_once(": ") else {
+        return problem;
+    };
+    let what = plain_words(key, what);
+    match sources.get(key).and_then(|s| s.strip_prefix("env ")) {
+        Some(var) => format!("{key} (set by environment variable {var}): {what}"),
+        None => format!("{key}: {what}"),
+    }
+}
+
+fn plain_words(key: &str, what: &str) -> String {
+    let number = if key.ends_with("_ms") {
+        "a whole number of milliseconds"
+    } else if key.ends_with("_s") {
+        "a whole number of seconds"
+    } else if key.ends_with("qos") {
+        "0 or 1"
+    } else {
+        "a whole number"
+    };
+    let mut out = what.to_owned();
+    for t in ["u8", "u16", "u32", "u64", "usize", "i64", "i32"] {
+        out = out.replace(&format!("expected {t}"), &format!("expected {number}"));
+    }
+    out.replace("expected a sequence", "expected a list")
+        .replace("expected a map", "expected a table")
+        .replace("invalid type: integer", "invalid type: number")
+        .replace("invalid type: sequence", "invalid type: list")
+        .replace("invalid type: map", "invalid type: table")
 }
 
 /// Records `name` as the origin of every leaf of `table` (a later layer overwrites).
