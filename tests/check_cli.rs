@@ -379,3 +379,35 @@ fn a_bad_value_from_the_environment_names_the_variable() {
         "{err}"
     );
 }
+
+#[test]
+fn the_reference_lists_every_key_check_knows() {
+    let out = tidemark(&["check", "--config", "configs/example.toml"], &[]);
+    assert_eq!(out.status.code(), Some(0));
+    let reference =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/reference.md"))
+            .unwrap();
+    let mut table = String::new();
+    let mut keys = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if let Some(h) = line.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+            table = h.to_string();
+            // A group's window is one key, written as a table.
+            if let Some(parent) = table.strip_suffix(".window") {
+                keys.push(format!("{parent}.window"));
+            }
+        } else if let Some((k, _)) = line.split_once(" = ") {
+            if !table.ends_with(".window") {
+                keys.push(format!("{table}.{}", k.trim()));
+            }
+        }
+    }
+    assert!(keys.len() > 50, "{keys:?}");
+    for key in keys {
+        let key = key.replace("groups.hvac.", "groups.NAME.");
+        assert!(
+            reference.contains(&format!("`{key}`")),
+            "docs/reference.md does not list `{key}`"
+        );
+    }
+}
