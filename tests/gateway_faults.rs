@@ -315,3 +315,35 @@ fn a_burst_of_results_drains_to_a_stock_upstream_within_its_receive_maximum() {
     assert_eq!(code, Some(0));
     assert_exact(&fleet, &up);
 }
+
+#[test]
+fn sigterm_during_an_outage_of_both_brokers_stops_at_once_with_nothing_pending() {
+    let mut broker = Mosquitto::start(false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(dir.path(), &broker, &broker, FLEET);
+    let log = dir.path().join("gw.log");
+    let gw = Gateway::start(&config, &log);
+    broker.kill();
+    support::wait_or_explain(
+        MIN,
+        || {
+            let l = gw.log_text();
+            l.contains("source disconnected") && l.contains("sink disconnected")
+        },
+        || gw.log_text(),
+    );
+    // Deep into the sink's reconnect backoff: its sixth wait is 4.8-8 s, longer than
+    // the whole stop may take.
+    support::wait_or_explain(
+        MIN,
+        || gw.log_text().matches("sink disconnected").count() >= 6,
+        || gw.log_text(),
+    );
+    let (code, took) = gw.terminate();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        !text.contains("shutdown took too long"),
+        "stop took {took:?}\n{text}"
+    );
+}

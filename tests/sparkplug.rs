@@ -357,6 +357,18 @@ fn a_simulated_sparkplug_fleet_is_aggregated_live_and_its_capture_replays_the_sa
         readings
     );
     assert_eq!(window_readings(&out.all()), readings);
+    // simulate ends with each edge node's NDEATH: offline at once, not after heartbeat_timeout_ms.
+    assert_eq!(t["deaths"].as_u64(), Some(2), "{t}");
+    wait_until(WAIT, "both edge nodes offline after their NDEATH", || {
+        let gone: std::collections::BTreeSet<String> = out
+            .on("/alerts/")
+            .iter()
+            .map(|s| s.json())
+            .filter(|a| a["type"] == "offline")
+            .filter_map(|a| a["device"].as_str().map(str::to_owned))
+            .collect();
+        gone.contains("edge000") && gone.contains("edge001")
+    });
     let live: std::collections::BTreeMap<String, String> = final_windows(&out.all())
         .into_iter()
         .map(|(k, w)| (k, window_key(&w)))

@@ -156,6 +156,8 @@ impl Sink {
             tracing::info!(depth, "outbox backlog to deliver upstream");
         }
         let mut drain: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
+        // Between reconnect attempts; a stop or a reload does not wait for it.
+        let mut backoff: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
         let mut rx_open = true;
         loop {
             self.send_notices();
@@ -170,7 +172,7 @@ impl Sink {
                 break;
             }
             tokio::select! {
-                ev = self.lp.poll() => match ev {
+                ev = self.lp.poll(), if backoff.is_none() => match ev {
                     Ok(Event::Connected { receive_max, .. }) => self.on_connected(receive_max),
                     Ok(Event::PubAck { ok, reason }) => self.on_puback(ok, &reason),
                     Ok(_) => {}
@@ -188,9 +190,12 @@ impl Sink {
                             outbox_depth = self.registry.outbox_depth.load(Ordering::Relaxed),
                             "sink disconnected; outputs kept in the outbox"
                         );
-                        tokio::time::sleep(delay).await;
+                        backoff = Some(Box::pin(tokio::time::sleep(delay)));
                     }
                 },
+                () = async { if let Some(b) = backoff.as_mut() { b.await } }, if backoff.is_some() => {
+                    backoff = None;
+                }
                 msg = self.rx.recv(), if rx_open => match msg {
                     Some(SinkMsg::Live(list)) => self.d.live(list),
                     Some(SinkMsg::Notice(n)) => {
@@ -203,8 +208,15 @@ impl Sink {
                         let payload = m.encode(self.cfg.format);
                         let _ = self.client.publish(&self.cfg.topic("metrics"), payload, 0, false);
                     },
-                    Some(SinkMsg::Apply(cfg)) => self.apply(cfg).await,
+                    Some(SinkMsg::Apply(cfg)) => {
+                        self.apply(cfg).await;
+                        backoff = None;
+                    }
                     Some(SinkMsg::Stop) | None => {
+                        if !self.d.is_connected() {
+                            // Down: what is left stays in the outbox for the next start.
+                            break;
+                        }
                         rx_open = false;
                         drain = Some(Box::pin(tokio::time::sleep(DRAIN)));
                     }

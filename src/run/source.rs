@@ -393,10 +393,13 @@ impl Source {
     }
 
     /// The final acks are queued: publish the host's death, disconnect, poll it out.
+    /// Down already: nothing can go out (the broker keeps what was not acknowledged),
+    /// and polling would only wait on a reconnect.
     async fn close(&mut self) {
-        if let Some((topic, _, offline)) = &self.cfg.host_state
-            && self.connected
-        {
+        if !self.connected {
+            return;
+        }
+        if let Some((topic, _, offline)) = &self.cfg.host_state {
             let _ = self.client.publish(topic, offline.clone(), 1, true);
         }
         let _ = self.client.disconnect();

@@ -47,6 +47,42 @@ impl Fleet {
         }
     }
 
+    /// The end of a run: an NDEATH (the bdSeq of its NBIRTH) for every edge node
+    /// that was born, as a broker publishes an edge node's will when it goes.
+    pub fn finish(&mut self) -> Vec<Msg> {
+        if !self.cfg.sparkplug {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for node in 0..self.nodes.len() {
+            if !self.nodes[node].1 {
+                continue;
+            }
+            self.nodes[node].1 = false;
+            let i = u32::try_from(node).unwrap_or(0) * NODE_DEVICES;
+            let (_, group, node_id) = self.node_of(i);
+            let p = Payload {
+                metrics: vec![Metric {
+                    name: Some(sp::BD_SEQ.into()),
+                    datatype: Some(datatype::UINT64),
+                    long_value: Some(0),
+                    ..Metric::default()
+                }],
+                ..Payload::default()
+            };
+            let m = Msg {
+                device: i,
+                topic: format!("{}/{group}/NDEATH/{node_id}", sp::NAMESPACE),
+                payload: p.encode_to_vec(),
+                kind: Kind::Death,
+                backlog: false,
+            };
+            self.tally.add(m.kind);
+            out.push(m);
+        }
+        out
+    }
+
     /// A silent device's DDEATH, once (None in plain mode or when already dead).
     pub(super) fn sparkplug_death(&mut self, i: u32, elapsed: Millis) -> Option<Msg> {
         if !self.cfg.sparkplug || !self.devices[i as usize].born {

@@ -295,6 +295,15 @@ pub fn run(o: &SimulateOptions, fleet: SimConfig) -> Result<Summary, SimulateErr
                 sent += 1;
             }
         }
+        // Sparkplug: the edge nodes go, as their wills would say (offline at once upstream).
+        for m in fleet.finish() {
+            let conn = &conns[(m.device % n) as usize];
+            if conn.client.publish_wait(&m.topic, m.payload, o.qos).await.is_ok() {
+                conn.sent.fetch_add(1, Ordering::Relaxed);
+                tally.record(m.kind, false);
+                sent += 1;
+            }
+        }
         let elapsed_s = ((clock.mono() - start.mono) as f64 / 1000.0).max(0.001);
         // QoS 1: wait for the broker's acks (bounded), then disconnect cleanly.
         let mut unacked = 0;
