@@ -396,10 +396,10 @@ fn the_reference_lists_every_key_check_knows() {
             if let Some(parent) = table.strip_suffix(".window") {
                 keys.push(format!("{parent}.window"));
             }
-        } else if let Some((k, _)) = line.split_once(" = ") {
-            if !table.ends_with(".window") {
-                keys.push(format!("{table}.{}", k.trim()));
-            }
+        } else if let Some((k, _)) = line.split_once(" = ")
+            && !table.ends_with(".window")
+        {
+            keys.push(format!("{table}.{}", k.trim()));
         }
     }
     assert!(keys.len() > 50, "{keys:?}");
