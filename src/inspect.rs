@@ -5,10 +5,52 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use serde_json::json;
+use tidemark::model::Reason;
 use tidemark::store;
+
+/// Counters with rejections by reason.
+fn counters_json(c: &tidemark::engine::Counters) -> serde_json::Value {
+    let mut v = serde_json::to_value(c).unwrap_or_default();
+    v["rejected"] = Reason::ALL
+        .iter()
+        .map(|r| (r.as_str().to_owned(), json!(c.rejected(*r))))
+        .collect::<serde_json::Map<_, _>>()
+        .into();
+    v
+}
 
 fn fmt_ms(t: Option<i64>) -> String {
     t.map_or_else(|| "-".into(), |t| t.to_string())
+}
+
+/// Epoch ms as UTC, `2026-12-01T22:49:03.123Z` (civil date from days, proleptic Gregorian).
+fn utc(t: i64) -> String {
+    let (days, ms) = (t.div_euclid(86_400_000), t.rem_euclid(86_400_000));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        ms / 3_600_000,
+        ms / 60_000 % 60,
+        ms / 1000 % 60,
+        ms % 1000
+    )
+}
+
+fn utc_opt(t: Option<i64>) -> Option<String> {
+    t.map(utc)
+}
+
+/// A time column: UTC to the second, then epoch ms.
+fn when(t: Option<i64>) -> String {
+    t.map_or_else(|| "-".into(), |t| format!("{} ({t})", &utc(t)[..19]))
 }
 
 // The one place `inspect` reads the clock: to age the oldest outbox entry.
@@ -22,6 +64,17 @@ fn wall_now_ms() -> i64 {
 pub fn run(state_dir: &Path, as_json: bool) -> ExitCode {
     let view = match store::inspect(state_dir) {
         Ok(v) => v,
+        Err(store::StoreError::Open {
+            source: redb::DatabaseError::DatabaseAlreadyOpen,
+            path,
+        }) => {
+            eprintln!(
+                "error: a running gateway holds {}: see its live state with `tidemark status` \
+                 (or stop it, then inspect)",
+                path.display()
+            );
+            return ExitCode::from(1);
+        }
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(1);
@@ -47,7 +100,9 @@ pub fn run(state_dir: &Path, as_json: bool) -> ExitCode {
                 json!({
                     "group": g.name.as_str(),
                     "watermark": g.wm,
+                    "watermark_utc": utc_opt(g.wm),
                     "max_event_time": g.max_event,
+                    "max_event_time_utc": utc_opt(g.max_event),
                     "open_windows": windows_per_group.get(g.name.as_str()).copied().unwrap_or(0),
                     "readings_missing": missing_per_group.get(g.name.as_str()).copied().unwrap_or(0),
                 })
@@ -63,10 +118,12 @@ pub fn run(state_dir: &Path, as_json: bool) -> ExitCode {
                     "clock_offset_ms": offset(d),
                     "clock_distrusted": d.distrusted,
                     "last_seen": d.max_event,
+                    "last_seen_utc": utc_opt(d.max_event),
                     "status": if d.offline { "offline" } else { "online" },
                     "readings_missing": d.missing,
                     "open_windows": d.windows.iter().map(|w| json!({
-                        "start": w.start, "end": w.end, "count": w.count, "heartbeats": w.heartbeats,
+                        "start": w.start, "end": w.end, "start_utc": utc(w.start),
+                        "count": w.count, "heartbeats": w.heartbeats,
                         "emitted_revision": w.emitted,
                     })).collect::<Vec<_>>(),
                 })
@@ -76,7 +133,7 @@ pub fn run(state_dir: &Path, as_json: bool) -> ExitCode {
             "state_file": store::Store::file(state_dir).display().to_string(),
             "groups": groups,
             "devices": devices,
-            "counters": s.counters,
+            "counters": counters_json(&s.counters),
             "gateway_clock": {"error_ms": clock.error, "verdict": clock.verdict},
             "outbox": {"depth": s.outbox_depth, "dropped": s.outbox_dropped, "oldest_age_ms": oldest_age},
             "journal_records": view.journal_records,
@@ -87,24 +144,24 @@ pub fn run(state_dir: &Path, as_json: bool) -> ExitCode {
     println!("state file: {}", store::Store::file(state_dir).display());
     println!();
     println!(
-        "{:<24} {:>15} {:>15} {:>12} {:>8}",
-        "GROUP", "WATERMARK", "MAX EVENT", "OPEN WINDOWS", "MISSING"
+        "{:<24} {:<35} {:<35} {:>12} {:>8}",
+        "GROUP", "WATERMARK (UTC, ms)", "MAX EVENT (UTC, ms)", "OPEN WINDOWS", "MISSING"
     );
     for g in &s.groups {
         let open = windows_per_group.get(g.name.as_str()).copied().unwrap_or(0);
         println!(
-            "{:<24} {:>15} {:>15} {:>12} {:>8}",
+            "{:<24} {:<35} {:<35} {:>12} {:>8}",
             g.name,
-            fmt_ms(g.wm),
-            fmt_ms(g.max_event),
+            when(g.wm),
+            when(g.max_event),
             open,
             missing_per_group.get(g.name.as_str()).copied().unwrap_or(0)
         );
     }
     println!();
     println!(
-        "{:<24} {:<24} {:>12} {:>15} {:<8} {:>7} {:>8}",
-        "GROUP", "DEVICE", "OFFSET MS", "LAST SEEN", "STATUS", "WINDOWS", "MISSING"
+        "{:<24} {:<24} {:>12} {:<35} {:<8} {:>7} {:>8}",
+        "GROUP", "DEVICE", "OFFSET MS", "LAST SEEN (UTC, ms)", "STATUS", "WINDOWS", "MISSING"
     );
     for d in &s.devices {
         let offset = match (offset(d), d.distrusted) {
@@ -112,11 +169,11 @@ pub fn run(state_dir: &Path, as_json: bool) -> ExitCode {
             (o, _) => fmt_ms(o),
         };
         println!(
-            "{:<24} {:<24} {:>12} {:>15} {:<8} {:>7} {:>8}",
+            "{:<24} {:<24} {:>12} {:<35} {:<8} {:>7} {:>8}",
             d.group,
             d.id,
             offset,
-            fmt_ms(d.max_event),
+            when(d.max_event),
             if d.offline { "offline" } else { "online" },
             d.windows.len(),
             d.missing
@@ -125,13 +182,19 @@ pub fn run(state_dir: &Path, as_json: bool) -> ExitCode {
     println!();
     let c = &s.counters;
     println!(
-        "counters: received {} accepted {} late {} duplicates {} missing {} rejected {} windows {} alerts {}",
+        "counters: received {} accepted {} late {} duplicates {} missing {} timestamps invalid {} rejected {} ({}) windows {} alerts {}",
         c.received,
         c.accepted,
         c.late,
         c.duplicates,
         c.readings_missing,
+        c.timestamps_invalid,
         c.rejected.iter().sum::<u64>(),
+        Reason::ALL
+            .iter()
+            .map(|r| format!("{} {}", r.as_str(), c.rejected(*r)))
+            .collect::<Vec<_>>()
+            .join(", "),
         c.windows_emitted,
         c.alerts
     );
@@ -159,4 +222,17 @@ pub fn run(state_dir: &Path, as_json: bool) -> ExitCode {
         );
     }
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::utc;
+
+    #[test]
+    fn utc_renders_epoch_ms_on_both_sides_of_the_epoch_and_leap_days() {
+        assert_eq!(utc(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(utc(1_764_480_000_123), "2025-11-30T05:20:00.123Z");
+        assert_eq!(utc(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(utc(-1), "1969-12-31T23:59:59.999Z");
+    }
 }

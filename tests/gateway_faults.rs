@@ -347,3 +347,45 @@ fn sigterm_during_an_outage_of_both_brokers_stops_at_once_with_nothing_pending()
         "stop took {took:?}\n{text}"
     );
 }
+
+#[test]
+fn inspect_points_to_status_while_the_gateway_runs_and_reads_plainly_after() {
+    let broker = Mosquitto::start(false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write_config(dir.path(), &broker, &broker, FLEET);
+    let log = dir.path().join("gw.log");
+    let gw = Gateway::start(&config, &log);
+    let mut p = Publisher::connect(broker.port, "inspect-fleet");
+    p.send(
+        "sensors/fleet/d0/reading",
+        &reading(support::now_ms(), 1, 1.0),
+    );
+    p.send("sensors/fleet/d0/bogus", b"{}");
+    p.flush();
+    let inspect = |json: bool| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"));
+        cmd.args(["inspect", "--state-dir"])
+            .arg(dir.path().join("state"));
+        if json {
+            cmd.arg("--json");
+        }
+        cmd.output().expect("inspect")
+    };
+    let out = inspect(false);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("running gateway") && err.contains("tidemark status"),
+        "{err}"
+    );
+    let _ = gw.terminate();
+    let out = inspect(true);
+    assert_eq!(out.status.code(), Some(0));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(doc["counters"]["rejected"]["bad_topic"], 1, "{doc}");
+    assert_eq!(doc["counters"]["rejected"]["too_old"], 0, "{doc}");
+    let utc = doc["devices"][0]["last_seen_utc"].as_str().expect("utc");
+    assert!(utc.ends_with('Z') && utc.len() == 24, "{utc}");
+    let text = String::from_utf8_lossy(&inspect(false).stdout).into_owned();
+    assert!(text.contains("bad_topic 1"), "{text}");
+}
