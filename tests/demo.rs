@@ -41,6 +41,8 @@ fn a_terminal_gets_a_live_screen() {
         "ALERTS",
         "watermark",
         "clock_skew",
+        "script: hall/d0000 runs 17 min fast",
+        "rev = revision",
     ] {
         assert!(last.contains(want), "no {want:?} on the screen:\n{last}");
     }

@@ -42,6 +42,13 @@ pub enum DemoError {
 const DEVICES: u32 = 13;
 const GROUPS: [&str; 3] = ["hall", "lab", "yard"];
 const FAST_MS: Millis = 17 * 60_000;
+/// What the simulated fleet does when (see [`simulate_args`]).
+const SCRIPT: &str = "script: hall/d0000 runs 17 min fast, lab/d0001 2 h off; from 5 s one device is \
+    silent for 15 s (offline, then online); group yard goes silent; 18-26 s the fleet's uplink \
+    is down and its backlog arrives in one burst; 1 % late by 45 s, 1 % redelivered, 0.5 % malformed";
+/// What the columns mean.
+const LEGEND: &str = "lag = now - group watermark; rev = revision of a window result (1+: re-emitted \
+    with late data); outbox = results waiting for the upstream broker";
 const WILD_MS: Millis = 2 * 3_600_000;
 
 fn config(dir: &Path, port: u16, http: u16) -> String {
@@ -156,6 +163,8 @@ struct View {
     late: u64,
     rejected: u64,
     last_window: BTreeMap<String, Millis>,
+    /// The latest window line of each device, for the clock rows.
+    last_window_line: BTreeMap<String, String>,
     distrusted: BTreeMap<String, Millis>,
 }
 
@@ -211,6 +220,7 @@ impl View {
                     temp["mean"].as_f64().unwrap_or(f64::NAN)
                 );
                 self.last_window.insert(who(&v), start);
+                self.last_window_line.insert(who(&v), line.clone());
                 push(&mut self.windows, line.clone());
                 Some(format!("window  {line}"))
             }
@@ -324,6 +334,9 @@ impl View {
                 "{device:<11} clock {:>7}  {state}",
                 offset(true_offset)
             ));
+            if let Some(line) = self.last_window_line.get(device) {
+                rows.push(format!("            latest window {line}"));
+            }
         }
         rows.push("others      clock within ±1.5 s".into());
         rows
@@ -335,6 +348,7 @@ impl View {
             "tidemark demo — embedded broker 127.0.0.1:{port}, {DEVICES} simulated devices, {:.0} s   (Ctrl-C stops)\n",
             elapsed as f64 / 1000.0
         ));
+        s.push_str(&format!("{SCRIPT}\n{LEGEND}\n"));
         s.push_str(&format!("{}\n\nGROUPS\n", self.counters()));
         for r in self.groups(now) {
             s.push_str(&format!("  {r}\n"));
@@ -343,10 +357,8 @@ impl View {
         for r in self.clocks(now) {
             s.push_str(&format!("  {r}\n"));
         }
-        s.push_str(&format!(
-            "\nRECENT WINDOWS (late {}, rejected {})\n",
-            self.late, self.rejected
-        ));
+        // The counts are the header's (the gateway's own totals), not a second tally.
+        s.push_str("\nRECENT WINDOWS (newest last)\n");
         for w in &self.windows {
             s.push_str(&format!("  {w}\n"));
         }
