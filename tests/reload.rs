@@ -126,6 +126,20 @@ fn counted(up: &[&Collector]) -> u64 {
         .sum()
 }
 
+/// Waits until every reading sent is counted upstream, then checks none twice.
+fn wait_counted_once(up: &[&Collector], sent: u64, site: &Site) {
+    support::wait_or_explain(
+        2 * MIN,
+        || counted(up) >= sent,
+        || format!("counted {} of {sent}\n{}", counted(up), site.log_text()),
+    );
+    assert_eq!(
+        counted(up),
+        sent,
+        "every reading counted once (ids deduplicated)"
+    );
+}
+
 /// Window shapes of group `fleet` after a switch from 2 s to 5 s windows at `t`.
 fn assert_windows_switch_at(up: &[&Collector], t: i64) {
     let windows = final_windows(&all(up));
@@ -236,16 +250,7 @@ fn reloads_apply_in_place(protocol: &'static str) {
     assert_eq!(same[1]["changed"], serde_json::json!([]));
     assert_eq!(same[1]["hash"], applied[0]["hash"]);
 
-    support::wait_or_explain(
-        2 * MIN,
-        || counted(&ups) >= sent,
-        || format!("counted {} of {sent}\n{}", counted(&ups), site.log_text()),
-    );
-    assert_eq!(
-        counted(&ups),
-        sent,
-        "every reading counted once (ids deduplicated)"
-    );
+    wait_counted_once(&ups, sent, &site);
     // The latest event at the first reload was at +2.95 s: its 2 s window ends at +4 s,
     // and the first 5 s boundary at or after that is +5 s.
     assert_windows_switch_at(&ups, site.base + 5000);
@@ -317,16 +322,7 @@ fn a_kill_right_after_a_window_rule_reload_counts_every_reading_once_under_its_r
     let gw = Gateway::start(&site.config, &site.log);
     sent += site.send(&mut p, "fleet", DEVICES, 60..90);
     p.flush();
-    support::wait_or_explain(
-        2 * MIN,
-        || counted(&ups) >= sent,
-        || format!("counted {} of {sent}\n{}", counted(&ups), site.log_text()),
-    );
-    assert_eq!(
-        counted(&ups),
-        sent,
-        "every reading counted once (ids deduplicated)"
-    );
+    wait_counted_once(&ups, sent, &site);
     assert_windows_switch_at(&ups, site.base + 5000);
     assert!(
         all(&ups).iter().all(|s| !s.topic.contains("/late/")),

@@ -16,6 +16,16 @@ fn ms(t: Millis) -> Option<u64> {
     u64::try_from(t).ok()
 }
 
+/// The `bdSeq` metric of an edge node's NBIRTH and NDEATH (one session each run: 0).
+fn bd_seq() -> Metric {
+    Metric {
+        name: Some(sp::BD_SEQ.into()),
+        datatype: Some(datatype::UINT64),
+        long_value: Some(0),
+        ..Metric::default()
+    }
+}
+
 /// The aliases of device `i`: temperature, humidity, a status string.
 fn aliases(i: u32) -> [u64; 3] {
     let base = u64::from(i) * 4;
@@ -62,12 +72,7 @@ impl Fleet {
             let i = u32::try_from(node).unwrap_or(0) * NODE_DEVICES;
             let (_, group, node_id) = self.node_of(i);
             let p = Payload {
-                metrics: vec![Metric {
-                    name: Some(sp::BD_SEQ.into()),
-                    datatype: Some(datatype::UINT64),
-                    long_value: Some(0),
-                    ..Metric::default()
-                }],
+                metrics: vec![bd_seq()],
                 ..Payload::default()
             };
             let m = Msg {
@@ -130,12 +135,7 @@ impl Fleet {
             self.nodes[node] = (0, true);
             let p = Payload {
                 timestamp: ms(device_now),
-                metrics: vec![Metric {
-                    name: Some(sp::BD_SEQ.into()),
-                    datatype: Some(datatype::UINT64),
-                    long_value: Some(0),
-                    ..Metric::default()
-                }],
+                metrics: vec![bd_seq()],
                 ..Payload::default()
             };
             let topic = format!("{}/{group}/NBIRTH/{node_id}", sp::NAMESPACE);
