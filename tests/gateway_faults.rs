@@ -355,6 +355,7 @@ fn inspect_points_to_status_while_the_gateway_runs_and_reads_plainly_after() {
     let config = write_config(dir.path(), &broker, &broker, FLEET);
     let log = dir.path().join("gw.log");
     let gw = Gateway::start(&config, &log);
+    let up = Collector::start(broker.port, "tidemark/#", "inspect-up");
     let mut p = Publisher::connect(broker.port, "inspect-fleet");
     p.send(
         "sensors/fleet/d0/reading",
@@ -362,6 +363,10 @@ fn inspect_points_to_status_while_the_gateway_runs_and_reads_plainly_after() {
     );
     p.send("sensors/fleet/d0/bogus", b"{}");
     p.flush();
+    // Both taken and committed: the rejection is published after its commit.
+    wait_until(MIN, "the rejection upstream", || {
+        !up.on("/rejected").is_empty()
+    });
     let inspect = |json: bool| {
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"));
         cmd.args(["inspect", "--state-dir"])
