@@ -159,10 +159,18 @@ fn both_packages_install_binary_unit_configs_user_and_docs() {
     assert_eq!(v.trim(), format!("tidemark {VERSION}"));
 }
 
-/// A root holding the host's own systemd units (targets the unit refers to) and
-/// the package's files.
+/// A root holding the host's own systemd units (targets the unit refers to),
+/// the `kill` that `ExecReload=` runs (every Debian system has it), and the
+/// package's files.
 fn systemd_root(deb: &Path) -> tempfile::TempDir {
     let tree = unpack(deb);
+    let bin = tree.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let kill = ["/bin/kill", "/usr/bin/kill"]
+        .into_iter()
+        .find(|k| Path::new(k).exists())
+        .expect("kill(1): scripts/test.sh installs procps");
+    run(Command::new("cp").arg("-L").arg(kill).arg(bin.join("kill")));
     let units = tree.path().join("usr/lib/systemd/system");
     std::fs::create_dir_all(&units).unwrap();
     for dir in ["/lib/systemd/system", "/usr/lib/systemd/system"] {
