@@ -123,6 +123,9 @@ pub struct Source {
     received_since_connect: u64,
     /// Held tokens handed to the core, in total.
     forwarded: u64,
+    /// Filters a reload removed while the link was down: the kept session still
+    /// holds them, so they are unsubscribed at the next connect.
+    unsubscribe: Vec<String>,
 }
 
 /// How long a reload's reconnect waits for the acks of what the core has.
@@ -141,6 +144,7 @@ impl Source {
             stopping: false,
             received_since_connect: 0,
             forwarded: 0,
+            unsubscribe: Vec::new(),
         }
     }
 
@@ -221,6 +225,11 @@ impl Source {
                 // a CONNECT the broker took whose CONNACK never came back), and without
                 // it the source is deaf for good. Again is harmless (v5: retained
                 // messages are not sent again).
+                for t in std::mem::take(&mut self.unsubscribe) {
+                    if let Err(e) = self.client.unsubscribe(&t) {
+                        tracing::warn!(topic = %t, error = %e, "source unsubscribe not sent");
+                    }
+                }
                 self.subscribe(self.cfg.topics.clone());
                 if let Some((topic, online, _)) = &self.cfg.host_state
                     && let Err(e) = self.client.publish(topic, online.clone(), 1, true)
@@ -344,6 +353,8 @@ impl Source {
                 }
             }
             self.subscribe(added.clone());
+        } else {
+            self.unsubscribe.extend(removed.iter().cloned());
         }
         tracing::info!(added = ?added, removed = ?removed, "source filters changed on the same session");
         true
