@@ -23,26 +23,7 @@ fn fmt_ms(t: Option<i64>) -> String {
     t.map_or_else(|| "-".into(), |t| t.to_string())
 }
 
-/// Epoch ms as UTC, `2026-12-01T22:49:03.123Z` (civil date from days, proleptic Gregorian).
-fn utc(t: i64) -> String {
-    let (days, ms) = (t.div_euclid(86_400_000), t.rem_euclid(86_400_000));
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        ms / 3_600_000,
-        ms / 60_000 % 60,
-        ms / 1000 % 60,
-        ms % 1000
-    )
-}
+use tidemark::time::utc;
 
 fn utc_opt(t: Option<i64>) -> Option<String> {
     t.map(utc)
@@ -222,17 +203,4 @@ pub fn run(state_dir: &Path, as_json: bool) -> ExitCode {
         );
     }
     ExitCode::SUCCESS
-}
-
-#[cfg(test)]
-mod tests {
-    use super::utc;
-
-    #[test]
-    fn utc_renders_epoch_ms_on_both_sides_of_the_epoch_and_leap_days() {
-        assert_eq!(utc(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(utc(1_764_480_000_123), "2025-11-30T05:20:00.123Z");
-        assert_eq!(utc(951_782_400_000), "2000-02-29T00:00:00.000Z");
-        assert_eq!(utc(-1), "1969-12-31T23:59:59.999Z");
-    }
 }

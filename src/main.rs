@@ -91,6 +91,29 @@ enum Command {
     /// Publish a synthetic fleet (seeded): skewed clocks, delays, disorder, late,
     /// duplicates, malformed messages, silent devices, an outage's backlog burst.
     Simulate(Box<SimulateArgs>),
+    /// A running gateway's live status from its HTTP endpoint: groups, devices that
+    /// need a look (offline, idle, distrusted clocks), links, outbox, recent alerts.
+    Status {
+        /// The gateway's endpoint (default: `[metrics] listen` of --config, else
+        /// http://127.0.0.1:9464).
+        #[arg(long)]
+        url: Option<String>,
+        /// The gateway's config: its `metrics.listen` and `metrics.token_file` are used.
+        #[arg(long)]
+        config: Vec<PathBuf>,
+        /// A file holding the endpoint's bearer token (`metrics.token_file`).
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// One JSON document: status, devices, alerts as the API gives them.
+        #[arg(long)]
+        json: bool,
+        /// Only devices of this group.
+        #[arg(long)]
+        group: Option<String>,
+        /// Only devices in this state.
+        #[arg(long, value_parser = ["active", "idle", "offline"])]
+        state: Option<String>,
+    },
     /// Read-only dump of persisted state (run while the gateway is stopped).
     Inspect {
         /// State directory (holds tidemark.redb).
@@ -331,6 +354,14 @@ fn main() -> ExitCode {
             replay_cmd(&cfg, &opts)
         }
         Command::Inspect { state_dir, json } => inspect::run(&state_dir, json),
+        Command::Status {
+            url,
+            config,
+            token_file,
+            json,
+            group,
+            state,
+        } => status(url, &config, token_file, json, group, state),
         Command::Demo { duration, plain } => {
             init_plain_logging(cli.log_format);
             let o = tidemark::tools::demo::DemoOptions {
@@ -378,6 +409,60 @@ fn main() -> ExitCode {
                     ExitCode::from(1)
                 }
             }
+        }
+    }
+}
+
+fn status(
+    url: Option<String>,
+    config: &[PathBuf],
+    token_file: Option<PathBuf>,
+    json: bool,
+    group: Option<String>,
+    state: Option<String>,
+) -> ExitCode {
+    let cfg = if config.is_empty() {
+        None
+    } else {
+        let Some(cfg) = load(config) else {
+            return ExitCode::from(2);
+        };
+        Some(cfg)
+    };
+    let url = url.unwrap_or_else(|| {
+        cfg.as_ref()
+            .and_then(|c| c.metrics_listen)
+            .map_or_else(|| "http://127.0.0.1:9464".into(), |a| format!("http://{a}"))
+    });
+    let token = match token_file {
+        Some(f) => match std::fs::read_to_string(&f) {
+            Ok(t) => Some(t.trim().to_owned()),
+            Err(e) => {
+                eprintln!("error: --token-file {}: {e}", f.display());
+                return ExitCode::from(2);
+            }
+        },
+        None => cfg.and_then(|c| c.metrics_token),
+    };
+    let o = tidemark::tools::status::StatusOptions {
+        url,
+        token,
+        json,
+        group,
+        state,
+    };
+    match tidemark::tools::status::run(&o) {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e @ tidemark::tools::status::StatusError::Url(_)) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
         }
     }
 }

@@ -72,8 +72,10 @@ pub struct Config {
     pub sink_max_inflight: u16,
     /// Metrics period in seconds.
     pub metrics_interval_s: u64,
-    /// Local HTTP endpoint (`/metrics`, `/healthz`), loopback only.
+    /// Local HTTP endpoint (status page and API, `/metrics`, `/healthz`).
     pub metrics_listen: Option<SocketAddr>,
+    /// Bearer token of the HTTP endpoint (read from `metrics.token_file`).
+    pub metrics_token: Option<String>,
     /// How long the source may be down, or the engine or a commit stuck, before `/healthz` fails.
     pub health_timeout_ms: i64,
     /// Log filter directive.

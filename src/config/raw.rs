@@ -79,6 +79,7 @@ max_inflight = 4096
 interval_s = 10
 listen = ""
 health_timeout_s = 60
+token_file = ""
 
 [log]
 level = "info"
@@ -316,11 +317,14 @@ pub struct RawSink {
 pub struct RawMetrics {
     /// Period of `{prefix}/metrics`.
     pub interval_s: u64,
-    /// Local HTTP endpoint for Prometheus text and /healthz ("" = off; loopback only).
+    /// Local HTTP endpoint: status page and API, Prometheus text, probes ("" = off;
+    /// loopback only unless `token_file` is set).
     pub listen: String,
     /// `/healthz` fails once the source has been down, or the engine loop or a
     /// commit has been stuck, this long.
     pub health_timeout_s: u64,
+    /// A file holding the bearer token every request but `/healthz` and `/readyz` needs.
+    pub token_file: String,
 }
 
 /// `[log]`

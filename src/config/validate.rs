@@ -263,16 +263,40 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     }
     p.positive("metrics.interval_s", raw.metrics.interval_s);
     p.positive("metrics.health_timeout_s", raw.metrics.health_timeout_s);
+    let metrics_token = if raw.metrics.token_file.is_empty() {
+        None
+    } else {
+        match std::fs::read_to_string(&raw.metrics.token_file) {
+            Ok(t) if t.trim().len() >= 16 => Some(t.trim().to_owned()),
+            Ok(_) => {
+                p.add(
+                    "metrics.token_file",
+                    format!(
+                        "{:?} holds no token of at least 16 characters (e.g. `openssl rand -hex 32 > FILE`)",
+                        raw.metrics.token_file
+                    ),
+                );
+                None
+            }
+            Err(e) => {
+                p.add(
+                    "metrics.token_file",
+                    format!("cannot read {:?}: {e}", raw.metrics.token_file),
+                );
+                None
+            }
+        }
+    };
     let metrics_listen = if raw.metrics.listen.is_empty() {
         None
     } else {
         match raw.metrics.listen.parse::<SocketAddr>() {
-            Ok(a) if a.ip().is_loopback() => Some(a),
+            Ok(a) if a.ip().is_loopback() || !raw.metrics.token_file.is_empty() => Some(a),
             Ok(_) => {
                 p.add(
                     "metrics.listen",
                     format!(
-                        "{:?} is not a loopback address: the endpoint has no authentication (use 127.0.0.1:PORT or [::1]:PORT and a reverse proxy to expose it)",
+                        "{:?} is not a loopback address: without metrics.token_file the endpoint has no authentication (set token_file, or use 127.0.0.1:PORT or [::1]:PORT and a reverse proxy)",
                         raw.metrics.listen
                     ),
                 );
@@ -356,6 +380,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         sink_max_inflight: u16::try_from(raw.sink.max_inflight).unwrap_or(u16::MAX),
         metrics_interval_s: raw.metrics.interval_s,
         metrics_listen,
+        metrics_token,
         health_timeout_ms: i64::try_from(raw.metrics.health_timeout_s.saturating_mul(1000))
             .unwrap_or(i64::MAX),
         log_level: raw.log.level.clone(),

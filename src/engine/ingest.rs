@@ -91,6 +91,8 @@ impl Engine {
             match dev.seq.observe_at(seq, ts) {
                 Seen::Duplicate => {
                     self.counters.duplicates += 1;
+                    dev.duplicates += 1;
+                    self.mark_device(di);
                     return;
                 }
                 Seen::New { missing } => {
@@ -166,6 +168,7 @@ impl Engine {
         });
         if !taken {
             self.counters.late += 1;
+            dev.late += 1;
             out.push(Output::Late(Late {
                 group: parts.group.clone(),
                 device: parts.device.clone(),
@@ -183,6 +186,7 @@ impl Engine {
             return;
         }
         self.counters.accepted += 1;
+        dev.accepted += 1;
         if invalid_ts {
             self.counters.timestamps_invalid += 1;
             dev.timestamps_invalid += 1;

@@ -30,6 +30,36 @@ mod state;
 pub use config::{EngineConfig, GroupConfig, GroupRules};
 pub use state::{Changes, Counters, Device, Group, GroupStats, RuleEpoch};
 
+/// A device's liveness (SPEC §7, §11).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Liveness {
+    /// Heard from within `idle_timeout_ms`.
+    Active,
+    /// Silent for `idle_timeout_ms`, not offline.
+    Idle,
+    /// Offline alert raised.
+    Offline,
+}
+
+impl Liveness {
+    /// The name in the API and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Idle => "idle",
+            Self::Offline => "offline",
+        }
+    }
+
+    /// From its name.
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Active, Self::Idle, Self::Offline]
+            .into_iter()
+            .find(|l| l.as_str() == s)
+    }
+}
+
 /// The gateway clock at one instant: wall time for arrival stamps, a
 /// monotonic reading for idleness (an NTP step must not make devices idle).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -270,6 +300,52 @@ impl Engine {
             .get(group)
             .map_or(&[][..], |&gi| &self.groups[gi as usize].members[..]);
         members.iter().map(|&d| &self.devices[d as usize].state)
+    }
+
+    /// The gateway id.
+    pub fn gateway_id(&self) -> &str {
+        &self.gateway
+    }
+
+    /// Devices in (group, device) order, starting after `after` (live status paging).
+    pub fn devices_after<'a>(
+        &'a self,
+        after: Option<(&'a str, &'a str)>,
+    ) -> impl Iterator<Item = &'a Device> + 'a {
+        let first = after.map_or(0, |(g, _)| {
+            self.group_order
+                .partition_point(|&gi| self.groups[gi as usize].state.name.as_str() < g)
+        });
+        self.group_order[first..].iter().flat_map(move |&gi| {
+            let g = &self.groups[gi as usize];
+            let skip = match after {
+                Some((ag, ad)) if g.state.name.as_str() == ag => g
+                    .members
+                    .partition_point(|&d| self.devices[d as usize].state.id.as_str() <= ad),
+                _ => 0,
+            };
+            g.members[skip..]
+                .iter()
+                .map(|&d| &self.devices[d as usize].state)
+        })
+    }
+
+    /// A device's liveness at `now` as the metrics count it: offline, idle (silent
+    /// for its group's `idle_timeout_ms`) or active.
+    pub fn liveness(&self, d: &Device, now: Now) -> Liveness {
+        let idle_after = self
+            .group_index
+            .get(d.group.as_str())
+            .map_or(Millis::MAX, |&gi| {
+                self.groups[gi as usize].cfg.idle_timeout_ms
+            });
+        if d.offline {
+            Liveness::Offline
+        } else if now.mono.saturating_sub(d.last_arrival) >= idle_after {
+            Liveness::Idle
+        } else {
+            Liveness::Active
+        }
     }
 
     /// A device's state.

@@ -175,6 +175,10 @@ impl Engine {
             Seq::Next => {}
             Seq::Again => {
                 self.counters.duplicates += 1;
+                if let Some(di) = self.find_device(&group, &node) {
+                    self.devices[di].state.duplicates += 1;
+                    self.mark_device(di);
+                }
                 return;
             }
             Seq::Gap(n) => {

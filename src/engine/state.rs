@@ -74,6 +74,15 @@ pub struct Device {
     /// Events accepted with an invalid device timestamp.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub timestamps_invalid: u64,
+    /// Events of this device taken into windows (live status, SPEC §11).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub accepted: u64,
+    /// Events of this device published as late.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub late: u64,
+    /// Redeliveries of this device dropped as duplicates.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub duplicates: u64,
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)]

@@ -9,6 +9,7 @@ use std::sync::mpsc::SyncSender;
 use tokio::sync::mpsc::{Receiver, UnboundedReceiver, UnboundedSender};
 use tokio::sync::watch;
 
+use super::api;
 use super::events::{Current, Inbound, OutboxBounds, StoreEvent, StoreJob, StoreState};
 use super::metrics;
 use super::plan::{self, Cadence, Commit, Pending};
@@ -99,6 +100,10 @@ struct Loop {
     reported: usize,
     next_give_back: Millis,
     last_give_back: Millis,
+    /// Wall time of the source's last connect or disconnect (live status).
+    source_since: Millis,
+    /// Wall time of the last durable commit (live status).
+    last_commit_at: Option<Millis>,
 }
 
 impl Core {
@@ -129,6 +134,8 @@ impl Core {
             reported: 0,
             next_give_back: mono.saturating_add(GIVE_BACK_MS),
             last_give_back: mono,
+            source_since: self.clock.now().wall,
+            last_commit_at: None,
         };
         let mut report = Report::new(mono);
         // Counters are totals since the state was created: rates start from the restored ones.
@@ -165,6 +172,7 @@ impl Core {
                 if !st.source_up {
                     // A message proves the link is up (an ordering race with `Connected`).
                     st.source_up = true;
+                    st.source_since = now.wall;
                     registry.health.source(true, now.mono);
                     driver.start(now);
                 }
@@ -186,12 +194,25 @@ impl Core {
             Inbound::Connected => {
                 st.source_up = true;
                 let now = self.clock.now();
+                st.source_since = now.wall;
                 registry.health.source(true, now.mono);
                 driver.start(now);
             }
             Inbound::Disconnected => {
+                if st.source_up {
+                    st.source_since = self.clock.now().wall;
+                }
                 st.source_up = false;
                 registry.health.source(false, self.clock.mono());
+            }
+            Inbound::Query(q, reply) => {
+                let links = api::Links {
+                    source_up: st.source_up,
+                    source_since: st.source_since,
+                    last_commit_at: st.last_commit_at,
+                };
+                let now = self.clock.now();
+                let _ = reply.send(api::answer(driver.engine(), &q, now, registry, links));
             }
             Inbound::Reload(cfg) => {
                 let now = self.clock.now();
@@ -219,6 +240,7 @@ impl Core {
                 } => {
                     st.journal_len = journal_len;
                     st.want_checkpoint |= over_bound;
+                    st.last_commit_at = Some(now.wall);
                 }
             }
         }
@@ -246,7 +268,7 @@ impl Core {
             crate::sys::memory::give_back();
         }
         // Each output is looked at once: only those since the last look.
-        report.outputs(&driver.outputs[st.reported..]);
+        report.outputs(&driver.outputs[st.reported..], &registry);
         st.reported = driver.outputs.len();
         if now.mono >= report.next {
             report.rates(driver.engine(), now.mono);
@@ -368,8 +390,13 @@ impl Report {
         }
     }
 
-    fn outputs(&self, outputs: &[Output]) {
+    fn outputs(&self, outputs: &[Output], registry: &Registry) {
         for o in outputs {
+            if matches!(o, Output::Alert(_) | Output::Gateway(_)) {
+                registry
+                    .alerts
+                    .push(serde_json::to_value(o.payload()).unwrap_or_default());
+            }
             if let Output::Gateway(g) = o {
                 match g {
                     GatewayAlert::Clock {

@@ -29,6 +29,11 @@ pub enum Inbound {
     Wake,
     /// A reload's validated config: the engine's rules from the next message on.
     Reload(Box<Config>),
+    /// A live status question (SPEC §11), answered between two messages.
+    Query(
+        super::api::Query,
+        tokio::sync::oneshot::Sender<super::api::Answer>,
+    ),
     /// Shut down: process what was received, final commit.
     Stop,
 }

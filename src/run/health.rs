@@ -1,14 +1,10 @@
 //! Liveness of the gateway's parts, for systemd (`Type=notify`, watchdog) and
-//! the optional local HTTP endpoint (`/healthz`, Prometheus `/metrics`).
+//! the optional local HTTP endpoint (`/healthz`, `/readyz`).
 
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http_body_util::Full;
-use hyper::body::Bytes;
-use hyper::{Method, Request, Response, StatusCode};
 use tokio::sync::watch;
 
 use crate::model::Millis;
@@ -28,11 +24,11 @@ pub struct Health {
     /// Since when the source is down.
     source_down_since: AtomicI64,
     /// The latest Prometheus text, refreshed by the core.
-    prometheus: Mutex<String>,
+    pub(super) prometheus: Mutex<String>,
     /// Why the state store cannot commit, while it cannot.
     store: Mutex<Option<String>>,
     /// The source subscription is in place (`/readyz`).
-    subscribed: std::sync::atomic::AtomicBool,
+    pub(super) subscribed: std::sync::atomic::AtomicBool,
 }
 
 impl Health {
@@ -60,6 +56,11 @@ impl Health {
         if let Ok(mut p) = self.store.lock() {
             *p = problem;
         }
+    }
+
+    /// Why the state store cannot commit, while it cannot.
+    pub fn store_detail(&self) -> Option<String> {
+        self.store.lock().ok().and_then(|p| p.clone())
     }
 
     /// The core loop made a pass at `mono`.
@@ -94,7 +95,7 @@ impl Health {
         }
     }
 
-    fn state(&self) -> State {
+    pub(super) fn state(&self) -> State {
         State {
             now: self.clock.mono(),
             core_beat: self.core_beat.load(Ordering::Relaxed),
@@ -203,126 +204,6 @@ pub async fn watchdog(health: Arc<Health>, mut stop: watch::Receiver<bool>) {
             failing = true;
             tracing::error!(problems = %problems.join("; "), "unhealthy: watchdog pings withheld");
         }
-    }
-}
-
-/// Connections the HTTP endpoint serves at once.
-pub const MAX_CONNECTIONS: usize = 64;
-
-/// Serves `/metrics` and `/healthz` on `listener` until `stop`.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    health: Arc<Health>,
-    limit_ms: Millis,
-    mut stop: watch::Receiver<bool>,
-) {
-    if let Ok(addr) = listener.local_addr() {
-        tracing::info!(listen = %addr, "HTTP endpoint: /metrics, /healthz, /readyz");
-    }
-    // A flood of connections costs at most this many tasks and sockets; the
-    // rest are closed at once (a scraper needs one).
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    let mut refused: u64 = 0;
-    loop {
-        let (tcp, _) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!("HTTP accept: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-            _ = stop.changed() => return,
-        };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            refused += 1;
-            if refused.is_power_of_two() {
-                tracing::warn!(
-                    refused,
-                    "HTTP endpoint: {MAX_CONNECTIONS} connections open, closing new ones"
-                );
-            }
-            drop(tcp);
-            continue;
-        };
-        let health = health.clone();
-        tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req| {
-                let health = health.clone();
-                async move { Ok::<_, Infallible>(respond(&req, &health, limit_ms)) }
-            });
-            // Slow or garbage clients: headers within 5 s and 16 KiB, one request
-            // per connection (no idle keep-alive holding a slot).
-            let _ = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(5))
-                .max_buf_size(16 * 1024)
-                .keep_alive(false)
-                .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
-                .await;
-            drop(slot);
-        });
-    }
-}
-
-fn respond<B>(req: &Request<B>, health: &Health, limit_ms: Millis) -> Response<Full<Bytes>> {
-    let reply = |status: StatusCode, ctype: &'static str, body: String| {
-        let mut r = Response::new(Full::new(Bytes::from(body)));
-        *r.status_mut() = status;
-        r.headers_mut()
-            .insert(hyper::header::CONTENT_TYPE, ctype.parse().expect("static"));
-        r
-    };
-    if req.method() != Method::GET && req.method() != Method::HEAD {
-        return reply(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "text/plain",
-            "GET only\n".into(),
-        );
-    }
-    match req.uri().path() {
-        "/metrics" => {
-            let text = health
-                .prometheus
-                .lock()
-                .map(|p| p.clone())
-                .unwrap_or_default();
-            reply(StatusCode::OK, "text/plain; version=0.0.4", text)
-        }
-        "/healthz" => {
-            let mut problems = health.state().problems(limit_ms);
-            // At once, not after a limit: the store is refusing commits right now.
-            if let Some(p) = health.store.lock().ok().and_then(|p| p.clone()) {
-                problems.insert(0, p);
-            }
-            if problems.is_empty() {
-                reply(StatusCode::OK, "text/plain", "ok\n".into())
-            } else {
-                reply(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "text/plain",
-                    format!("unhealthy: {}\n", problems.join("; ")),
-                )
-            }
-        }
-        // Ready: state restored and input flowing in (what a tool or a test waits for).
-        "/readyz" => {
-            if health.subscribed.load(Ordering::Relaxed) {
-                reply(StatusCode::OK, "text/plain", "ready\n".into())
-            } else {
-                reply(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "text/plain",
-                    "not ready: source not subscribed\n".into(),
-                )
-            }
-        }
-        _ => reply(
-            StatusCode::NOT_FOUND,
-            "text/plain",
-            "try /metrics, /healthz or /readyz\n".into(),
-        ),
     }
 }
 

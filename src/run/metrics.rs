@@ -10,18 +10,18 @@ use crate::engine::{Engine, Now};
 use crate::model::{Millis, Reason};
 
 #[derive(Debug, Serialize)]
-struct Group {
-    watermark: Option<Millis>,
-    lag_ms: Option<Millis>,
-    devices_active: u64,
-    devices_idle: u64,
-    devices_offline: u64,
+pub(super) struct Group {
+    pub(super) watermark: Option<Millis>,
+    pub(super) lag_ms: Option<Millis>,
+    pub(super) devices_active: u64,
+    pub(super) devices_idle: u64,
+    pub(super) devices_offline: u64,
     readings_missing: u64,
     timestamps_invalid: u64,
 }
 
 #[derive(Debug, Serialize)]
-struct Counters {
+pub(super) struct Counters {
     received: u64,
     accepted: u64,
     late: u64,
@@ -31,16 +31,16 @@ struct Counters {
     rejected: BTreeMap<&'static str, u64>,
     windows_emitted: u64,
     alerts: u64,
-    outbox_depth: u64,
-    outbox_dropped: u64,
+    pub(super) outbox_depth: u64,
+    pub(super) outbox_dropped: u64,
     /// Sparkplug metrics of types that are not aggregated.
     sparkplug_other: u64,
 }
 
 #[derive(Debug, Serialize)]
-struct Connections {
+pub(super) struct Connections {
     source: bool,
-    sink: bool,
+    pub(super) sink: bool,
 }
 
 /// Durable writes since the gateway started.
@@ -60,15 +60,15 @@ struct StoreIo {
 
 /// The gateway's own clock (SPEC §4, §8 `P/metrics`).
 #[derive(Debug, Serialize)]
-struct GatewayClockOut {
+pub(super) struct GatewayClockOut {
     /// Estimated error of the wall clock (wall − true), 0 while it is trusted.
-    error_ms: Millis,
+    pub(super) error_ms: Millis,
     /// The kernel reports the clock synchronized.
-    kernel_synced: bool,
+    pub(super) kernel_synced: bool,
     /// The kernel's maximum error estimate, µs.
     kernel_maxerror_us: i64,
     /// unsure | trusted | wrong.
-    verdict: crate::time::gateway::Verdict,
+    pub(super) verdict: crate::time::gateway::Verdict,
 }
 
 /// Reloads since the gateway started (SPEC §11).
@@ -81,16 +81,16 @@ struct Reloads {
 /// Gateway state at `now`.
 #[derive(Debug, Serialize)]
 pub struct Metrics {
-    at: Millis,
-    uptime_s: u64,
-    config_hash: String,
+    pub(super) at: Millis,
+    pub(super) uptime_s: u64,
+    pub(super) config_hash: String,
     reloads: Reloads,
-    groups: BTreeMap<String, Group>,
-    counters: Counters,
+    pub(super) groups: BTreeMap<String, Group>,
+    pub(super) counters: Counters,
     outbox_oldest_age_ms: Option<Millis>,
-    connected: Connections,
+    pub(super) connected: Connections,
     clock_held: bool,
-    gateway_clock: GatewayClockOut,
+    pub(super) gateway_clock: GatewayClockOut,
     store: StoreIo,
     #[serde(skip)]
     ack_delay: ([u64; 11], u64),

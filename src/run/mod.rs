@@ -13,11 +13,13 @@
 //! the last batch → the store commits it → its acks go out → the source
 //! disconnects → the sink drains for a few seconds, publishes `offline`, exits.
 
+mod api;
 mod core;
 mod delivery;
 mod error;
 mod events;
 mod health;
+mod http;
 mod metrics;
 mod plan;
 mod registry;

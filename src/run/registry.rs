@@ -65,6 +65,8 @@ pub struct Registry {
     config_hash: Mutex<String>,
     /// Liveness of the parts (watchdog, `/healthz`).
     pub health: Arc<Health>,
+    /// The latest alerts, device and gateway level (core, sink).
+    pub alerts: super::api::AlertLog,
 }
 
 impl Registry {
@@ -83,6 +85,7 @@ impl Registry {
             reloads: [AtomicU64::new(0), AtomicU64::new(0)],
             config_hash: Mutex::new(hash),
             health,
+            alerts: super::api::AlertLog::default(),
         }
     }
 

@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::events::{Inbound, Notice};
-use super::health::{self, Health};
+use super::http;
 use super::registry::Registry;
 use super::sink::{SinkConfig, SinkMsg};
 use super::source::SourceConfig;
@@ -31,10 +31,11 @@ pub struct ReloadOptions {
     pub log: Option<LogControl>,
 }
 
-/// The local HTTP endpoint, rebound when `metrics.listen` changes.
+/// The local HTTP endpoint, rebound when `[metrics]` changes.
 pub struct Http {
     task: Option<JoinHandle<()>>,
-    health: Arc<Health>,
+    registry: Arc<Registry>,
+    core: Sender<Inbound>,
     stop: watch::Receiver<bool>,
 }
 
@@ -44,33 +45,35 @@ impl Http {
         tokio::net::TcpListener::bind(addr).await
     }
 
-    /// Serves on `listener`, if any.
+    /// Serves on `listener`, if any, with `cfg`'s `[metrics]` settings.
     pub fn start(
         listener: Option<tokio::net::TcpListener>,
-        limit_ms: Millis,
-        health: Arc<Health>,
+        cfg: &Config,
+        (registry, core): (Arc<Registry>, Sender<Inbound>),
         stop: watch::Receiver<bool>,
     ) -> Self {
         let mut h = Self {
             task: None,
-            health,
+            registry,
+            core,
             stop,
         };
-        h.serve(listener, limit_ms);
+        h.serve(listener, cfg);
         h
     }
 
-    fn serve(&mut self, listener: Option<tokio::net::TcpListener>, limit_ms: Millis) {
+    fn serve(&mut self, listener: Option<tokio::net::TcpListener>, cfg: &Config) {
         if let Some(old) = self.task.take() {
             old.abort();
         }
         self.task = listener.map(|l| {
-            tokio::spawn(health::serve(
-                l,
-                self.health.clone(),
-                limit_ms,
-                self.stop.clone(),
-            ))
+            let api = http::Api {
+                registry: self.registry.clone(),
+                core: self.core.clone(),
+                limit_ms: cfg.health_timeout_ms,
+                token: cfg.metrics_token.clone(),
+            };
+            tokio::spawn(http::serve(l, api, self.stop.clone()))
         });
     }
 
@@ -148,7 +151,8 @@ impl Reloader {
         }
         // What can still fail comes first: nothing is applied unless all of it works.
         let rebind = new.metrics_listen != self.current.metrics_listen
-            || new.health_timeout_ms != self.current.health_timeout_ms;
+            || new.health_timeout_ms != self.current.health_timeout_ms
+            || new.metrics_token != self.current.metrics_token;
         let listener = match (rebind, new.metrics_listen) {
             (true, Some(addr)) => match Http::bind(addr).await {
                 Ok(l) => Some(l),
@@ -179,7 +183,7 @@ impl Reloader {
         self.registry.reloaded(Some(&hash));
         let _ = self.targets.sink.send(SinkMsg::Apply(SinkConfig::of(&new)));
         if rebind {
-            self.targets.http.serve(listener, new.health_timeout_ms);
+            self.targets.http.serve(listener, &new);
         }
         self.targets
             .wake

@@ -199,6 +199,7 @@ impl Sink {
                 msg = self.rx.recv(), if rx_open => match msg {
                     Some(SinkMsg::Live(list)) => self.d.live(list),
                     Some(SinkMsg::Notice(n)) => {
+                        self.registry.alerts.push(serde_json::to_value(&n).unwrap_or_default());
                         if self.notices.len() >= NOTICES_KEPT {
                             self.notices.pop_front();
                         }

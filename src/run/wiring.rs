@@ -140,12 +140,7 @@ pub fn start(
         tokio::spawn(source.run()),
         tokio::spawn(sink.run()),
     ];
-    let http = Http::start(
-        listener,
-        cfg.health_timeout_ms,
-        registry.health.clone(),
-        stop_rx,
-    );
+    let http = Http::start(listener, cfg, (registry.clone(), core_tx.clone()), stop_rx);
     let reloader = Reloader::new(
         opts,
         cfg.clone(),

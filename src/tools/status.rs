@@ -1,0 +1,380 @@
+//! `tidemark status`: a running gateway's live status (SPEC §11) in a terminal,
+//! read from its HTTP endpoint.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use serde_json::Value;
+
+/// What to show, from where.
+#[derive(Debug, Clone)]
+pub struct StatusOptions {
+    /// `http://HOST:PORT` of the gateway's `[metrics] listen`.
+    pub url: String,
+    /// Bearer token (`metrics.token_file`'s content).
+    pub token: Option<String>,
+    /// One JSON document instead of tables.
+    pub json: bool,
+    /// Only devices of this group.
+    pub group: Option<String>,
+    /// Only devices in this state.
+    pub state: Option<String>,
+}
+
+/// Why no status could be shown.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    /// The URL is not `http://host:port`.
+    #[error("--url {0:?}: want http://HOST:PORT (the gateway's metrics.listen)")]
+    Url(String),
+    /// No connection.
+    #[error(
+        "cannot reach the gateway at {url}: {source} (is it running, with [metrics] listen set to this address?)"
+    )]
+    Connect {
+        /// The URL.
+        url: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The endpoint said no.
+    #[error("{path}: HTTP {status}: {body}")]
+    Http {
+        /// Path asked for.
+        path: String,
+        /// Status code.
+        status: u16,
+        /// Its explanation.
+        body: String,
+    },
+    /// Anything else on the wire.
+    #[error("{0}")]
+    Wire(String),
+}
+
+/// `host:port` of `url`.
+fn authority(url: &str) -> Result<String, StatusError> {
+    let rest = url.strip_prefix("http://").unwrap_or(url);
+    let rest = rest.trim_end_matches('/');
+    if rest.is_empty() || rest.contains('/') || rest.contains("://") || !rest.contains(':') {
+        return Err(StatusError::Url(url.to_owned()));
+    }
+    Ok(rest.to_owned())
+}
+
+struct Client {
+    authority: String,
+    url: String,
+    token: Option<String>,
+}
+
+impl Client {
+    async fn get(&self, path: &str) -> Result<Value, StatusError> {
+        let wire = |e: &dyn std::fmt::Display| StatusError::Wire(format!("{path}: {e}"));
+        let tcp = tokio::time::timeout(
+            Duration::from_secs(5),
+            tokio::net::TcpStream::connect(&self.authority),
+        )
+        .await
+        .map_err(|_| StatusError::Connect {
+            url: self.url.clone(),
+            source: std::io::ErrorKind::TimedOut.into(),
+        })?
+        .map_err(|source| StatusError::Connect {
+            url: self.url.clone(),
+            source,
+        })?;
+        let (mut send, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+                .await
+                .map_err(|e| wire(&e))?;
+        tokio::spawn(conn);
+        let mut req = hyper::Request::get(path).header(hyper::header::HOST, &self.authority);
+        if let Some(t) = &self.token {
+            req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        let req = req.body(Empty::<Bytes>::new()).map_err(|e| wire(&e))?;
+        let res = tokio::time::timeout(Duration::from_secs(10), send.send_request(req))
+            .await
+            .map_err(|_| wire(&"no answer within 10 s"))?
+            .map_err(|e| wire(&e))?;
+        let status = res.status().as_u16();
+        let body = res
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| wire(&e))?
+            .to_bytes();
+        let doc: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        if status != 200 {
+            let body = doc["error"].as_str().map_or_else(
+                || String::from_utf8_lossy(&body).trim().to_owned(),
+                str::to_owned,
+            );
+            return Err(StatusError::Http {
+                path: path.to_owned(),
+                status,
+                body,
+            });
+        }
+        Ok(doc)
+    }
+}
+
+/// Everything shown: the status, the devices asked for (every page), the latest alerts.
+async fn fetch(c: &Client, o: &StatusOptions) -> Result<(Value, Vec<Value>, Value), StatusError> {
+    let status = c.get("/api/v1/status").await?;
+    let alerts = c.get("/api/v1/alerts?limit=20").await?;
+    let mut devices = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut q = form_urlencoded::Serializer::new(String::new());
+        q.append_pair("limit", "1000");
+        if let Some(g) = &o.group {
+            q.append_pair("group", g);
+        }
+        if let Some(s) = &o.state {
+            q.append_pair("state", s);
+        }
+        if let Some(a) = &after {
+            q.append_pair("after", a);
+        }
+        let page = c.get(&format!("/api/v1/devices?{}", q.finish())).await?;
+        if let Some(list) = page["devices"].as_array() {
+            devices.extend(list.iter().cloned());
+        }
+        match page["next"].as_str() {
+            Some(n) => after = Some(n.to_owned()),
+            None => break,
+        }
+    }
+    Ok((status, devices, alerts))
+}
+
+/// Shows the status; the text (or JSON) to print.
+pub fn run(o: &StatusOptions) -> Result<String, StatusError> {
+    let c = Client {
+        authority: authority(&o.url)?,
+        url: o.url.clone(),
+        token: o.token.clone(),
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| StatusError::Wire(e.to_string()))?;
+    let (status, devices, alerts) = rt.block_on(fetch(&c, o))?;
+    if o.json {
+        let doc = serde_json::json!({ "status": status, "devices": devices, "alerts": alerts });
+        return Ok(serde_json::to_string_pretty(&doc).unwrap_or_default() + "\n");
+    }
+    Ok(render(&status, &devices, &alerts, o))
+}
+
+fn utc(v: &Value) -> String {
+    v.as_i64().map_or_else(
+        || "-".into(),
+        |t| crate::time::utc(t)[..19].replace('T', " "),
+    )
+}
+
+fn dur(v: &Value) -> String {
+    let Some(ms) = v.as_i64() else {
+        return "-".into();
+    };
+    let a = ms.unsigned_abs();
+    let sign = if ms < 0 { "-" } else { "" };
+    match a {
+        0..10_000 => format!("{sign}{a} ms"),
+        10_000..120_000 => format!("{sign}{:.1} s", a as f64 / 1000.0),
+        120_000..7_200_000 => format!("{sign}{} min", a / 60_000),
+        _ => format!("{sign}{:.1} h", a as f64 / 3_600_000.0),
+    }
+}
+
+fn render(s: &Value, devices: &[Value], alerts: &Value, o: &StatusOptions) -> String {
+    let mut t = String::new();
+    let up = s["uptime_s"].as_i64().map(|u| u * 1000);
+    let _ = writeln!(
+        t,
+        "gateway {}  version {}  config {}  up {}  (as of {} UTC)",
+        s["gateway"].as_str().unwrap_or("?"),
+        s["version"].as_str().unwrap_or("?"),
+        s["config_hash"].as_str().unwrap_or("?"),
+        dur(&up.into()),
+        utc(&s["at"])
+    );
+    let link = |up: bool| if up { "connected" } else { "DOWN" };
+    let _ = writeln!(
+        t,
+        "source  {} since {} UTC",
+        link(s["source"]["connected"].as_bool().unwrap_or(false)),
+        utc(&s["source"]["since"])
+    );
+    let _ = writeln!(
+        t,
+        "sink    {}  outbox {} waiting, {} dropped",
+        link(s["sink"]["connected"].as_bool().unwrap_or(false)),
+        s["sink"]["outbox_depth"],
+        s["sink"]["outbox_dropped"]
+    );
+    let store = &s["store"];
+    let _ = writeln!(
+        t,
+        "store   {}  last commit {} UTC",
+        if store["healthy"].as_bool().unwrap_or(false) {
+            "ok".to_owned()
+        } else {
+            format!("FAILING: {}", store["detail"].as_str().unwrap_or("?"))
+        },
+        utc(&store["last_commit_at"])
+    );
+    let gc = &s["gateway_clock"];
+    let _ = writeln!(
+        t,
+        "clock   {}{}",
+        match gc["verdict"].as_str() {
+            Some("wrong") => format!(
+                "WRONG by {} (event times follow the devices)",
+                dur(&gc["error_ms"])
+            ),
+            Some("trusted") => "trusted".into(),
+            _ => "not judged yet".into(),
+        },
+        if gc["kernel_synced"].as_bool().unwrap_or(false) {
+            ""
+        } else {
+            " (kernel reports it unsynchronized)"
+        }
+    );
+    let c = &s["counters"];
+    let rejected: u64 = c["rejected"]
+        .as_object()
+        .map_or(0, |m| m.values().filter_map(Value::as_u64).sum());
+    let _ = writeln!(
+        t,
+        "counts  received {} accepted {} late {} rejected {} duplicates {} missing {} windows {}",
+        c["received"],
+        c["accepted"],
+        c["late"],
+        rejected,
+        c["duplicates"],
+        c["readings_missing"],
+        c["windows_emitted"]
+    );
+    let _ = writeln!(
+        t,
+        "\n{:<20} {:<20} {:>10} {:>7} {:>6} {:>8} {:>13}",
+        "GROUP", "WATERMARK (UTC)", "LAG", "ACTIVE", "IDLE", "OFFLINE", "OPEN WINDOWS"
+    );
+    for g in s["groups"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            t,
+            "{:<20} {:<20} {:>10} {:>7} {:>6} {:>8} {:>13}",
+            g["group"].as_str().unwrap_or("?"),
+            utc(&g["watermark"]),
+            dur(&g["lag_ms"]),
+            g["devices_active"].to_string(),
+            g["devices_idle"].to_string(),
+            g["devices_offline"].to_string(),
+            g["open_windows"].to_string()
+        );
+    }
+    // Asked for nothing in particular: the devices that need a look.
+    let filtered = o.group.is_some() || o.state.is_some();
+    let attention = |d: &&Value| {
+        d["state"] != "active" || d["clock"] == "distrusted" || d["late"].as_u64() > Some(0)
+    };
+    let shown: Vec<&Value> = if filtered {
+        devices.iter().collect()
+    } else {
+        devices.iter().filter(attention).collect()
+    };
+    let _ = writeln!(
+        t,
+        "\n{:<20} {:<24} {:<8} {:<12} {:>10} {:<20} {:>9} {:>6} {:>6} {:>8}",
+        "GROUP",
+        "DEVICE",
+        "STATE",
+        "CLOCK",
+        "OFFSET MS",
+        "LAST SEEN (UTC)",
+        "ACCEPTED",
+        "LATE",
+        "DUPS",
+        "MISSING"
+    );
+    for d in &shown {
+        let _ = writeln!(
+            t,
+            "{:<20} {:<24} {:<8} {:<12} {:>10} {:<20} {:>9} {:>6} {:>6} {:>8}",
+            d["group"].as_str().unwrap_or("?"),
+            d["device"].as_str().unwrap_or("?"),
+            d["state"].as_str().unwrap_or("?"),
+            d["clock"].as_str().unwrap_or("?"),
+            d["offset_ms"]
+                .as_i64()
+                .map_or_else(|| "-".into(), |v| v.to_string()),
+            utc(&d["last_seen"]),
+            d["accepted"].to_string(),
+            d["late"].to_string(),
+            d["duplicates"].to_string(),
+            d["readings_missing"].to_string()
+        );
+    }
+    if !filtered {
+        let _ = writeln!(
+            t,
+            "({} of {} devices need a look: idle, offline, distrusted clock or late readings; \
+             --state or --group lists others)",
+            shown.len(),
+            devices.len()
+        );
+    }
+    let _ = writeln!(t, "\nRECENT ALERTS (newest first)");
+    let list = alerts.as_array().map_or(&[][..], Vec::as_slice);
+    if list.is_empty() {
+        let _ = writeln!(t, "none");
+    }
+    for a in list.iter().take(10) {
+        let who = match (a["group"].as_str(), a["device"].as_str()) {
+            (Some(g), Some(d)) => format!("{g}/{d}"),
+            _ => "gateway".into(),
+        };
+        let _ = writeln!(
+            t,
+            "{}  {:<16} {}",
+            utc(&a["at"]),
+            a["type"].as_str().unwrap_or("?"),
+            who
+        );
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_name_a_host_and_port() {
+        assert_eq!(
+            authority("http://127.0.0.1:9464").unwrap(),
+            "127.0.0.1:9464"
+        );
+        assert_eq!(authority("127.0.0.1:9464/").unwrap(), "127.0.0.1:9464");
+        assert!(authority("https://x:1").is_err());
+        assert!(authority("http://x").is_err());
+        assert!(authority("http://x:1/api").is_err());
+    }
+
+    #[test]
+    fn durations_read_at_a_glance() {
+        assert_eq!(dur(&Value::from(250)), "250 ms");
+        assert_eq!(dur(&Value::from(-15_000)), "-15.0 s");
+        assert_eq!(dur(&Value::from(600_000)), "10 min");
+        assert_eq!(dur(&Value::from(86_400_000)), "24.0 h");
+        assert_eq!(dur(&Value::Null), "-");
+    }
+}
