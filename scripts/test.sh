@@ -17,6 +17,10 @@ command -v script >/dev/null 2>&1 || need="$need bsdutils"
 [ -x /usr/bin/kill ] || [ -x /bin/kill ] || need="$need procps"
 # tests/clock_step.rs steps the gateway's wall clock with libfaketime.
 command -v faketime >/dev/null 2>&1 || need="$need faketime"
+# tests/status.rs renders the status page in a real browser (headless Chromium);
+# tests/prometheus.rs scrapes a gateway with a real Prometheus and checks the rules with promtool.
+command -v chromium >/dev/null 2>&1 || need="$need chromium"
+command -v prometheus >/dev/null 2>&1 || need="$need prometheus"
 # tests/sparkplug.rs runs Eclipse Tahu's Node.js edge node.
 command -v node >/dev/null 2>&1 || need="$need nodejs"
 command -v npm >/dev/null 2>&1 || need="$need npm"
