@@ -124,6 +124,14 @@ fn both_packages_install_binary_unit_configs_user_and_docs() {
                 "configs/local.toml",
             ),
             ("usr/share/doc/tidemark/README.md", "README.md"),
+            (
+                "usr/share/doc/tidemark/contrib/grafana/tidemark.json",
+                "contrib/grafana/tidemark.json",
+            ),
+            (
+                "usr/share/doc/tidemark/contrib/prometheus/tidemark-rules.yml",
+                "contrib/prometheus/tidemark-rules.yml",
+            ),
         ] {
             assert_eq!(
                 read(&t.join(inside)),
