@@ -240,8 +240,7 @@ fn api_status_cli_metrics_and_the_page_in_chromium_agree_on_a_fleet_with_offline
                 .on("/metrics")
                 .into_iter()
                 .map(|m| m.json())
-                .filter(|m| m["at"].as_i64().unwrap_or(0) > after)
-                .last();
+                .rfind(|m| m["at"].as_i64().unwrap_or(0) > after);
             let Some(m) = m else { return false };
             let f = status_figures(&s);
             cli["devices"].as_array().map(Vec::len) == Some(DEVICES as usize)

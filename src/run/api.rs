@@ -3,8 +3,6 @@
 //! numbers are those `P/metrics` and `inspect` would give at that instant).
 //! The core only copies the few values asked for; encoding happens in the HTTP task.
 
-use std::collections::VecDeque;
-use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 
 use serde::Serialize;
@@ -19,8 +17,6 @@ use crate::time::gateway::Verdict;
 pub const PAGE_DEFAULT: usize = 100;
 /// The largest page.
 pub const PAGE_MAX: usize = 1000;
-/// Alerts kept in memory for `/api/v1/alerts`.
-pub const ALERTS_KEPT: usize = 1000;
 
 /// A question for the core.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -324,30 +320,6 @@ fn row(engine: &Engine, d: &Device, now: Now) -> DeviceRow {
     }
 }
 
-/// The last alerts (device and gateway level), newest last, for `/api/v1/alerts`.
-#[derive(Debug, Default)]
-pub struct AlertLog(Mutex<VecDeque<serde_json::Value>>);
-
-impl AlertLog {
-    /// Keeps `alert` (its `P/alerts` payload), forgetting the oldest past [`ALERTS_KEPT`].
-    pub fn push(&self, alert: serde_json::Value) {
-        if let Ok(mut q) = self.0.lock() {
-            if q.len() == ALERTS_KEPT {
-                q.pop_front();
-            }
-            q.push_back(alert);
-        }
-    }
-
-    /// The newest `limit`, newest first.
-    pub fn latest(&self, limit: usize) -> Vec<serde_json::Value> {
-        self.0
-            .lock()
-            .map(|q| q.iter().rev().take(limit).cloned().collect())
-            .unwrap_or_default()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -359,18 +331,5 @@ mod tests {
             Some(("hall".into(), "t-1".into()))
         );
         assert_eq!(parse_key("nogroup"), None);
-    }
-
-    #[test]
-    fn the_alert_log_keeps_the_newest_thousand_newest_first() {
-        let log = AlertLog::default();
-        for i in 0..1500 {
-            log.push(serde_json::json!({ "i": i }));
-        }
-        let all = log.latest(5000);
-        assert_eq!(all.len(), ALERTS_KEPT);
-        assert_eq!(all[0]["i"], 1499);
-        assert_eq!(all[ALERTS_KEPT - 1]["i"], 500);
-        assert_eq!(log.latest(2).len(), 2);
     }
 }

@@ -2,6 +2,7 @@
 //! only. Feedback between components travels as typed events (see
 //! [`super::events`]), never through here.
 
+use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
@@ -66,7 +67,7 @@ pub struct Registry {
     /// Liveness of the parts (watchdog, `/healthz`).
     pub health: Arc<Health>,
     /// The latest alerts, device and gateway level (core, sink).
-    pub alerts: super::api::AlertLog,
+    pub alerts: AlertLog,
 }
 
 impl Registry {
@@ -85,7 +86,7 @@ impl Registry {
             reloads: [AtomicU64::new(0), AtomicU64::new(0)],
             config_hash: Mutex::new(hash),
             health,
-            alerts: super::api::AlertLog::default(),
+            alerts: AlertLog::default(),
         }
     }
 
@@ -110,5 +111,50 @@ impl Registry {
                 self.reloads[1].fetch_add(1, Ordering::Relaxed);
             }
         }
+    }
+}
+
+/// Alerts kept in memory for `/api/v1/alerts`.
+pub const ALERTS_KEPT: usize = 1000;
+
+/// The last alerts (device and gateway level), newest last, for `/api/v1/alerts`.
+#[derive(Debug, Default)]
+pub struct AlertLog(Mutex<VecDeque<serde_json::Value>>);
+
+impl AlertLog {
+    /// Keeps `alert` (its `P/alerts` payload), forgetting the oldest past [`ALERTS_KEPT`].
+    pub fn push(&self, alert: serde_json::Value) {
+        if let Ok(mut q) = self.0.lock() {
+            if q.len() == ALERTS_KEPT {
+                q.pop_front();
+            }
+            q.push_back(alert);
+        }
+    }
+
+    /// The newest `limit`, newest first.
+    pub fn latest(&self, limit: usize) -> Vec<serde_json::Value> {
+        self.0
+            .lock()
+            .map(|q| q.iter().rev().take(limit).cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_alert_log_keeps_the_newest_thousand_newest_first() {
+        let log = AlertLog::default();
+        for i in 0..1500 {
+            log.push(serde_json::json!({ "i": i }));
+        }
+        let all = log.latest(5000);
+        assert_eq!(all.len(), ALERTS_KEPT);
+        assert_eq!(all[0]["i"], 1499);
+        assert_eq!(all[ALERTS_KEPT - 1]["i"], 500);
+        assert_eq!(log.latest(2).len(), 2);
     }
 }
