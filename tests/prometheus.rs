@@ -28,21 +28,7 @@ fn encode(s: &str) -> String {
 
 /// One HTTP/1.0 GET (Prometheus answers it without chunked encoding).
 fn get(port: u16, path: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
-    let mut t = String::new();
-    s.read_to_string(&mut t).expect("response");
-    let code = t
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (
-        code,
-        t.split_once("\r\n\r\n").map_or("", |x| x.1).to_owned(),
-    )
+    http_request(port, path, "1.0", "")
 }
 
 fn query(prom: u16, expr: &str) -> Vec<Value> {

@@ -337,19 +337,11 @@ fn chromium(url: &str, args: &[&str]) -> String {
 }
 
 fn get_with(port: u16, path: &str, token: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n").unwrap();
-    let mut t = String::new();
-    s.read_to_string(&mut t).unwrap();
-    let code = t
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (
-        code,
-        t.split_once("\r\n\r\n").map_or("", |x| x.1).to_owned(),
+    http_request(
+        port,
+        path,
+        "1.1",
+        &format!("Authorization: Bearer {token}\r\n"),
     )
 }
 

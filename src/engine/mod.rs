@@ -393,6 +393,7 @@ impl Engine {
                     let d = &self.devices[di as usize].state;
                     st.missing += d.missing;
                     st.timestamps_invalid += d.timestamps_invalid;
+                    st.open_windows += d.windows.len() as u64;
                     if d.offline {
                         st.offline += 1;
                     } else if now.mono.saturating_sub(d.last_arrival) >= g.cfg.idle_timeout_ms {

@@ -133,6 +133,8 @@ pub struct GroupStats {
     pub missing: u64,
     /// Events accepted with an invalid device timestamp, summed over the members.
     pub timestamps_invalid: u64,
+    /// Open windows of the members.
+    pub open_windows: u64,
 }
 
 /// The state changed since the last [`Engine::take_changes`], as values: the

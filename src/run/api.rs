@@ -215,15 +215,7 @@ pub fn answer(engine: &Engine, q: &Query, now: Now, registry: &Registry, links: 
 }
 
 fn status(engine: &Engine, now: Now, registry: &Registry, links: Links) -> Status {
-    let m = metrics::collect(engine, now, registry, links.source_up);
-    let mut open: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
-    for g in engine.groups() {
-        let n = engine
-            .group_devices(&g.name)
-            .map(|d| d.windows.len() as u64)
-            .sum();
-        open.insert(g.name.as_str(), n);
-    }
+    let m = metrics::gather(engine, now, registry, links.source_up);
     let groups = m
         .groups
         .iter()
@@ -234,7 +226,7 @@ fn status(engine: &Engine, now: Now, registry: &Registry, links: Links) -> Statu
             devices_active: g.devices_active,
             devices_idle: g.devices_idle,
             devices_offline: g.devices_offline,
-            open_windows: open.get(name.as_str()).copied().unwrap_or(0),
+            open_windows: g.open_windows,
         })
         .collect();
     Status {

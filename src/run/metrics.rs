@@ -18,6 +18,9 @@ pub(super) struct Group {
     pub(super) devices_offline: u64,
     readings_missing: u64,
     timestamps_invalid: u64,
+    /// Live status only (not in `P/metrics`).
+    #[serde(skip)]
+    pub(super) open_windows: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -426,6 +429,13 @@ fn label(v: &str) -> String {
 
 /// Gateway state now.
 pub fn collect(engine: &Engine, now: Now, shared: &Registry, source_up: bool) -> Metrics {
+    let mut m = gather(engine, now, shared, source_up);
+    m.store.disk_write_bytes = disk_write_bytes();
+    m
+}
+
+/// Gateway state now without reading `/proc` (the live status asks often, on the core thread).
+pub fn gather(engine: &Engine, now: Now, shared: &Registry, source_up: bool) -> Metrics {
     let c = engine.counters();
     let clock = engine.gateway_clock();
     // Times on the corrected gateway clock, as the engine's (SPEC §4).
@@ -448,6 +458,7 @@ pub fn collect(engine: &Engine, now: Now, shared: &Registry, source_up: bool) ->
                     devices_offline: g.offline,
                     readings_missing: g.missing,
                     timestamps_invalid: g.timestamps_invalid,
+                    open_windows: g.open_windows,
                 },
             )
         })
@@ -495,7 +506,7 @@ pub fn collect(engine: &Engine, now: Now, shared: &Registry, source_up: bool) ->
             journal_commits: shared.commits[0].load(Ordering::Relaxed),
             checkpoints: shared.commits[1].load(Ordering::Relaxed),
             journal_bytes: shared.journal_bytes.load(Ordering::Relaxed),
-            disk_write_bytes: disk_write_bytes(),
+            disk_write_bytes: None,
             ok: shared.store_ok.load(Ordering::Relaxed),
         },
         ack_delay: shared.ack_delay.snapshot(),

@@ -17,12 +17,17 @@ pub fn ready(port: u16) -> bool {
 
 /// One HTTP/1.1 GET on loopback: (status, body).
 pub fn http_get(port: u16, path: &str) -> (u16, String) {
+    http_request(port, path, "1.1", "")
+}
+
+/// One GET in HTTP/`version` with `headers` (each line ending in `\r\n`): (status, body).
+pub fn http_request(port: u16, path: &str, version: &str, headers: &str) -> (u16, String) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect http");
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/{version}\r\nHost: 127.0.0.1\r\n{headers}Connection: close\r\n\r\n"
     )
     .unwrap();
     let mut text = String::new();
