@@ -10,12 +10,14 @@
 //!   `run`, `replay` and the tests share.
 //! - [`replay`]: drives the engine from a recorded capture on a virtual clock.
 //! - [`store`]: redb state and outbox: group commit, restore, inspect.
+//! - [`fleet`]: signed remote configuration: keys, documents, the remote layer file.
 //! - [`run`]: the gateway over MQTT (tokio, rumqttc, the clocks): the only I/O runtime.
 
 pub mod codec;
 pub mod config;
 pub mod driver;
 pub mod engine;
+pub mod fleet;
 pub mod fuzzing;
 pub mod journal;
 pub mod model;

@@ -27,6 +27,57 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+enum FleetCommand {
+    /// Every gateway on the broker from its retained status and latest metrics.
+    Ls {
+        /// The upstream broker, `mqtt://host[:port]` or `mqtts://host[:port]`.
+        #[arg(long)]
+        url: String,
+        /// Topic filter of the gateways' output prefixes.
+        #[arg(long, default_value = "tidemark/+")]
+        prefix_filter: String,
+        /// JSON for a machine.
+        #[arg(long)]
+        json: bool,
+        /// Keep the table live until Ctrl-C.
+        #[arg(long)]
+        watch: bool,
+        /// Longest wait for the metrics of the gateways that are online, seconds.
+        #[arg(long, default_value_t = 12)]
+        wait_s: u64,
+    },
+    /// A new Ed25519 signing key: FILE (mode 0600) and FILE.pub, PEM as OpenSSL writes them.
+    Keygen {
+        /// Where the private key goes (it must not exist).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Signs CONFIG for one gateway, publishes it, waits for the result; exit 0 if applied.
+    Push {
+        /// The upstream broker (the gateway's sink).
+        #[arg(long)]
+        url: String,
+        /// The private key (PEM, PKCS#8).
+        #[arg(long)]
+        key: PathBuf,
+        /// The gateway's id.
+        #[arg(long)]
+        gateway: String,
+        /// The document id: above the last one the gateway applied.
+        #[arg(long)]
+        id: u64,
+        /// The gateway's `sink.topic_prefix`.
+        #[arg(long, default_value = "tidemark/{gateway}")]
+        prefix: String,
+        /// How long to wait for the result.
+        #[arg(long, default_value_t = 120)]
+        timeout_s: u64,
+        /// The TOML document (the remote layer).
+        config: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
 enum Command {
     /// Run the gateway until SIGTERM/SIGINT, then flush state and exit 0.
     Run {
@@ -113,6 +164,11 @@ enum Command {
         /// Only devices in this state.
         #[arg(long, value_parser = ["active", "idle", "offline"])]
         state: Option<String>,
+    },
+    /// Gateways on an upstream broker: list them, sign and push config (SPEC §12).
+    Fleet {
+        #[command(subcommand)]
+        command: FleetCommand,
     },
     /// Read-only dump of persisted state (run while the gateway is stopped).
     Inspect {
@@ -315,13 +371,20 @@ fn main() -> ExitCode {
     };
     match command {
         Command::Run { config } => {
-            let Some(cfg) = load(&config) else {
+            let Some((cfg, remote)) = load_gateway(&config) else {
                 return ExitCode::from(2);
             };
             let log = init_logging(&cfg, cli.log_format);
+            if let Some(r) = remote.as_ref().filter(|r| r.id > 0) {
+                tracing::info!(
+                    document = r.id,
+                    "remote config layer from the state directory in force"
+                );
+            }
             let opts = tidemark::run::ReloadOptions {
                 paths: config.clone(),
                 log: Some(log),
+                remote,
             };
             match tidemark::run::run(&cfg, opts) {
                 Ok(()) => ExitCode::SUCCESS,
@@ -362,6 +425,7 @@ fn main() -> ExitCode {
             group,
             state,
         } => status(url, &config, token_file, json, group, state),
+        Command::Fleet { command } => fleet(command),
         Command::Demo { duration, plain } => {
             init_plain_logging(cli.log_format);
             let o = tidemark::tools::demo::DemoOptions {
@@ -467,9 +531,83 @@ fn status(
     }
 }
 
+fn fleet(command: FleetCommand) -> ExitCode {
+    use tidemark::tools::fleet::{self, FleetError};
+    let done = match command {
+        FleetCommand::Ls {
+            url,
+            prefix_filter,
+            json,
+            watch,
+            wait_s,
+        } => fleet::ls(&fleet::LsOptions {
+            url: &url,
+            prefix_filter: &prefix_filter,
+            json,
+            watch,
+            wait: std::time::Duration::from_secs(wait_s),
+        })
+        .map(|_| ExitCode::SUCCESS),
+        FleetCommand::Keygen { out } => fleet::keygen(&out).map(|public| {
+            println!("private key: {} (mode 0600)", out.display());
+            println!(
+                "public key:  {} (list it in [fleet] trusted_keys)",
+                public.display()
+            );
+            ExitCode::SUCCESS
+        }),
+        FleetCommand::Push {
+            url,
+            key,
+            gateway,
+            id,
+            prefix,
+            timeout_s,
+            config,
+        } => fleet::push(&fleet::PushOptions {
+            url: &url,
+            key: &key,
+            gateway: &gateway,
+            prefix: &prefix,
+            id,
+            config: &config,
+            timeout: std::time::Duration::from_secs(timeout_s),
+        })
+        .map(|r| {
+            println!("{}", serde_json::to_string(&r).unwrap_or_default());
+            if fleet::applied(&r) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }),
+    };
+    match done {
+        Ok(code) => code,
+        Err(FleetError::Usage(e)) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+        Err(FleetError::Failed(e)) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
 fn load(paths: &[PathBuf]) -> Option<Config> {
-    match config::load(paths) {
-        Ok(cfg) => Some(cfg),
+    load_gateway(paths).map(|(cfg, _)| cfg)
+}
+
+/// The config with the remote layer kept in `state_dir` (SPEC §12).
+fn load_gateway(paths: &[PathBuf]) -> Option<(Config, Option<tidemark::fleet::Remote>)> {
+    match config::load_gateway(paths) {
+        Ok((cfg, remote, warning)) => {
+            if let Some(w) = warning {
+                eprintln!("warning: {w}");
+            }
+            Some((cfg, remote))
+        }
         Err(e) => {
             for p in &e.problems {
                 eprintln!("error: {p}");

@@ -88,6 +88,19 @@ pub struct Config {
     pub sources: BTreeMap<String, String>,
     /// Sparkplug B ingest (SPEC §10).
     pub sparkplug: SparkplugConfig,
+    /// Signed remote configuration (SPEC §12).
+    pub fleet: FleetConfig,
+}
+
+/// `[fleet]`, validated: the trusted keys read from their files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FleetConfig {
+    /// Documents on `P/config/set` are taken.
+    pub enabled: bool,
+    /// Keys whose signatures are taken.
+    pub trusted_keys: Vec<crate::fleet::PublicKey>,
+    /// Time given to source and sink to connect after a document is applied.
+    pub confirm_ms: u64,
 }
 
 /// An MQTT connection endpoint.
@@ -245,6 +258,74 @@ pub fn load_with_env(
         layers.push((path.display().to_string(), text));
     }
     load_layers(&layers, env)
+}
+
+/// The name a remote layer's keys are shown as coming from (`check`).
+pub const REMOTE: &str = "remote";
+
+/// Like [`load_with_env`] with a remote layer (SPEC §12) above the files.
+pub fn load_with_remote(
+    paths: &[PathBuf],
+    env: &BTreeMap<String, String>,
+    remote: &str,
+) -> Result<Config, ConfigError> {
+    let mut layers = Vec::with_capacity(paths.len() + 1);
+    for path in paths {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::one(format!("config file {}: {e}", path.display())))?;
+        layers.push((path.display().to_string(), text));
+    }
+    // What points where the documents come from and who may sign them stays local.
+    if let Ok(t) = toml::from_str::<toml::Table>(remote)
+        && t.contains_key("fleet")
+    {
+        return Err(ConfigError::one(
+            "fleet: cannot be set by a remote document (only by the local config files)".into(),
+        ));
+    }
+    layers.push((REMOTE.to_owned(), remote.to_owned()));
+    load_layers(&layers, env)
+}
+
+/// The gateway's config as `run` and `check` see it: the files and the
+/// environment, with the remote layer kept in `state_dir` when `[fleet]` is
+/// enabled. A remote layer that no longer fits is left out, with the reason.
+pub fn load_gateway(
+    paths: &[PathBuf],
+) -> Result<(Config, Option<crate::fleet::Remote>, Option<String>), ConfigError> {
+    let env: BTreeMap<String, String> = std::env::vars().collect();
+    let local = load_with_env(paths, &env)?;
+    if !local.fleet.enabled {
+        return Ok((local, None, None));
+    }
+    let remote = match crate::fleet::Remote::read(&local.state_dir) {
+        Ok(Some(r)) => r,
+        Ok(None) => return Ok((local, None, None)),
+        Err(e) => {
+            let why = format!(
+                "{}: {e}; running on the local config",
+                crate::fleet::remote_path(&local.state_dir).display()
+            );
+            return Ok((local, None, Some(why)));
+        }
+    };
+    match load_with_remote(paths, &env, &remote.config) {
+        Ok(cfg) => Ok((cfg, Some(remote), None)),
+        Err(e) => {
+            let why = format!(
+                "remote layer (document {}) left out: {}; running on the local config",
+                remote.id,
+                e.problems.join("; ")
+            );
+            // Its ids stay taken.
+            let kept = crate::fleet::Remote {
+                id: 0,
+                config: String::new(),
+                ..remote
+            };
+            Ok((local, Some(kept), Some(why)))
+        }
+    }
 }
 
 /// Parses a TOML document layered over the defaults and under `env`.

@@ -90,6 +90,11 @@ enabled = false
 group_ids = []
 host_id = ""
 rebirth = true
+
+[fleet]
+enabled = false
+trusted_keys = []
+confirm_s = 60
 "#;
 
 /// Upper bound of `time.skew_window` (buckets kept inline per device).
@@ -122,6 +127,8 @@ pub struct RawConfig {
     pub log: RawLog,
     /// Sparkplug B ingest (SPEC §10).
     pub sparkplug: RawSparkplug,
+    /// Signed remote configuration (SPEC §12).
+    pub fleet: RawFleet,
 }
 
 /// `[gateway]`
@@ -349,6 +356,18 @@ pub struct RawSparkplug {
     pub host_id: String,
     /// Ask an edge node for its births again on an unknown alias or a seq gap.
     pub rebirth: bool,
+}
+
+/// `[fleet]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFleet {
+    /// Take signed documents from `P/config/set` on the sink broker.
+    pub enabled: bool,
+    /// Files holding the Ed25519 public keys (PEM) whose signatures are taken.
+    pub trusted_keys: Vec<String>,
+    /// After a document is applied, source and sink must both connect within this, or it is rolled back.
+    pub confirm_s: u64,
 }
 
 /// MQTT protocol version of the source connection.

@@ -261,6 +261,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     if raw.sink.max_inflight == 0 || raw.sink.max_inflight > u64::from(u16::MAX) {
         p.add("sink.max_inflight", "must be 1..=65535 (MQTT packet ids)");
     }
+    let fleet = fleet_config(&mut p, &raw.fleet);
     p.positive("metrics.interval_s", raw.metrics.interval_s);
     p.positive("metrics.health_timeout_s", raw.metrics.health_timeout_s);
     let metrics_token = if raw.metrics.token_file.is_empty() {
@@ -386,9 +387,37 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         log_level: raw.log.level.clone(),
         log_format: raw.log.format,
         sparkplug,
+        fleet,
         raw,
         sources: BTreeMap::new(),
     })
+}
+
+fn fleet_config(p: &mut Problems, raw: &super::RawFleet) -> super::FleetConfig {
+    let mut keys = Vec::new();
+    for (i, file) in raw.trusted_keys.iter().enumerate() {
+        match crate::fleet::PublicKey::read(std::path::Path::new(file)) {
+            Ok(k) => keys.push(k),
+            Err(e) => p.add(
+                &format!("fleet.trusted_keys[{i}]"),
+                format!("{file:?}: {e}"),
+            ),
+        }
+    }
+    if raw.enabled && raw.trusted_keys.is_empty() {
+        p.add(
+            "fleet.trusted_keys",
+            "is empty: with fleet.enabled at least one public key file is needed (`tidemark fleet keygen --out FILE` writes FILE.pub)",
+        );
+    }
+    if raw.confirm_s == 0 || raw.confirm_s > 86_400 {
+        p.add("fleet.confirm_s", "must be 1..=86400");
+    }
+    super::FleetConfig {
+        enabled: raw.enabled,
+        trusted_keys: keys,
+        confirm_ms: raw.confirm_s.saturating_mul(1000),
+    }
 }
 
 #[allow(clippy::too_many_arguments)]

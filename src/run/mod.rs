@@ -100,6 +100,8 @@ pub async fn serve(
     // State is restored and the source is connecting (or retrying): systemd may go on.
     health::notify_ready(&format!("running; source {}", cfg.source.url()));
     tokio::pin!(shutdown);
+    let mut confirm = tokio::time::interval(std::time::Duration::from_millis(100));
+    confirm.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let failed = loop {
         tokio::select! {
             () = &mut shutdown => break None,
@@ -109,6 +111,8 @@ pub async fn serve(
                 gw.reloader.reload().await;
                 health::notify_ready("running; config reloaded");
             }
+            Some(doc) = gw.documents.recv() => gw.reloader.document(&doc).await,
+            _ = confirm.tick(), if gw.reloader.confirming() => gw.reloader.confirm().await,
         }
     };
     if let Some(e) = failed {

@@ -68,6 +68,9 @@ pub struct Registry {
     pub health: Arc<Health>,
     /// The latest alerts, device and gateway level (core, sink).
     pub alerts: AlertLog,
+    /// Connections made: source subscriptions granted \[0\], sink CONNACKs \[1\]
+    /// (a remote document is confirmed by new ones).
+    pub links_made: [AtomicU64; 2],
 }
 
 impl Registry {
@@ -87,6 +90,7 @@ impl Registry {
             config_hash: Mutex::new(hash),
             health,
             alerts: AlertLog::default(),
+            links_made: [AtomicU64::new(0), AtomicU64::new(0)],
         }
     }
 

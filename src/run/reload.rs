@@ -2,9 +2,11 @@
 //! validated as `check` does, and applied in place by each component that owns
 //! the changed part — or rejected with the reason, changing nothing.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use tokio::sync::mpsc::{Sender, UnboundedSender};
 use tokio::sync::watch;
@@ -16,6 +18,7 @@ use super::registry::Registry;
 use super::sink::{SinkConfig, SinkMsg};
 use super::source::SourceConfig;
 use crate::config::{self, Config};
+use crate::fleet::{ConfigResult, Document, Outcome, Remote};
 use crate::model::Millis;
 use crate::sys::clock::SystemClock;
 
@@ -29,6 +32,8 @@ pub struct ReloadOptions {
     pub paths: Vec<PathBuf>,
     /// The log filter's setter (`None`: the level stays as it started).
     pub log: Option<LogControl>,
+    /// The remote layer the gateway started with (SPEC §12).
+    pub remote: Option<Remote>,
 }
 
 /// The local HTTP endpoint, rebound when `[metrics]` changes.
@@ -107,6 +112,22 @@ pub struct Reloader {
     registry: Arc<Registry>,
     clock: SystemClock,
     started_at: Millis,
+    /// The remote layer in force (SPEC §12).
+    remote: Remote,
+    /// A remote document applied and waiting for both connections.
+    pending: Option<Pending>,
+}
+
+/// A document on probation: what to go back to, and what confirms it.
+struct Pending {
+    id: u64,
+    previous: Box<Config>,
+    previous_remote: Remote,
+    deadline: Millis,
+    /// Connections made when it was applied; `None`: the link did not change,
+    /// being up is enough.
+    source_from: Option<u64>,
+    sink_from: Option<u64>,
 }
 
 impl Reloader {
@@ -118,6 +139,7 @@ impl Reloader {
         registry: Arc<Registry>,
         (clock, started_at): (SystemClock, Millis),
     ) -> Self {
+        let remote = opts.remote.clone().unwrap_or_default();
         Self {
             opts,
             current,
@@ -125,6 +147,8 @@ impl Reloader {
             registry,
             clock,
             started_at,
+            remote,
+            pending: None,
         }
     }
 
@@ -133,21 +157,47 @@ impl Reloader {
         self.targets.http
     }
 
+    /// The config files and environment again, with the remote layer in force.
+    fn load(&self, remote: &str) -> Result<Config, config::ConfigError> {
+        let env: BTreeMap<String, String> = std::env::vars().collect();
+        let local = config::load_with_env(&self.opts.paths, &env)?;
+        if !local.fleet.enabled || remote.is_empty() {
+            return Ok(local);
+        }
+        config::load_with_remote(&self.opts.paths, &env, remote)
+    }
+
     /// One SIGHUP.
     pub async fn reload(&mut self) {
         tracing::info!(files = ?self.opts.paths, "reload requested: reading the config again");
-        let new = match config::load(&self.opts.paths) {
+        let mut new = match self.load("") {
             Ok(c) => c,
             Err(e) => return self.reject(e.problems),
         };
+        if new.fleet.enabled && !self.remote.config.is_empty() {
+            match self.load(&self.remote.config.clone()) {
+                Ok(c) => new = c,
+                Err(e) => tracing::warn!(
+                    document = self.remote.id,
+                    "the remote layer does not fit the new local config and is left out: {}",
+                    e.problems.join("; ")
+                ),
+            }
+        }
+        if let Err(errors) = self.apply(new).await {
+            self.reject(errors);
+        }
+    }
+
+    /// Applies `new` in place, or names why not (then nothing changed).
+    async fn apply(&mut self, new: Config) -> Result<String, Vec<String>> {
         let changed = self.current.changed_keys(&new);
         let restart = config::needs_restart(&changed);
         if !restart.is_empty() {
-            let errors = restart
+            return Err(restart
                 .iter()
                 .map(|k| format!("{k}: needs a restart (nothing of this reload was applied)"))
-                .collect();
-            return self.reject(errors);
+                .collect());
         }
         // What can still fail comes first: nothing is applied unless all of it works.
         let rebind = new.metrics_listen != self.current.metrics_listen
@@ -156,7 +206,7 @@ impl Reloader {
         let listener = match (rebind, new.metrics_listen) {
             (true, Some(addr)) => match Http::bind(addr).await {
                 Ok(l) => Some(l),
-                Err(e) => return self.reject(vec![format!("metrics.listen {addr}: {e}")]),
+                Err(e) => return Err(vec![format!("metrics.listen {addr}: {e}")]),
             },
             _ => None,
         };
@@ -164,7 +214,7 @@ impl Reloader {
             && changed.iter().any(|k| k == "log.level")
             && let Err(e) = log(&new.log_level)
         {
-            return self.reject(vec![format!("log.level: {e}")]);
+            return Err(vec![format!("log.level: {e}")]);
         }
         let hash = new.hash();
         if self
@@ -174,7 +224,7 @@ impl Reloader {
             .await
             .is_err()
         {
-            return;
+            return Err(vec!["the gateway is stopping".into()]);
         }
         let _ = self
             .targets
@@ -196,11 +246,12 @@ impl Reloader {
             .targets
             .sink
             .send(SinkMsg::Notice(Notice::ConfigApplied {
-                hash,
+                hash: hash.clone(),
                 changed,
                 at: self.clock.now().wall,
             }));
         self.current = new;
+        Ok(hash)
     }
 
     fn reject(&self, errors: Vec<String>) {
@@ -219,5 +270,170 @@ impl Reloader {
                 errors,
                 at: self.clock.now().wall,
             }));
+    }
+
+    /// A remote document is waiting for its connections.
+    pub fn confirming(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    fn result(&self, id: Option<u64>, result: Outcome, hash: Option<String>, errors: Vec<String>) {
+        match result {
+            Outcome::Applied => tracing::info!(document = id, hash, "remote config applied"),
+            _ => tracing::warn!(document = id, ?result, errors = ?errors, "remote config not kept"),
+        }
+        let at = self.clock.now().wall;
+        let _ = self.targets.sink.send(SinkMsg::Result(ConfigResult {
+            id,
+            result,
+            hash,
+            errors,
+            at,
+        }));
+    }
+
+    /// A `P/config/set` message: checked, then applied on probation, or rejected
+    /// with its reasons (then nothing changed).
+    pub async fn document(&mut self, payload: &[u8]) {
+        if !self.current.fleet.enabled {
+            return;
+        }
+        let doc: Document = match serde_json::from_slice(payload) {
+            Ok(d) => d,
+            Err(e) => {
+                let id = serde_json::from_slice::<serde_json::Value>(payload)
+                    .ok()
+                    .and_then(|v| v.get("id").and_then(serde_json::Value::as_u64));
+                return self.result(
+                    id,
+                    Outcome::Rejected,
+                    None,
+                    vec![format!("invalid: message: {e}")],
+                );
+            }
+        };
+        let id = Some(doc.id);
+        if let Err(why) = doc.verify(&self.current.fleet.trusted_keys) {
+            return self.result(id, Outcome::Rejected, None, vec![why.into()]);
+        }
+        if doc.id <= self.remote.last_id {
+            tracing::warn!(
+                document = doc.id,
+                last = self.remote.last_id,
+                "remote document refused: its id is not above the last applied one"
+            );
+            return self.result(id, Outcome::Rejected, None, vec!["stale_id".into()]);
+        }
+        if let Some(p) = &self.pending {
+            let why = format!("invalid: document {} is still being confirmed", p.id);
+            return self.result(id, Outcome::Rejected, None, vec![why]);
+        }
+        let new = match self.load(&doc.config) {
+            Ok(c) => c,
+            Err(e) => {
+                let errors = e.problems.iter().map(|p| format!("invalid: {p}")).collect();
+                return self.result(id, Outcome::Rejected, None, errors);
+            }
+        };
+        let restart = config::needs_restart(&self.current.changed_keys(&new));
+        if !restart.is_empty() {
+            let errors = restart
+                .iter()
+                .map(|k| format!("needs_restart: {k}"))
+                .collect();
+            return self.result(id, Outcome::Rejected, None, errors);
+        }
+        let previous = self.current.clone();
+        let source_moves = !SourceConfig::of(&previous, self.started_at)
+            .same_link(&SourceConfig::of(&new, self.started_at));
+        let sink_moves = SinkConfig::of(&previous) != SinkConfig::of(&new);
+        let made = |i: usize| self.registry.links_made[i].load(Ordering::Relaxed);
+        let (source_from, sink_from) = (source_moves.then(|| made(0)), sink_moves.then(|| made(1)));
+        if let Err(errors) = self.apply(new).await {
+            let errors = errors
+                .into_iter()
+                .map(|e| format!("invalid: {e}"))
+                .collect();
+            return self.result(id, Outcome::Rejected, None, errors);
+        }
+        tracing::info!(
+            document = doc.id,
+            confirm_s = previous.fleet.confirm_ms / 1000,
+            "remote config applied on probation: waiting for source and sink"
+        );
+        let previous_remote = std::mem::replace(
+            &mut self.remote,
+            Remote {
+                id: doc.id,
+                last_id: doc.id,
+                config: doc.config,
+            },
+        );
+        self.pending = Some(Pending {
+            id: doc.id,
+            deadline: self.clock.mono()
+                + i64::try_from(self.current.fleet.confirm_ms).unwrap_or(i64::MAX / 2),
+            previous: Box::new(previous),
+            previous_remote,
+            source_from,
+            sink_from,
+        });
+    }
+
+    /// Confirms the pending document once both connections are up, or rolls
+    /// it back once `confirm_s` has passed.
+    pub async fn confirm(&mut self) {
+        let Some(p) = &self.pending else { return };
+        let made = |i: usize| self.registry.links_made[i].load(Ordering::Relaxed);
+        let source_ok = self.registry.health.subscribed.load(Ordering::Relaxed)
+            && p.source_from.is_none_or(|from| made(0) > from);
+        let sink_ok = self.registry.sink_up.load(Ordering::Relaxed)
+            && p.sink_from.is_none_or(|from| made(1) > from);
+        let Some(p) = (if source_ok && sink_ok || self.clock.mono() >= p.deadline {
+            self.pending.take()
+        } else {
+            None
+        }) else {
+            return;
+        };
+        if source_ok && sink_ok {
+            let hash = self.current.hash();
+            return match self.remote.write(&self.current.state_dir) {
+                Ok(()) => self.result(Some(p.id), Outcome::Applied, Some(hash), Vec::new()),
+                Err(e) => {
+                    let why = format!("store: writing remote.toml: {e}");
+                    self.roll_back(p, vec![why]).await;
+                }
+            };
+        }
+        let mut errors = Vec::new();
+        if !source_ok {
+            errors.push("not_connected: source".to_owned());
+        }
+        if !sink_ok {
+            errors.push("not_connected: sink".to_owned());
+        }
+        self.roll_back(p, errors).await;
+    }
+
+    async fn roll_back(&mut self, p: Pending, errors: Vec<String>) {
+        tracing::warn!(document = p.id, errors = ?errors, "rolling the remote config back");
+        let last_id = self.remote.last_id;
+        self.remote = Remote {
+            last_id,
+            ..p.previous_remote
+        };
+        // Its id stays taken: a replay of it is refused.
+        if let Err(e) = self.remote.write(&self.current.state_dir) {
+            tracing::error!(error = %e, "cannot keep the remote layer's last id in remote.toml");
+        }
+        let hash = match self.apply(*p.previous).await {
+            Ok(h) => Some(h),
+            Err(e) => {
+                tracing::error!(errors = ?e, "the previous config cannot be applied again");
+                None
+            }
+        };
+        self.result(Some(p.id), Outcome::RolledBack, hash, errors);
     }
 }

@@ -35,6 +35,9 @@ pub enum SinkMsg {
     /// A reload was applied: these settings (a new link if they differ) and the
     /// retained status again (its `config_hash` changed).
     Apply(SinkConfig),
+    /// What became of a remote document: retained on `P/config/result`, kept
+    /// until the uplink is up.
+    Result(crate::fleet::ConfigResult),
     /// The last commit is done: drain for a few seconds, then go offline.
     Stop,
 }
@@ -59,6 +62,8 @@ pub struct SinkConfig {
     pub prefix: String,
     /// Encoding of status, notices and metrics.
     pub format: SinkFormat,
+    /// Subscribe to `P/config/set` (`[fleet] enabled`).
+    pub fleet: bool,
 }
 
 impl SinkConfig {
@@ -70,6 +75,7 @@ impl SinkConfig {
             window: cfg.sink_max_inflight,
             prefix: cfg.topic_prefix.clone(),
             format: cfg.sink_format,
+            fleet: cfg.fleet.enabled,
         }
     }
 
@@ -106,6 +112,10 @@ pub struct Sink {
     started_at: Millis,
     /// Gateway notices waiting for the uplink (a few: they report state changes).
     notices: VecDeque<Notice>,
+    /// Results of remote documents waiting for the uplink.
+    results: VecDeque<crate::fleet::ConfigResult>,
+    /// Where `P/config/set` messages go (the reloader).
+    documents: tokio::sync::mpsc::UnboundedSender<Vec<u8>>,
 }
 
 impl Sink {
@@ -116,7 +126,10 @@ impl Sink {
         reader: OutboxReader,
         rx: UnboundedReceiver<SinkMsg>,
         registry: Arc<Registry>,
-        delivered: watch::Sender<u64>,
+        (delivered, documents): (
+            watch::Sender<u64>,
+            tokio::sync::mpsc::UnboundedSender<Vec<u8>>,
+        ),
         (seed, started_at): (u64, Millis),
     ) -> Result<Self, LinkError> {
         let qos = cfg.endpoint.qos;
@@ -134,6 +147,8 @@ impl Sink {
             backoff: Backoff::new(seed),
             started_at,
             notices: VecDeque::new(),
+            results: VecDeque::new(),
+            documents,
         })
     }
 
@@ -175,6 +190,16 @@ impl Sink {
                 ev = self.lp.poll(), if backoff.is_none() => match ev {
                     Ok(Event::Connected { receive_max, .. }) => self.on_connected(receive_max),
                     Ok(Event::PubAck { ok, reason }) => self.on_puback(ok, &reason),
+                    Ok(Event::Message { topic, payload, retained, .. }) => {
+                        // A retained document would come again at every connect.
+                        if self.cfg.fleet && !retained && topic == self.cfg.topic("config/set") {
+                            let _ = self.documents.send(payload.to_vec());
+                        }
+                    }
+                    Ok(Event::Subscribed { refused }) if refused > 0 => {
+                        tracing::error!(topic = %self.cfg.topic("config/set"),
+                            "the upstream broker refused the fleet subscription: no remote configuration");
+                    }
                     Ok(_) => {}
                     Err(e) => {
                         if self.d.is_connected() {
@@ -209,6 +234,7 @@ impl Sink {
                         let payload = m.encode(self.cfg.format);
                         let _ = self.client.publish(&self.cfg.topic("metrics"), payload, 0, false);
                     },
+                    Some(SinkMsg::Result(r)) => self.results.push_back(r),
                     Some(SinkMsg::Apply(cfg)) => {
                         self.apply(cfg).await;
                         backoff = None;
@@ -239,6 +265,15 @@ impl Sink {
         if !self.d.is_connected() {
             return;
         }
+        let topic = self.cfg.topic("config/result");
+        while let Some(r) = self.results.pop_front() {
+            let payload = self.cfg.format.encode(&r);
+            if self.client.publish(&topic, payload, 1, true).is_err() {
+                self.results.push_front(r);
+                break;
+            }
+            self.d.other_sent(1);
+        }
         let (topic, qos) = (self.cfg.topic("alerts"), self.cfg.endpoint.qos);
         while let Some(n) = self.notices.pop_front() {
             let payload = self.cfg.format.encode(&n);
@@ -254,6 +289,10 @@ impl Sink {
         self.backoff.reset();
         self.d.connected(receive_max);
         self.registry.sink_up.store(true, Ordering::Relaxed);
+        self.registry.links_made[1].fetch_add(1, Ordering::Relaxed);
+        if self.cfg.fleet {
+            let _ = self.client.subscribe(&[self.cfg.topic("config/set")], 1);
+        }
         let depth = self.registry.outbox_depth.load(Ordering::Relaxed);
         // What bounds the uplink's rate over a long round trip: the smaller of the two.
         let broker_max = receive_max.unwrap_or(u16::MAX);

@@ -78,7 +78,7 @@ impl SourceConfig {
     }
 
     /// Whether `other` needs another connection (anything but the filters).
-    fn same_link(&self, other: &Self) -> bool {
+    pub fn same_link(&self, other: &Self) -> bool {
         self.endpoint == other.endpoint
             && self.v5 == other.v5
             && self.session_expiry_s == other.session_expiry_s
@@ -242,6 +242,7 @@ impl Source {
                 topic,
                 payload,
                 held,
+                ..
             }) => {
                 if self.stopping {
                     // Not acknowledged: the broker keeps it for the next start.
@@ -268,6 +269,8 @@ impl Source {
             Ok(Event::Subscribed { refused }) => {
                 if refused == 0 {
                     self.links.registry.health.subscribed(true);
+                    self.links.registry.links_made[0]
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     tracing::info!(topics = ?self.cfg.topics, "source subscribed");
                 } else {
                     tracing::error!(refused, topics = ?self.cfg.topics, "source broker refused topic filters");

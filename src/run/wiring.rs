@@ -28,8 +28,10 @@ use crate::sys::clock::SystemClock;
 pub struct Running {
     /// A store failure that stops the gateway.
     pub fatal: mpsc::UnboundedReceiver<StoreError>,
-    /// Applies SIGHUPs.
+    /// Applies SIGHUPs and remote documents.
     pub reloader: Reloader,
+    /// `P/config/set` messages from the sink (SPEC §12).
+    pub documents: mpsc::UnboundedReceiver<Vec<u8>>,
     core_tx: mpsc::Sender<Inbound>,
     stop_tx: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -70,13 +72,14 @@ pub fn start(
     let (current_tx, current_rx) = watch::channel((0u64, source_link.0.clone()));
     let (acked_tx, acked_rx) = watch::channel(0u64);
     let (wake_tx, wake_rx) = watch::channel(core::wake_every(cfg));
+    let (documents_tx, documents) = mpsc::unbounded_channel();
 
     let sink = Sink::new(
         SinkConfig::of(cfg),
         restored.durable.store().reader(),
         sink_rx,
         registry.clone(),
-        delivered_tx,
+        (delivered_tx, documents_tx),
         (seed.rotate_left(17), started_at),
     )?;
     let core = Core::new(
@@ -157,6 +160,7 @@ pub fn start(
     Ok(Running {
         fatal,
         reloader,
+        documents,
         core_tx,
         stop_tx,
         tasks,

@@ -43,6 +43,8 @@ pub enum Event {
         payload: bytes::Bytes,
         /// Held for a manual ack (QoS 1), None for QoS 0.
         held: Option<Held>,
+        /// A retained message sent because of a new subscription.
+        retained: bool,
     },
     /// PUBACK of our oldest outstanding QoS 1 publish; false for a v5 negative reason code.
     PubAck {
@@ -388,6 +390,7 @@ impl Loop {
                         payload: p.payload.clone(),
                         held: (p.qos != rumqttc::QoS::AtMostOnce)
                             .then_some(Held::V4(p.pkid, p.qos)),
+                        retained: p.retain,
                     }),
                     Ok(E::Incoming(Packet::PubAck(_))) => Ok(Event::PubAck {
                         ok: true,
@@ -417,6 +420,7 @@ impl Loop {
                         payload: p.payload.clone(),
                         held: (p.qos != rumqttc::v5::mqttbytes::QoS::AtMostOnce)
                             .then_some(Held::V5(p.pkid, p.qos)),
+                        retained: p.retain,
                     }),
                     Ok(E::Incoming(Packet::PubAck(a))) => Ok(Event::PubAck {
                         ok: matches!(

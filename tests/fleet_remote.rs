@@ -1,0 +1,555 @@
+//! A fleet of two real gateways on one stock upstream mosquitto (SPEC §12),
+//! each under a QoS 1 fleet of devices: `fleet ls` lists them; `fleet push`
+//! applies a signed document in place (same process), which a restart keeps;
+//! bad signature, untrusted key, stale id, invalid key and restart-only key
+//! are each rejected with their reason and change nothing; a document signed
+//! by OpenSSL applies; one that breaks the source is rolled back within
+//! `confirm_s` with no reading lost; a gateway killed with -9 shows offline.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+use support::fleet::{FLEET, Fleet};
+use support::*;
+
+const CONFIRM_S: u64 = 4;
+
+fn tidemark(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args(args)
+        .output()
+        .expect("tidemark")
+}
+
+fn text(o: &std::process::Output) -> String {
+    format!(
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+struct Gw {
+    id: &'static str,
+    config: PathBuf,
+    log: PathBuf,
+    proc: Option<Gateway>,
+}
+
+impl Gw {
+    fn new(dir: &Path, id: &'static str, site: &Mosquitto, up: &Mosquitto, keys: &[&Path]) -> Self {
+        let config = dir.join(format!("{id}.toml"));
+        let keys: Vec<String> = keys
+            .iter()
+            .map(|k| format!("{:?}", k.display().to_string()))
+            .collect();
+        let text = format!(
+            "[gateway]\nid = \"{id}\"\nstate_dir = \"{state}\"\ncommit_interval_ms = 100\n\
+             [source]\nurl = \"{src}\"\nclient_id = \"{id}-in\"\n\
+             [sink]\nurl = \"{snk}\"\nclient_id = \"{id}-out\"\n\
+             [metrics]\ninterval_s = 1\n\
+             [fleet]\nenabled = true\ntrusted_keys = [{keys}]\nconfirm_s = {CONFIRM_S}\n{FLEET}",
+            state = dir.join(format!("{id}-state")).display(),
+            src = site.url(),
+            snk = up.url(),
+            keys = keys.join(", "),
+        );
+        std::fs::write(&config, text).expect("config");
+        let log = dir.join(format!("{id}.log"));
+        let proc = Some(Gateway::start(&config, &log));
+        Self {
+            id,
+            config,
+            log,
+            proc,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.proc.as_ref().expect("running").child.id()
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// Readings of the device fleet counted upstream (window results deduplicated by id).
+fn counted(up: &Collector) -> u64 {
+    final_windows(&up.on("/windows/"))
+        .values()
+        .filter(|w| w["group"] == "fleet")
+        .map(|w| w["count"].as_u64().unwrap_or(0))
+        .sum()
+}
+
+/// The retained `P/status` of `gw`.
+fn status(up: &Mosquitto, gw: &str) -> Value {
+    retained(up.port, &format!("tidemark/{gw}/status"))
+        .last()
+        .map(Seen::json)
+        .unwrap_or(Value::Null)
+}
+
+/// `fleet push`: its exit code and the result it printed.
+fn push(up: &Mosquitto, key: &Path, gw: &str, id: u64, doc: &Path) -> (i32, Value) {
+    let o = tidemark(&[
+        "fleet",
+        "push",
+        "--url",
+        &up.url(),
+        "--key",
+        &key.display().to_string(),
+        "--gateway",
+        gw,
+        "--id",
+        &id.to_string(),
+        "--timeout-s",
+        "30",
+        &doc.display().to_string(),
+    ]);
+    let r = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+    assert!(r.is_object(), "{}", text(&o));
+    (o.status.code().unwrap_or(-1), r)
+}
+
+/// Publishes a raw `P/config/set` message and waits for the result with `id`.
+fn send_raw(up: &Mosquitto, results: &Collector, gw: &str, id: u64, msg: &[u8]) -> Value {
+    let before = results.on(&format!("{gw}/config/result")).len();
+    let mut p = Publisher::connect(up.port, &format!("raw-{gw}-{id}-{}", free_port()));
+    p.send(&format!("tidemark/{gw}/config/set"), msg);
+    p.flush();
+    let mut found = Value::Null;
+    wait_until(Duration::from_secs(30), "a config result", || {
+        found = results
+            .on(&format!("{gw}/config/result"))
+            .iter()
+            .skip(before)
+            .map(Seen::json)
+            .find(|r| r["id"] == id)
+            .unwrap_or(Value::Null);
+        found.is_object()
+    });
+    found
+}
+
+fn ls(up: &Mosquitto) -> Vec<Value> {
+    let o = tidemark(&[
+        "fleet",
+        "ls",
+        "--url",
+        &up.url(),
+        "--json",
+        "--wait-s",
+        "10",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    serde_json::from_slice::<Vec<Value>>(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)))
+}
+
+fn write(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, body).expect("doc");
+    p
+}
+
+#[test]
+fn two_gateways_take_signed_documents_reject_bad_ones_roll_back_a_broken_source_and_show_in_fleet_ls()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let up = Mosquitto::stock();
+    let site = Mosquitto::stock();
+    let dead = free_port();
+
+    // Keys: ours from `fleet keygen`, one from OpenSSL, one nobody trusts.
+    let key = d.join("op.key");
+    assert!(
+        tidemark(&["fleet", "keygen", "--out", &key.display().to_string()])
+            .status
+            .success()
+    );
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&key).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600);
+    let ossl = d.join("ossl.key");
+    let ossl_pub = d.join("ossl.pub");
+    let run = |args: &[&str]| {
+        let o = Command::new("openssl")
+            .args(args)
+            .output()
+            .expect("openssl");
+        assert!(o.status.success(), "openssl {args:?}: {}", text(&o));
+        o.stdout
+    };
+    run(&[
+        "genpkey",
+        "-algorithm",
+        "ed25519",
+        "-out",
+        &ossl.display().to_string(),
+    ]);
+    run(&[
+        "pkey",
+        "-in",
+        &ossl.display().to_string(),
+        "-pubout",
+        "-out",
+        &ossl_pub.display().to_string(),
+    ]);
+    // OpenSSL reads the public key `keygen` wrote as its own.
+    let derived = run(&["pkey", "-in", &key.display().to_string(), "-pubout"]);
+    assert_eq!(
+        String::from_utf8_lossy(&derived),
+        std::fs::read_to_string(d.join("op.key.pub")).unwrap()
+    );
+    let stranger = d.join("stranger.key");
+    assert!(
+        tidemark(&["fleet", "keygen", "--out", &stranger.display().to_string()])
+            .status
+            .success()
+    );
+
+    let results = Collector::start(up.port, "tidemark/+/config/result", "results");
+    let up_all = Collector::start(up.port, "tidemark/gw1/windows/#", "windows");
+    let mut gw1 = Gw::new(d, "gw1", &site, &up, &[&d.join("op.key.pub"), &ossl_pub]);
+    let mut gw2 = Gw::new(d, "gw2", &site, &up, &[&d.join("op.key.pub")]);
+    let mut devices = Publisher::connect(site.port, "devices");
+    let mut fleet = Fleet::new(3, 400);
+    fleet.send(&mut devices, 300);
+
+    // Inventory: both online, with version, hash and metrics.
+    let rows = ls(&up);
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for r in &rows {
+        assert_eq!(r["state"], "online", "{r}");
+        assert_eq!(r["version"], env!("CARGO_PKG_VERSION"));
+        assert!(
+            r["config_hash"].as_str().is_some_and(|h| h.len() == 16),
+            "{r}"
+        );
+        assert!(r["metrics_at"].is_i64() && r["groups"].is_u64(), "{r}");
+    }
+    let table = tidemark(&["fleet", "ls", "--url", &up.url()]);
+    let table = String::from_utf8_lossy(&table.stdout).into_owned();
+    assert!(
+        table.starts_with("GATEWAY") && table.contains("gw1") && table.contains("gw2"),
+        "{table}"
+    );
+    let hash0 = status(&up, "gw1")["config_hash"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let hash_gw2 = status(&up, "gw2")["config_hash"].clone();
+    let pid = gw1.pid();
+
+    // Applied: a window rule for a group of its own, in place.
+    let doc1 = "[groups.probe]\nwindow = { kind = \"tumbling\", size_ms = 4000 }\n";
+    let doc1_path = write(d, "doc1.toml", doc1);
+    let (code, r) = push(&up, &key, "gw1", 1, &doc1_path);
+    assert_eq!(
+        (code, &r["result"]),
+        (0, &Value::from("applied")),
+        "{r}\n{}",
+        gw1.log_text()
+    );
+    let hash1 = r["hash"].as_str().unwrap().to_owned();
+    assert_ne!(hash1, hash0);
+    wait_until(Duration::from_secs(10), "status with the new hash", || {
+        status(&up, "gw1")["config_hash"] == hash1.as_str()
+    });
+    assert_eq!(gw1.pid(), pid);
+    assert!(
+        gw1.proc
+            .as_mut()
+            .unwrap()
+            .child
+            .try_wait()
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(gw1.log_text().matches("tidemark running").count(), 1);
+    assert_eq!(status(&up, "gw2")["config_hash"], hash_gw2, "gw2 untouched");
+    let remote_file = std::fs::read_to_string(d.join("gw1-state/remote.toml")).unwrap();
+    assert!(
+        remote_file.contains(doc1) && remote_file.contains("# id = 1"),
+        "{remote_file}"
+    );
+    // The visible effect: a probe reading lands in a 4 s window.
+    let base = now_ms() / 4000 * 4000 - 60_000;
+    devices.send(
+        "sensors/probe/p1/reading",
+        &support::fleet::reading(base + 100, 0, 2.0),
+    );
+    wait_until(Duration::from_secs(20), "a 4 s probe window", || {
+        up_all.on("/windows/").iter().map(Seen::json).any(|w| {
+            w["group"] == "probe"
+                && w["end"]
+                    .as_i64()
+                    .zip(w["start"].as_i64())
+                    .map(|(e, s)| e - s)
+                    == Some(4000)
+        })
+    });
+    // `check` names the remote layer as the origin of its keys.
+    let check = tidemark(&["check", "--config", &gw1.config.display().to_string()]);
+    let check_out = String::from_utf8_lossy(&check.stdout).into_owned();
+    assert!(check.status.success(), "{}", text(&check));
+    assert!(
+        check_out
+            .lines()
+            .any(|l| l.contains("size_ms = 4000") && l.ends_with("# from remote")),
+        "{check_out}"
+    );
+    fleet.send(&mut devices, 300);
+
+    // Rejected, each for its reason, nothing changed.
+    let unchanged = |why: &str| {
+        assert_eq!(status(&up, "gw1")["config_hash"], hash1.as_str(), "{why}");
+        assert!(
+            std::fs::read_to_string(d.join("gw1-state/remote.toml"))
+                .unwrap()
+                .contains("# id = 1\n"),
+            "{why}"
+        );
+    };
+    let (code, r) = push(&up, &stranger, "gw1", 2, &doc1_path);
+    assert_eq!(
+        (code, r["result"].as_str(), r["errors"][0].as_str()),
+        (1, Some("rejected"), Some("untrusted_key")),
+        "{r}"
+    );
+    unchanged("untrusted key");
+    let (code, r) = push(&up, &key, "gw1", 1, &doc1_path);
+    assert_eq!(
+        (code, r["errors"][0].as_str()),
+        (1, Some("stale_id")),
+        "{r}"
+    );
+    unchanged("stale id");
+    let bad = write(
+        d,
+        "bad.toml",
+        "[group_defaults]\nidle_timeout_ms = \"soon\"\n[sink]\nbogus = 1\n",
+    );
+    let (code, r) = push(&up, &key, "gw1", 2, &bad);
+    let errors: Vec<&str> = r["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(code, 1, "{r}");
+    assert!(errors.iter().all(|e| e.starts_with("invalid: ")), "{r}");
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("group_defaults.idle_timeout_ms")),
+        "{r}"
+    );
+    assert!(errors.iter().any(|e| e.contains("bogus")), "{r}");
+    unchanged("invalid");
+    let restart = write(d, "restart.toml", "[broker]\nembedded = true\n");
+    let (code, r) = push(&up, &key, "gw1", 2, &restart);
+    assert_eq!(
+        (code, r["errors"][0].as_str()),
+        (1, Some("needs_restart: broker.embedded")),
+        "{r}"
+    );
+    unchanged("restart-only");
+    let fleet_keys = write(d, "fleet.toml", "[fleet]\nconfirm_s = 600\n");
+    let (code, r) = push(&up, &key, "gw1", 2, &fleet_keys);
+    assert_eq!(code, 1, "{r}");
+    assert!(
+        r["errors"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("invalid: fleet"),
+        "{r}"
+    );
+    unchanged("fleet section");
+    let mut tampered: Value = serde_json::to_value(tidemark::fleet::Document::signed(
+        2,
+        doc1.to_owned(),
+        &tidemark::fleet::PrivateKey::read(&key).unwrap(),
+    ))
+    .unwrap();
+    tampered["config"] = Value::from(format!("{doc1}[log]\nlevel = \"trace\"\n"));
+    let r = send_raw(
+        &up,
+        &results,
+        "gw1",
+        2,
+        &serde_json::to_vec(&tampered).unwrap(),
+    );
+    assert_eq!(
+        (r["result"].as_str(), r["errors"][0].as_str()),
+        (Some("rejected"), Some("signature")),
+        "{r}"
+    );
+    let r = send_raw(&up, &results, "gw1", 0, b"{\"id\": 0, \"config\": 5}");
+    assert!(
+        r["errors"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("invalid: message"),
+        "{r}"
+    );
+    unchanged("bad signature");
+
+    // Signed by OpenSSL (`pkeyutl -sign -rawin`), sent without a key name: applied.
+    let doc2 = format!("{doc1}[log]\nlevel = \"debug\"\n");
+    let signed = write(d, "doc2.signed", &format!("3\n{doc2}"));
+    let sig = run(&[
+        "pkeyutl",
+        "-sign",
+        "-rawin",
+        "-inkey",
+        &ossl.display().to_string(),
+        "-in",
+        &signed.display().to_string(),
+    ]);
+    use base64::Engine as _;
+    let msg = serde_json::json!({
+        "id": 3,
+        "config": doc2,
+        "signature": base64::engine::general_purpose::STANDARD.encode(sig),
+    });
+    let r = send_raw(&up, &results, "gw1", 3, &serde_json::to_vec(&msg).unwrap());
+    assert_eq!(r["result"], "applied", "{r}\n{}", gw1.log_text());
+    let hash3 = r["hash"].as_str().unwrap().to_owned();
+    assert_ne!(hash3, hash1);
+
+    // Broken source: rolled back within confirm_s, readings sent meanwhile all arrive.
+    let broken = write(
+        d,
+        "broken.toml",
+        &format!("{doc1}[source]\nurl = \"mqtt://127.0.0.1:{dead}\"\n"),
+    );
+    let started = now_ms();
+    let pusher = {
+        let (url, key, broken) = (up.url(), key.clone(), broken.clone());
+        std::thread::spawn(move || {
+            tidemark(&[
+                "fleet",
+                "push",
+                "--url",
+                &url,
+                "--key",
+                &key.display().to_string(),
+                "--gateway",
+                "gw1",
+                "--id",
+                "4",
+                &broken.display().to_string(),
+            ])
+        })
+    };
+    wait_until(
+        Duration::from_secs(20),
+        "the source moved to the dead port",
+        || gw1.log_text().contains("on probation"),
+    );
+    while fleet.send(&mut devices, 50) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = pusher.join().unwrap();
+    let took = now_ms() - started;
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(r["result"], "rolled_back", "{r}");
+    assert_eq!(
+        r["errors"],
+        serde_json::json!(["not_connected: source"]),
+        "{r}"
+    );
+    assert_eq!(r["hash"], hash3.as_str(), "{r}");
+    // Within confirm_s, and well before the push gives up.
+    assert!(
+        took < i64::try_from(CONFIRM_S + 10).unwrap() * 1000,
+        "{took} ms"
+    );
+    devices.flush();
+    wait_or_explain(
+        Duration::from_secs(60),
+        || counted(&up_all) >= fleet.total(),
+        || {
+            format!(
+                "counted {} of {}\n{}",
+                counted(&up_all),
+                fleet.total(),
+                gw1.log_text()
+            )
+        },
+    );
+    assert_eq!(counted(&up_all), fleet.total());
+    assert!(up_all.on("/late/").is_empty());
+    // The rolled-back id stays taken.
+    let (code, r) = push(&up, &key, "gw1", 4, &doc1_path);
+    assert_eq!(
+        (code, r["errors"][0].as_str()),
+        (1, Some("stale_id")),
+        "{r}"
+    );
+
+    // A restart keeps the remote layer.
+    let (code, _) = gw1.proc.take().unwrap().terminate();
+    assert_eq!(code, Some(0));
+    gw1.proc = Some(Gateway::start(&gw1.config, &gw1.log));
+    wait_until(Duration::from_secs(20), "status after the restart", || {
+        let s = status(&up, "gw1");
+        s["state"] == "online" && s["config_hash"] == hash3.as_str()
+    });
+
+    // kill -9: the will marks gw2 offline, gw1 stays online.
+    gw2.proc.take().unwrap().kill9();
+    let mut rows = Vec::new();
+    wait_until(Duration::from_secs(30), "gw2 offline in fleet ls", || {
+        rows = ls(&up);
+        rows.iter()
+            .any(|r| r["gateway"] == "gw2" && r["state"] == "offline")
+    });
+    assert!(
+        rows.iter()
+            .any(|r| r["gateway"] == "gw1" && r["state"] == "online"),
+        "{rows:?}"
+    );
+    // An unreachable gateway: push gives up with exit 1.
+    let o = tidemark(&[
+        "fleet",
+        "push",
+        "--url",
+        &up.url(),
+        "--key",
+        &key.display().to_string(),
+        "--gateway",
+        gw2.id,
+        "--id",
+        "9",
+        "--timeout-s",
+        "2",
+        &doc1_path.display().to_string(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    // Bad arguments: exit 2.
+    let o = tidemark(&[
+        "fleet",
+        "push",
+        "--url",
+        &up.url(),
+        "--key",
+        "/nonexistent",
+        "--gateway",
+        "gw1",
+        "--id",
+        "9",
+        &doc1_path.display().to_string(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    gw1.proc.take().unwrap().terminate();
+}
