@@ -21,10 +21,20 @@ const HOUR: i64 = 60 * MIN;
 const RUN_MS: i64 = 10 * MIN;
 const WINDOW_MS: i64 = 60_000;
 
+const DAY: i64 = 24 * HOUR;
+/// The gateway's uptime at the start of a run: the monotonic clock is far from
+/// its origin, as on a board that has run for days.
+const UPTIME: i64 = 3 * DAY;
+
 /// Ordinary network delay: 5 ms plus an exponential tail of mean 40 ms, capped at 2 s.
-#[allow(clippy::cast_possible_truncation)]
 fn delay(rng: &mut Rng) -> i64 {
-    5 + ((-40.0 * rng.unit().ln()) as i64).min(2_000)
+    delay_mean(rng, 40.0)
+}
+
+/// 5 ms plus an exponential tail of mean `mean` ms, capped at 2 s.
+#[allow(clippy::cast_possible_truncation)]
+fn delay_mean(rng: &mut Rng, mean: f64) -> i64 {
+    5 + ((-mean * rng.unit().ln()) as i64).min(2_000)
 }
 
 /// How the gateway's clock behaves over one run.
@@ -45,6 +55,8 @@ struct Case {
     with_wild: bool,
     /// `[time] gateway_clock`.
     mode: &'static str,
+    /// Mean of the network delay's exponential tail, ms.
+    delay_mean: f64,
 }
 
 impl Case {
@@ -57,6 +69,7 @@ impl Case {
             fleet_offset: 0,
             with_wild: true,
             mode: "auto",
+            delay_mean: 40.0,
         }
     }
 }
@@ -106,7 +119,7 @@ fn run(case: &Case, seed: u64) -> Outcome {
     for (di, _) in devices.iter().enumerate() {
         let mut t = T0 + rng.range(0, every);
         while t < T0 + RUN_MS {
-            msgs.push((t + delay(&mut rng), di, t));
+            msgs.push((t + delay_mean(&mut rng, case.delay_mean), di, t));
             t += every;
         }
     }
@@ -119,7 +132,7 @@ fn run(case: &Case, seed: u64) -> Outcome {
         let stepped = step.is_some_and(|s| arrival >= s);
         let now = Now {
             wall: arrival + if stepped { 0 } else { case.error },
-            mono: arrival - T0 + 1_000,
+            mono: arrival - T0 + UPTIME,
             synced: case.synced_before || stepped,
         };
         let (name, offset) = &devices[di];
@@ -178,7 +191,9 @@ fn pct(o: &Outcome) -> f64 {
 
 fn fmt_err(e: i64) -> String {
     let (sign, a) = (if e < 0 { "-" } else { "+" }, e.abs());
-    if a % HOUR == 0 {
+    if a % DAY == 0 {
+        format!("{sign}{} d", a / DAY)
+    } else if a % HOUR == 0 {
         format!("{sign}{} h", a / HOUR)
     } else if a % MIN == 0 {
         format!("{sign}{} min", a / MIN)
@@ -190,14 +205,33 @@ fn fmt_err(e: i64) -> String {
 #[test]
 fn a_wrong_unsynchronized_gateway_clock_follows_the_devices_and_ntp_steps_lose_nothing() {
     let mut table = String::from(
-        "| gateway error | rate | step at | on true time | late | rejected | device alerts | wild device | gateway_clock / ok |\n|---|---|---|---|---|---|---|---|---|\n",
+        "| gateway error | delay mean | rate | step at | on true time | late | rejected | device alerts | wild device | gateway_clock / ok |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
     let mut rng = Rng(7);
     let mut failures = Vec::new();
-    // Beyond max_skew_ms (5 min): the quorum overrules the gateway.
-    for error in [-10 * MIN, 10 * MIN, -HOUR, HOUR, -3 * HOUR, 24 * HOUR] {
+    // Beyond max_skew_ms (5 min): the quorum overrules the gateway. Beyond
+    // max_age_ms (1 day) every reading is too old on the uncorrected clock; the
+    // far errors also with a long-tailed network (mean 150 ms).
+    let beyond = [
+        (-10 * MIN, 40.0),
+        (10 * MIN, 40.0),
+        (-HOUR, 40.0),
+        (HOUR, 40.0),
+        (-3 * HOUR, 150.0),
+        (3 * HOUR, 150.0),
+        (DAY, 40.0),
+        (DAY, 150.0),
+        (-DAY, 150.0),
+        (DAY + 10 * MIN, 150.0),
+        (7 * DAY, 150.0),
+        (-7 * DAY, 150.0),
+        (30 * DAY, 150.0),
+        (-30 * DAY, 150.0),
+    ];
+    for (error, mean) in beyond {
         for hz in [0.2, 1.0, 5.0] {
             let mut case = Case::beyond(error, hz);
+            case.delay_mean = mean;
             case.step_at = Some(rng.range(MIN, 9 * MIN));
             let o = run(&case, rng.next());
             table += &row(&case, &o);
@@ -212,8 +246,9 @@ fn a_wrong_unsynchronized_gateway_clock_follows_the_devices_and_ntp_steps_lose_n
         }
     }
     // Within max_skew_ms: no verdict against the gateway, no device alert; a
-    // forward step makes nothing late (a backward one: see the README).
-    for error in [-10_000, 10_000, -2 * MIN, 2 * MIN] {
+    // forward step makes nothing late (a backward one: see the README). −6 s:
+    // every reading just beyond max_future_ms on the uncorrected clock.
+    for error in [-6_000, -10_000, 10_000, -2 * MIN, 2 * MIN] {
         for hz in [0.2, 1.0, 5.0] {
             let mut case = Case::beyond(error, hz);
             case.step_at = Some(rng.range(MIN, 9 * MIN));
@@ -234,8 +269,9 @@ fn a_wrong_unsynchronized_gateway_clock_follows_the_devices_and_ntp_steps_lose_n
 
 fn row(c: &Case, o: &Outcome) -> String {
     format!(
-        "| {} | {} Hz | {} s | {:.2} % | {} | {} | {} | {:?} | {} / {} |\n",
+        "| {} | {} ms | {} Hz | {} s | {:.2} % | {} | {} | {} | {:?} | {} / {} |\n",
         fmt_err(c.error),
+        c.delay_mean,
         c.hz,
         c.step_at.unwrap_or(0) / 1000,
         pct(o),
@@ -284,46 +320,52 @@ fn an_unsynchronized_but_correct_gateway_changes_nothing() {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
-    /// Random steps of an unsynchronized gateway clock at random moments (to
-    /// true time or beyond max_skew_ms of it) never make an on-time reading of
-    /// a correct-clock device late, nor raise a device alert.
+    /// An unsynchronized gateway clock wrong from the start by up to a year
+    /// either way, then stepped at random moments (to true time or beyond
+    /// max_skew_ms of it), over a long-tailed network, never makes an on-time
+    /// reading of a correct-clock device late or rejected, nor raises a device alert.
     #[test]
-    fn random_gateway_steps_never_make_an_on_time_reading_late(
+    fn random_gateway_errors_and_steps_never_make_an_on_time_reading_late(
         seed in any::<u64>(),
-        steps in prop::collection::vec((0i64..RUN_MS, prop_oneof![Just(0i64), 310_000i64..2 * 24 * HOUR, -2 * 24 * HOUR..-310_000i64]), 0..4),
+        initial in prop_oneof![Just(0i64), 310_000i64..365 * DAY, -365 * DAY..-310_000i64],
+        steps in prop::collection::vec((0i64..RUN_MS, prop_oneof![Just(0i64), 310_000i64..365 * DAY, -365 * DAY..-310_000i64]), 0..4),
     ) {
         let toml = "[gateway]\nid = \"gw\"\n";
         let cfg = config::load_str(toml, &BTreeMap::new()).unwrap();
         let mut driver = Driver::new(Engine::new(&cfg.engine()), &cfg, SinkFormat::Json, None);
         let mut rng = Rng(seed);
         let mut steps = steps;
+        steps.push((0, initial));
         steps.sort_unstable();
         let mut msgs = Vec::new();
         for di in 0..5usize {
             let mut t = T0 + rng.range(0, 1000);
             while t < T0 + RUN_MS {
-                msgs.push((t + delay(&mut rng), di, t));
+                msgs.push((t + delay_mean(&mut rng, 150.0), di, t));
                 t += 1000;
             }
         }
         msgs.sort_unstable();
         let mut late = 0;
         let mut alerts = 0;
+        let mut rejected = 0;
         for &(arrival, di, sent) in &msgs {
             let error = steps.iter().rev().find(|s| T0 + s.0 <= arrival).map_or(0, |s| s.1);
-            let now = Now { wall: arrival + error, mono: arrival - T0 + 1_000, synced: false };
+            let now = Now { wall: arrival + error, mono: arrival - T0 + UPTIME, synced: false };
             let payload = format!(r#"{{"ts": {sent}, "temp": 1}}"#);
             driver.message(now, &format!("sensors/g/d{di}/reading"), payload.as_bytes());
             for o in driver.outputs.drain(..) {
                 match o {
                     Output::Late(_) => late += 1,
                     Output::Alert(_) => alerts += 1,
+                    Output::Rejected(_) => rejected += 1,
                     _ => {}
                 }
             }
         }
         prop_assert_eq!(late, 0);
         prop_assert_eq!(alerts, 0);
+        prop_assert_eq!(rejected, 0);
     }
 }
 

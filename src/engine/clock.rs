@@ -23,14 +23,25 @@ impl Engine {
                 self.devices[di].state.skew.rebase(delta);
                 self.mark_device(di);
             }
+            for w in &mut self.clock.waiting {
+                w.wall = w.wall.saturating_add(delta);
+            }
         }
         let mut event = o.event;
         if o.evaluate && self.time.policy == TimePolicy::Calibrated {
             self.estimates.clear();
+            let second = now.wall.div_euclid(1000);
             for d in &self.devices {
                 let idle = self.groups[d.group as usize].cfg.idle_timeout_ms;
+                // Heard recently: by its clock's last sample, whatever the sanity
+                // gate made of it (a gateway far off rejects every reading).
+                let heard = d
+                    .state
+                    .skew
+                    .last_second()
+                    .is_some_and(|s| second.saturating_sub(s).saturating_mul(1000) < idle);
                 if let Some(e) = d.state.skew.estimate()
-                    && now.mono.saturating_sub(d.state.last_arrival) < idle
+                    && (heard || now.mono.saturating_sub(d.state.last_arrival) < idle)
                 {
                     self.estimates.push(e);
                 }
@@ -92,21 +103,19 @@ impl Engine {
             return Ok(timed(device_ts, false, false));
         }
         let window = self.time.skew_window;
-        let dev = &mut self.devices[di].state;
         // Estimates are kept against the raw wall clock; `error` maps it onto true time.
-        dev.skew.observe(raw_wall, device_ts, window);
-        let est = dev
+        self.devices[di]
+            .state
             .skew
-            .estimate()
-            .unwrap_or(0)
-            .saturating_sub(self.clock.error);
-        let skewed = est.abs() > self.time.max_skew_ms;
+            .observe(raw_wall, device_ts, window);
+        let skewed = self.offset(di).abs() > self.time.max_skew_ms;
         if !skewed {
             self.clock.seconded();
         }
         if skewed && self.clock.unsure() {
-            // Device or gateway wrong, not known yet: the earlier of the two
-            // never puts a reading ahead of true time (see time::gateway).
+            // Device or gateway wrong, not known yet: the reading waits for the
+            // verdict; past the bound, the earlier of the two never puts a
+            // reading ahead of true time (see time::gateway).
             let t = if now.wall < self.time.min_valid_epoch_ms {
                 device_ts
             } else {
@@ -114,6 +123,31 @@ impl Engine {
             };
             return Ok(timed(t, true, false));
         }
+        Ok(timed(self.judged(di, device_ts, now, out), false, false))
+    }
+
+    /// The device's offset onto the corrected clock.
+    fn offset(&self, di: usize) -> Millis {
+        self.devices[di]
+            .state
+            .skew
+            .estimate()
+            .unwrap_or(0)
+            .saturating_sub(self.clock.error)
+    }
+
+    /// The event time of `device_ts` by the verdict in force: corrected by the
+    /// device's offset, or the arrival (`now`, corrected) for a distrusted clock.
+    pub(super) fn judged(
+        &mut self,
+        di: usize,
+        device_ts: Millis,
+        now: Now,
+        out: &mut Vec<Output>,
+    ) -> Millis {
+        let est = self.offset(di);
+        let skewed = est.abs() > self.time.max_skew_ms;
+        let dev = &mut self.devices[di].state;
         if skewed != dev.distrusted {
             dev.distrusted = skewed;
             let last_seen = dev.max_event;
@@ -124,12 +158,11 @@ impl Engine {
             };
             self.alert(out, di, kind, last_seen, Some(est), now);
         }
-        let t = if skewed {
+        if skewed {
             now.wall
         } else {
             device_ts.saturating_add(est)
-        };
-        Ok(timed(t, false, false))
+        }
     }
 }
 

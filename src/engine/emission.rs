@@ -15,6 +15,8 @@ impl Engine {
             wall: self.clock.tick_wall(now.wall, now.mono),
             ..now
         };
+        self.clock.expire(now.mono);
+        self.release_waiting(out);
         // A board without RTC before NTP sync: arrival-based decisions are unsafe.
         self.clock_held = now.wall < self.time.min_valid_epoch_ms;
         if self.clock_held {

@@ -6,6 +6,7 @@ use super::{Engine, MAX_METRIC_NAMES, Now};
 use crate::codec::{Decoded, MetricName};
 use crate::model::{Id, Kind, Millis, Reason};
 use crate::output::{AlertType, Late, Output, Rejected, decoded_fields};
+use crate::time::gateway as gwclock;
 use crate::time::seq::Seen;
 use crate::time::window::{self, MetricIdx};
 use crate::topic::TopicParts;
@@ -35,6 +36,7 @@ impl Engine {
     pub fn on_message(&mut self, topic: &str, payload: &[u8], now: Now, out: &mut Vec<Output>) {
         let raw_wall = now.wall;
         let now = self.observe_clock(now, out);
+        self.release_waiting(out);
         let mut decoded = self.scratch.take().unwrap_or_default();
         self.handle(topic, payload, now, raw_wall, &mut decoded, out);
         self.scratch = Some(decoded);
@@ -124,6 +126,94 @@ impl Engine {
                     );
                 }
             };
+        if provisional
+            && self.clock.waiting.len() < gwclock::WAITING_MAX
+            && let crate::codec::DeviceTs::Ms(ts) = decoded.ts
+        {
+            let clock = (ci != di).then(|| {
+                let c = &self.devices[ci].state;
+                (c.group.clone(), c.id.clone())
+            });
+            self.clock.waiting.push(gwclock::Waiting {
+                topic: topic.to_owned(),
+                group: parts.group,
+                device: parts.device,
+                heartbeat: parts.kind == Kind::Heartbeat,
+                clock,
+                ts,
+                seq: decoded.seq,
+                metrics: decoded.metrics.iter().cloned().collect(),
+                wall: raw_wall,
+                mono: now.mono,
+                synced: now.synced,
+            });
+            return;
+        }
+        self.place(
+            topic,
+            parts,
+            di,
+            decoded,
+            (event, provisional, invalid_ts),
+            now,
+            out,
+        );
+    }
+
+    /// The readings that waited for the gateway-clock verdict, once it is in:
+    /// timed by it, then placed in arrival order (SPEC §4).
+    pub(super) fn release_waiting(&mut self, out: &mut Vec<Output>) {
+        if self.clock.waiting.is_empty() || self.clock.unsure() {
+            return;
+        }
+        let waiting = std::mem::take(&mut self.clock.waiting);
+        let mut decoded = self.scratch.take().unwrap_or_default();
+        for w in waiting {
+            let di = self.device_slot(&w.group, &w.device);
+            let ci = match &w.clock {
+                Some((g, d)) => self.device_slot(g, d),
+                None => di,
+            };
+            let now = Now {
+                wall: self.clock.correct(w.wall),
+                mono: w.mono,
+                synced: w.synced,
+            };
+            let t = self.judged(ci, w.ts, now, out);
+            decoded.ts = crate::codec::DeviceTs::Ms(w.ts);
+            decoded.seq = w.seq;
+            decoded.metrics.clear();
+            for m in w.metrics {
+                let _ = decoded.metrics.push(m);
+            }
+            let kind = if w.heartbeat {
+                Kind::Heartbeat
+            } else {
+                Kind::Reading
+            };
+            let parts = TopicParts {
+                group: w.group,
+                device: w.device,
+                kind,
+            };
+            self.place(&w.topic, parts, di, &decoded, (t, false, false), now, out);
+        }
+        self.scratch = Some(decoded);
+    }
+
+    /// A timed reading of device `di`: the sanity gate, windows, liveness.
+    #[allow(clippy::too_many_arguments)]
+    fn place(
+        &mut self,
+        topic: &str,
+        parts: TopicParts,
+        di: usize,
+        decoded: &Decoded,
+        (event, provisional, invalid_ts): (Millis, bool, bool),
+        now: Now,
+        out: &mut Vec<Output>,
+    ) {
+        let ids = Some((&parts.group, &parts.device));
         if event > now.wall.saturating_add(self.time.max_future_ms) {
             let detail = format!(
                 "event time {event} is {} ms ahead of the gateway clock",

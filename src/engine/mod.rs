@@ -279,6 +279,7 @@ impl Engine {
     pub fn settled(&self) -> bool {
         self.groups.iter().all(|g| g.pending.is_empty())
             && self.devices.iter().all(|d| d.deadline.is_none())
+            && self.clock.waiting.is_empty()
     }
 
     /// Whether processing time is held because the wall clock is implausible.

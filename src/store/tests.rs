@@ -67,6 +67,60 @@ fn restored_engine_continues_exactly_like_the_original() {
     assert_eq!(a.counters(), b.counters());
 }
 
+/// Ten true-clock devices behind an unsynchronized gateway a day ahead, from `from` to `to` s.
+fn feed_day_ahead(e: &mut Engine, from: i64, to: i64, out: &mut Vec<Output>) {
+    for s in from..to {
+        let t = T0 + s * 1000;
+        for d in 0..10 {
+            let p = format!(r#"{{"ts": {t}, "temp": {d}}}"#);
+            let now = Now {
+                wall: t + 40 + d * 7 + 86_400_000,
+                mono: 3 * 86_400_000 + s * 1000 + 40 + d * 7,
+                synced: false,
+            };
+            e.on_message(&format!("sensors/g/d{d}/reading"), p.as_bytes(), now, out);
+        }
+    }
+}
+
+#[test]
+fn readings_waiting_for_the_gateway_clock_verdict_survive_a_checkpoint() {
+    let cfg = build_config();
+    let (mut store, _) = Store::in_memory(1000).unwrap();
+    let mut a = Engine::new(&cfg.engine());
+    let mut out = Vec::new();
+    // The first readings arrive in doubt: they wait, nothing is output for them.
+    let p = format!(r#"{{"ts": {T0}, "temp": 1}}"#);
+    let now = Now {
+        wall: T0 + 86_400_040,
+        mono: 3 * 86_400_000,
+        synced: false,
+    };
+    a.on_message("sensors/g/d0/reading", p.as_bytes(), now, &mut out);
+    assert_eq!(a.gateway_clock().waiting.len(), 1);
+    assert!(out.is_empty(), "{out:?}");
+    store.commit(&batch_of(&mut a)).unwrap();
+    let snap = read_snapshot(&*store.db.get().unwrap(), store.path()).unwrap();
+    let mut b = Engine::new(&cfg.engine());
+    b.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
+    b.restore_clock(snap.gateway_clock);
+    b.restore_sparkplug(snap.sparkplug);
+    assert_eq!(b.gateway_clock(), a.gateway_clock());
+    let (mut out_a, mut out_b) = (Vec::new(), Vec::new());
+    feed_day_ahead(&mut a, 1, 120, &mut out_a);
+    feed_day_ahead(&mut b, 1, 120, &mut out_b);
+    assert_eq!(out_a, out_b);
+    // The verdict came, the waiting readings were placed: nothing late or rejected.
+    assert!(a.gateway_clock().waiting.is_empty());
+    assert_eq!(
+        a.gateway_clock().verdict,
+        crate::time::gateway::Verdict::Wrong
+    );
+    assert_eq!(a.counters().late, 0);
+    assert_eq!(a.counters().rejected.iter().sum::<u64>(), 0);
+    assert_eq!(a.counters().accepted, 1 + 119 * 10);
+}
+
 #[test]
 fn revision_pending_at_commit_is_emitted_after_restore_without_watermark_advance() {
     let cfg = build_config();

@@ -10,15 +10,17 @@
 //!   gateway sets `error` to their consensus; while it is synchronized (or
 //!   `"trusted"`) `error` is 0.
 //!
-//! Before a quorum can exist the verdict is [`Verdict::Unsure`]: a device that
-//! disagrees with the gateway gets the earlier of its own time and the
-//! gateway's (whichever clock is wrong, a reading is never put ahead of true
-//! time, so none moves a watermark past readings still to come), and no device
-//! alert is raised yet. The doubt lasts until a verdict, or [`UNSURE_MAX_MS`].
+//! Before a quorum can exist the verdict is [`Verdict::Unsure`]: a reading of a
+//! device that disagrees with the gateway waits for the verdict (kept with the
+//! state, at most [`WAITING_MAX`] of them) and is then timed by it; no device
+//! alert is raised yet. Past that bound a reading gets the earlier of its own
+//! time and the gateway's and moves no watermark. The doubt lasts until a
+//! verdict, or [`UNSURE_MAX_MS`].
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::Millis;
+use crate::codec::MetricName;
+use crate::model::{Id, Millis};
 
 /// A jump of wall − mono at least this large is a step (Linux keeps wall − mono
 /// constant except when the clock is set; slewing moves both together).
@@ -30,6 +32,8 @@ pub const EVAL_MS: Millis = 1_000;
 /// Longest doubt before the gateway is trusted by default (fewer than
 /// [`QUORUM`] devices heard: a small site).
 pub const UNSURE_MAX_MS: Millis = 10_000;
+/// Readings kept waiting for a verdict at most (the doubt's 10 s of a large site).
+pub const WAITING_MAX: usize = 50_000;
 
 /// Who is believed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,7 +60,7 @@ pub enum GatewayClockMode {
 }
 
 /// Persisted state of the gateway-clock judgement.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct GatewayClock {
     /// Estimated error of the wall clock (wall − true), ms.
     pub error: Millis,
@@ -74,6 +78,37 @@ pub struct GatewayClock {
     /// as right for devices that disagree (two clocks against one).
     #[serde(default)]
     pub seconded: bool,
+    /// Readings that arrived in doubt, in arrival order, waiting for the verdict.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting: Vec<Waiting>,
+}
+
+/// A reading that arrived while the gateway clock was in doubt: all the engine
+/// needs to time and place it once the verdict is in.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Waiting {
+    /// Its topic (for a rejection or a late output).
+    pub topic: String,
+    /// Group and device.
+    pub group: Id,
+    /// Device id.
+    pub device: Id,
+    /// A heartbeat, not a reading.
+    pub heartbeat: bool,
+    /// The device whose clock times it, when not its own (a Sparkplug edge node).
+    pub clock: Option<(Id, Id)>,
+    /// Device timestamp.
+    pub ts: Millis,
+    /// Sequence number.
+    pub seq: Option<u64>,
+    /// Metric values.
+    pub metrics: Vec<(MetricName, f64)>,
+    /// The uncorrected wall clock at arrival.
+    pub wall: Millis,
+    /// Monotonic clock at arrival.
+    pub mono: Millis,
+    /// The kernel reported the clock synchronized.
+    pub synced: bool,
 }
 
 /// What an observation or evaluation concluded, for the engine to act on.
@@ -193,6 +228,17 @@ impl GatewayClock {
         }
         o.evaluate = mono >= self.next_eval;
         o
+    }
+
+    /// A tick at `mono`: a doubt past [`UNSURE_MAX_MS`] ends with the gateway trusted.
+    pub fn expire(&mut self, mono: Millis) {
+        if self.verdict == Verdict::Unsure
+            && let Some(since) = self.unsure_since
+            && mono.saturating_sub(since) >= UNSURE_MAX_MS
+        {
+            self.verdict = Verdict::Trusted;
+            self.unsure_since = None;
+        }
     }
 
     /// The gateway is trusted (synchronized, or by configuration).

@@ -167,6 +167,11 @@ impl SkewEstimator {
         self.est
     }
 
+    /// The second (of the raw wall clock) of the last sample, taken or held out.
+    pub fn last_second(&self) -> Option<i64> {
+        self.buckets.back().map(|b| b.sec)
+    }
+
     /// Delay spread the device has shown: largest excess of an ordinary sample over the estimate.
     pub fn jitter(&self) -> Millis {
         match (self.hi, self.est) {
