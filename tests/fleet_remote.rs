@@ -489,6 +489,29 @@ fn two_gateways_take_signed_documents_reject_bad_ones_roll_back_a_broken_source_
     );
     assert_eq!(counted(&up_all), fleet.total());
     assert!(up_all.on("/late/").is_empty());
+    // Broken sink: the result comes back through the old uplink once rolled back.
+    let broken_sink = write(
+        d,
+        "broken-sink.toml",
+        &format!("{doc2}[sink]\nurl = \"mqtt://127.0.0.1:{dead}\"\n"),
+    );
+    let (code, r) = push(&up, &key, "gw1", 5, &broken_sink);
+    assert_eq!(
+        (code, &r["result"]),
+        (1, &Value::from("rolled_back")),
+        "{r}\n{}",
+        gw1.log_text()
+    );
+    assert_eq!(
+        r["errors"],
+        serde_json::json!(["not_connected: sink"]),
+        "{r}"
+    );
+    assert_eq!(r["hash"], hash3.as_str(), "{r}");
+    wait_until(Duration::from_secs(20), "gw1 online again", || {
+        let s = status(&up, "gw1");
+        s["state"] == "online" && s["config_hash"] == hash3.as_str()
+    });
     // The rolled-back id stays taken.
     let (code, r) = push(&up, &key, "gw1", 4, &doc1_path);
     assert_eq!(

@@ -121,6 +121,8 @@ pub struct Reloader {
 /// A document on probation: what to go back to, and what confirms it.
 struct Pending {
     id: u64,
+    /// `P/config/result` of the prefix the document came under.
+    topic: String,
     previous: Box<Config>,
     previous_remote: Remote,
     deadline: Millis,
@@ -277,19 +279,38 @@ impl Reloader {
         self.pending.is_some()
     }
 
+    /// `P/config/result` under the prefix in force (a document may change it).
+    fn result_topic(&self) -> String {
+        format!("{}/config/result", self.current.topic_prefix)
+    }
+
     fn result(&self, id: Option<u64>, result: Outcome, hash: Option<String>, errors: Vec<String>) {
+        self.result_to(self.result_topic(), id, result, hash, errors);
+    }
+
+    fn result_to(
+        &self,
+        topic: String,
+        id: Option<u64>,
+        result: Outcome,
+        hash: Option<String>,
+        errors: Vec<String>,
+    ) {
         match result {
             Outcome::Applied => tracing::info!(document = id, hash, "remote config applied"),
             _ => tracing::warn!(document = id, ?result, errors = ?errors, "remote config not kept"),
         }
         let at = self.clock.now().wall;
-        let _ = self.targets.sink.send(SinkMsg::Result(ConfigResult {
-            id,
-            result,
-            hash,
-            errors,
-            at,
-        }));
+        let _ = self.targets.sink.send(SinkMsg::Result(
+            topic,
+            ConfigResult {
+                id,
+                result,
+                hash,
+                errors,
+                at,
+            },
+        ));
     }
 
     /// A `P/config/set` message: checked, then applied on probation, or rejected
@@ -344,6 +365,7 @@ impl Reloader {
             return self.result(id, Outcome::Rejected, None, errors);
         }
         let previous = self.current.clone();
+        let topic = self.result_topic();
         let source_moves = !SourceConfig::of(&previous, self.started_at)
             .same_link(&SourceConfig::of(&new, self.started_at));
         let sink_moves = SinkConfig::of(&previous) != SinkConfig::of(&new);
@@ -371,6 +393,7 @@ impl Reloader {
         );
         self.pending = Some(Pending {
             id: doc.id,
+            topic,
             deadline: self.clock.mono()
                 + i64::try_from(self.current.fleet.confirm_ms).unwrap_or(i64::MAX / 2),
             previous: Box::new(previous),
@@ -399,7 +422,13 @@ impl Reloader {
         if source_ok && sink_ok {
             let hash = self.current.hash();
             return match self.remote.write(&self.current.state_dir) {
-                Ok(()) => self.result(Some(p.id), Outcome::Applied, Some(hash), Vec::new()),
+                Ok(()) => self.result_to(
+                    p.topic,
+                    Some(p.id),
+                    Outcome::Applied,
+                    Some(hash),
+                    Vec::new(),
+                ),
                 Err(e) => {
                     let why = format!("store: writing remote.toml: {e}");
                     self.roll_back(p, vec![why]).await;
@@ -434,6 +463,6 @@ impl Reloader {
                 None
             }
         };
-        self.result(Some(p.id), Outcome::RolledBack, hash, errors);
+        self.result_to(p.topic, Some(p.id), Outcome::RolledBack, hash, errors);
     }
 }

@@ -35,9 +35,9 @@ pub enum SinkMsg {
     /// A reload was applied: these settings (a new link if they differ) and the
     /// retained status again (its `config_hash` changed).
     Apply(SinkConfig),
-    /// What became of a remote document: retained on `P/config/result`, kept
-    /// until the uplink is up.
-    Result(crate::fleet::ConfigResult),
+    /// What became of a remote document: retained on this topic (the
+    /// `P/config/result` of the prefix it came under), kept until the uplink is up.
+    Result(String, crate::fleet::ConfigResult),
     /// The last commit is done: drain for a few seconds, then go offline.
     Stop,
 }
@@ -113,7 +113,7 @@ pub struct Sink {
     /// Gateway notices waiting for the uplink (a few: they report state changes).
     notices: VecDeque<Notice>,
     /// Results of remote documents waiting for the uplink.
-    results: VecDeque<crate::fleet::ConfigResult>,
+    results: VecDeque<(String, crate::fleet::ConfigResult)>,
     /// Where `P/config/set` messages go (the reloader).
     documents: tokio::sync::mpsc::UnboundedSender<Vec<u8>>,
 }
@@ -234,7 +234,7 @@ impl Sink {
                         let payload = m.encode(self.cfg.format);
                         let _ = self.client.publish(&self.cfg.topic("metrics"), payload, 0, false);
                     },
-                    Some(SinkMsg::Result(r)) => self.results.push_back(r),
+                    Some(SinkMsg::Result(topic, r)) => self.results.push_back((topic, r)),
                     Some(SinkMsg::Apply(cfg)) => {
                         self.apply(cfg).await;
                         backoff = None;
@@ -265,11 +265,10 @@ impl Sink {
         if !self.d.is_connected() {
             return;
         }
-        let topic = self.cfg.topic("config/result");
-        while let Some(r) = self.results.pop_front() {
+        while let Some((topic, r)) = self.results.pop_front() {
             let payload = self.cfg.format.encode(&r);
             if self.client.publish(&topic, payload, 1, true).is_err() {
-                self.results.push_front(r);
+                self.results.push_front((topic, r));
                 break;
             }
             self.d.other_sent(1);
