@@ -233,7 +233,12 @@ fn two_gateways_take_signed_documents_reject_bad_ones_roll_back_a_broken_source_
             r["config_hash"].as_str().is_some_and(|h| h.len() == 16),
             "{r}"
         );
-        assert!(r["metrics_at"].is_i64() && r["groups"].is_u64(), "{r}");
+        assert!(
+            r["metrics_at"].is_i64() && r["groups"] == serde_json::json!(["fleet"]),
+            "{r}"
+        );
+        assert!(r["gateway_clock"]["verdict"].is_string(), "{r}");
+        assert_eq!(r["outbox_depth"].as_u64().map(|_| ()), Some(()), "{r}");
     }
     let table = tidemark(&["fleet", "ls", "--url", &up.url()]);
     let table = String::from_utf8_lossy(&table.stdout).into_owned();
@@ -535,11 +540,11 @@ fn two_gateways_take_signed_documents_reject_bad_ones_roll_back_a_broken_source_
     wait_until(Duration::from_secs(30), "gw2 offline in fleet ls", || {
         rows = ls(&up);
         rows.iter()
-            .any(|r| r["gateway"] == "gw2" && r["state"] == "offline")
+            .any(|r| r["id"] == "gw2" && r["state"] == "offline")
     });
     assert!(
         rows.iter()
-            .any(|r| r["gateway"] == "gw1" && r["state"] == "online"),
+            .any(|r| r["id"] == "gw1" && r["state"] == "online"),
         "{rows:?}"
     );
     // An unreachable gateway: push gives up with exit 1.

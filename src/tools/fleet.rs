@@ -133,7 +133,7 @@ pub fn applied(r: &ConfigResult) -> bool {
 #[derive(Debug, Default, Clone, serde::Serialize)]
 pub struct Row {
     /// Gateway id (the topic level before `status`).
-    pub gateway: String,
+    pub id: String,
     /// Its output prefix.
     pub prefix: String,
     /// `online` or `offline`.
@@ -145,15 +145,15 @@ pub struct Row {
     /// Epoch ms of its start.
     pub started_at: Option<i64>,
     /// Groups in its latest metrics.
-    pub groups: Option<usize>,
+    pub groups: Option<Vec<String>>,
     /// The largest watermark lag of its groups, ms.
     pub worst_lag_ms: Option<i64>,
     /// Outputs waiting in its outbox.
     pub outbox_depth: Option<u64>,
     /// Devices offline over all groups.
     pub devices_offline: Option<u64>,
-    /// Gateway clock verdict, and its error estimate in ms.
-    pub gateway_clock: Option<String>,
+    /// Its `gateway_clock` figures (verdict, error_ms, kernel_synced...).
+    pub gateway_clock: Option<Value>,
     /// Epoch ms of the latest metrics.
     pub metrics_at: Option<i64>,
 }
@@ -238,7 +238,7 @@ fn seen(rows: &mut BTreeMap<String, Row>, topic: &str, payload: &[u8]) {
     let (prefix, leaf) = topic.rsplit_once('/').unwrap_or((topic, ""));
     let Some(v) = decode(payload) else { return };
     let row = rows.entry(prefix.to_owned()).or_insert_with(|| Row {
-        gateway: prefix.rsplit('/').next().unwrap_or(prefix).to_owned(),
+        id: prefix.rsplit('/').next().unwrap_or(prefix).to_owned(),
         prefix: prefix.to_owned(),
         state: "unknown".into(),
         ..Row::default()
@@ -253,7 +253,7 @@ fn seen(rows: &mut BTreeMap<String, Row>, topic: &str, payload: &[u8]) {
         }
         "metrics" => {
             let groups = v["groups"].as_object();
-            row.groups = groups.map(|g| g.len());
+            row.groups = groups.map(|g| g.keys().cloned().collect());
             row.worst_lag_ms =
                 groups.and_then(|g| g.values().filter_map(|g| g["lag_ms"].as_i64()).max());
             row.devices_offline = groups.map(|g| {
@@ -262,11 +262,7 @@ fn seen(rows: &mut BTreeMap<String, Row>, topic: &str, payload: &[u8]) {
                     .sum()
             });
             row.outbox_depth = v["counters"]["outbox_depth"].as_u64();
-            let c = &v["gateway_clock"];
-            row.gateway_clock = s(&c["verdict"]).map(|verdict| match c["error_ms"].as_i64() {
-                Some(e) if e != 0 => format!("{verdict} {e:+}ms"),
-                _ => verdict,
-            });
+            row.gateway_clock = v.get("gateway_clock").cloned();
             row.metrics_at = v["at"].as_i64();
             if row.state == "unknown" {
                 row.state = "online".into();
@@ -295,16 +291,16 @@ pub fn table(rows: &BTreeMap<String, Row>) -> String {
     ];
     for r in rows.values() {
         lines.push([
-            r.gateway.clone(),
+            r.id.clone(),
             r.state.clone(),
             r.version.clone().unwrap_or_else(dash),
             r.config_hash.clone().unwrap_or_else(dash),
-            r.groups.map_or_else(dash, |g| g.to_string()),
+            r.groups.as_ref().map_or_else(dash, |g| g.len().to_string()),
             r.worst_lag_ms
                 .map_or_else(dash, |l| format!("{:.1}s", l as f64 / 1000.0)),
             r.outbox_depth.map_or_else(dash, |d| d.to_string()),
             r.devices_offline.map_or_else(dash, |d| d.to_string()),
-            r.gateway_clock.clone().unwrap_or_else(dash),
+            r.gateway_clock.as_ref().map_or_else(dash, clock),
         ]);
     }
     let widths: Vec<usize> = (0..9)
@@ -324,6 +320,15 @@ pub fn table(rows: &BTreeMap<String, Row>) -> String {
         out.push_str("(no gateway has published a status on this broker)\n");
     }
     out
+}
+
+/// `trusted`, or `wrong -86400024ms`.
+fn clock(c: &Value) -> String {
+    let verdict = c["verdict"].as_str().unwrap_or("-");
+    match c["error_ms"].as_i64() {
+        Some(e) if e != 0 => format!("{verdict} {e:+}ms"),
+        _ => verdict.to_owned(),
+    }
 }
 
 /// JSON or CBOR (`[sink] format`) into a JSON value.
