@@ -96,13 +96,20 @@ fn status(up: &Mosquitto, gw: &str) -> Value {
         .unwrap_or(Value::Null)
 }
 
-/// `fleet push`: its exit code and the result it printed.
-fn push(up: &Mosquitto, key: &Path, gw: &str, id: u64, doc: &Path) -> (i32, Value) {
-    let o = tidemark(&[
+/// `tidemark fleet push` of `doc` as document `id` for `gw`, signed with `key`.
+fn push_cmd(
+    url: &str,
+    key: &Path,
+    gw: &str,
+    id: u64,
+    doc: &Path,
+    timeout_s: u32,
+) -> std::process::Output {
+    tidemark(&[
         "fleet",
         "push",
         "--url",
-        &up.url(),
+        url,
         "--key",
         &key.display().to_string(),
         "--gateway",
@@ -110,9 +117,14 @@ fn push(up: &Mosquitto, key: &Path, gw: &str, id: u64, doc: &Path) -> (i32, Valu
         "--id",
         &id.to_string(),
         "--timeout-s",
-        "30",
+        &timeout_s.to_string(),
         &doc.display().to_string(),
-    ]);
+    ])
+}
+
+/// `fleet push`: its exit code and the result it printed.
+fn push(up: &Mosquitto, key: &Path, gw: &str, id: u64, doc: &Path) -> (i32, Value) {
+    let o = push_cmd(&up.url(), key, gw, id, doc, 30);
     let r = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
     assert!(r.is_object(), "{}", text(&o));
     (o.status.code().unwrap_or(-1), r)
@@ -439,21 +451,7 @@ fn two_gateways_take_signed_documents_reject_bad_ones_roll_back_a_broken_source_
     let started = now_ms();
     let pusher = {
         let (url, key, broken) = (up.url(), key.clone(), broken.clone());
-        std::thread::spawn(move || {
-            tidemark(&[
-                "fleet",
-                "push",
-                "--url",
-                &url,
-                "--key",
-                &key.display().to_string(),
-                "--gateway",
-                "gw1",
-                "--id",
-                "4",
-                &broken.display().to_string(),
-            ])
-        })
+        std::thread::spawn(move || push_cmd(&url, &key, "gw1", 4, &broken, 120))
     };
     wait_until(
         Duration::from_secs(20),
@@ -548,36 +546,17 @@ fn two_gateways_take_signed_documents_reject_bad_ones_roll_back_a_broken_source_
         "{rows:?}"
     );
     // An unreachable gateway: push gives up with exit 1.
-    let o = tidemark(&[
-        "fleet",
-        "push",
-        "--url",
-        &up.url(),
-        "--key",
-        &key.display().to_string(),
-        "--gateway",
-        gw2.id,
-        "--id",
-        "9",
-        "--timeout-s",
-        "2",
-        &doc1_path.display().to_string(),
-    ]);
+    let o = push_cmd(&up.url(), &key, gw2.id, 9, &doc1_path, 2);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     // Bad arguments: exit 2.
-    let o = tidemark(&[
-        "fleet",
-        "push",
-        "--url",
+    let o = push_cmd(
         &up.url(),
-        "--key",
-        "/nonexistent",
-        "--gateway",
+        Path::new("/nonexistent"),
         "gw1",
-        "--id",
-        "9",
-        &doc1_path.display().to_string(),
-    ]);
+        9,
+        &doc1_path,
+        2,
+    );
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     gw1.proc.take().unwrap().terminate();
 }

@@ -25,6 +25,16 @@ fn entry(i: u64) -> OutboxEntry {
     }
 }
 
+/// A new engine on what `store` holds (as a restart reads it).
+fn reopened(store: &Store, cfg: &crate::config::Config) -> Engine {
+    let snap = read_snapshot(&*store.db.get().unwrap(), store.path()).unwrap();
+    let mut b = Engine::new(&cfg.engine());
+    b.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
+    b.restore_clock(snap.gateway_clock);
+    b.restore_sparkplug(snap.sparkplug);
+    b
+}
+
 fn feed(e: &mut Engine, from: i64, to: i64, out: &mut Vec<Output>) {
     for s in from..to {
         let t = T0 + s * 1000;
@@ -100,11 +110,7 @@ fn readings_waiting_for_the_gateway_clock_verdict_survive_a_checkpoint() {
     assert_eq!(a.gateway_clock().waiting.len(), 1);
     assert!(out.is_empty(), "{out:?}");
     store.commit(&batch_of(&mut a)).unwrap();
-    let snap = read_snapshot(&*store.db.get().unwrap(), store.path()).unwrap();
-    let mut b = Engine::new(&cfg.engine());
-    b.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
-    b.restore_clock(snap.gateway_clock);
-    b.restore_sparkplug(snap.sparkplug);
+    let mut b = reopened(&store, &cfg);
     assert_eq!(b.gateway_clock(), a.gateway_clock());
     let (mut out_a, mut out_b) = (Vec::new(), Vec::new());
     feed_day_ahead(&mut a, 1, 120, &mut out_a);
@@ -139,11 +145,7 @@ fn revision_pending_at_commit_is_emitted_after_restore_without_watermark_advance
         &mut out,
     );
     store.commit(&batch_of(&mut a)).unwrap();
-    let snap = read_snapshot(&*store.db.get().unwrap(), store.path()).unwrap();
-    let mut b = Engine::new(&cfg.engine());
-    b.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
-    b.restore_clock(snap.gateway_clock);
-    b.restore_sparkplug(snap.sparkplug);
+    let mut b = reopened(&store, &cfg);
     // Same instant as the last tick: the watermark does not move.
     let (mut out_a, mut out_b) = (Vec::new(), Vec::new());
     a.on_tick(Now::at(T0 + 69_500), &mut out_a);

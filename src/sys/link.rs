@@ -80,6 +80,22 @@ pub struct LinkOptions<'a> {
     pub inflight: u16,
 }
 
+impl<'a> LinkOptions<'a> {
+    /// A tool's own link (capture, fleet): MQTT 5, a clean session, automatic
+    /// acks, no will.
+    pub fn tool(endpoint: &'a Endpoint, inflight: u16) -> Self {
+        Self {
+            endpoint,
+            v5: true,
+            persistent: false,
+            session_expiry_s: 0,
+            manual_acks: false,
+            will: None,
+            inflight,
+        }
+    }
+}
+
 /// The client half (requests); cheap to clone.
 #[derive(Clone)]
 pub enum Client {

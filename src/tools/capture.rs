@@ -57,15 +57,7 @@ pub fn run(o: &CaptureOptions<'_>) -> Result<u64, CaptureError> {
         format!("tidemark-capture-{}", std::process::id()),
         1,
     );
-    let (client, mut lp) = link::build(&LinkOptions {
-        endpoint: &endpoint,
-        v5: true,
-        persistent: false,
-        session_expiry_s: 0,
-        manual_acks: false,
-        will: None,
-        inflight: 100,
-    })?;
+    let (client, mut lp) = link::build(&LinkOptions::tool(&endpoint, 100))?;
     let mut out: Box<dyn Write> = match o.output {
         Some(p) => Box::new(
             std::fs::OpenOptions::new()

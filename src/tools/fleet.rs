@@ -347,15 +347,7 @@ fn connect(url: &str, what: &str) -> Result<(Client, Loop), FleetError> {
         format!("tidemark-fleet-{what}-{}", std::process::id()),
         1,
     );
-    Ok(link::build(&LinkOptions {
-        endpoint: &endpoint,
-        v5: true,
-        persistent: false,
-        session_expiry_s: 0,
-        manual_acks: false,
-        will: None,
-        inflight: 10,
-    })?)
+    Ok(link::build(&LinkOptions::tool(&endpoint, 10))?)
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, FleetError> {
