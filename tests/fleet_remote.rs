@@ -268,7 +268,9 @@ fn two_gateways_take_signed_documents_reject_bad_ones_roll_back_a_broken_source_
     // Applied: a window rule for a group of its own, in place.
     let doc1 = "[groups.probe]\nwindow = { kind = \"tumbling\", size_ms = 4000 }\n";
     let doc1_path = write(d, "doc1.toml", doc1);
+    let pushed = now_ms();
     let (code, r) = push(&up, &key, "gw1", 1, &doc1_path);
+    eprintln!("fleet push to applied: {} ms", now_ms() - pushed);
     assert_eq!(
         (code, &r["result"]),
         (0, &Value::from("applied")),
@@ -472,6 +474,7 @@ fn two_gateways_take_signed_documents_reject_bad_ones_roll_back_a_broken_source_
         "{r}"
     );
     assert_eq!(r["hash"], hash3.as_str(), "{r}");
+    eprintln!("fleet push to rolled back (confirm_s {CONFIRM_S}): {took} ms");
     // Within confirm_s, and well before the push gives up.
     assert!(
         took < i64::try_from(CONFIRM_S + 10).unwrap() * 1000,
