@@ -475,11 +475,9 @@ fn two_gateways_take_signed_documents_reject_bad_ones_roll_back_a_broken_source_
     );
     assert_eq!(r["hash"], hash3.as_str(), "{r}");
     eprintln!("fleet push to rolled back (confirm_s {CONFIRM_S}): {took} ms");
-    // Within confirm_s, and well before the push gives up.
-    assert!(
-        took < i64::try_from(CONFIRM_S + 10).unwrap() * 1000,
-        "{took} ms"
-    );
+    // It waited out confirm_s (the mechanism bounds it), and came before the push gave up.
+    let confirm_ms = i64::try_from(CONFIRM_S).unwrap() * 1000;
+    assert!(took >= confirm_ms - 500 && took < 120_000, "{took} ms");
     devices.flush();
     wait_or_explain(
         Duration::from_secs(60),

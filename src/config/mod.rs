@@ -309,13 +309,12 @@ pub fn load_gateway(
             return Ok((local, None, Some(why)));
         }
     };
-    match load_with_remote(paths, &env, &remote.config) {
-        Ok(cfg) => Ok((cfg, Some(remote), None)),
-        Err(e) => {
+    match over_remote(local, paths, &env, &remote.config) {
+        (cfg, None) => Ok((cfg, Some(remote), None)),
+        (local, Some(why)) => {
             let why = format!(
-                "remote layer (document {}) left out: {}; running on the local config",
-                remote.id,
-                e.problems.join("; ")
+                "remote layer (document {}) left out: {why}; running on the local config",
+                remote.id
             );
             // Its ids stay taken.
             let kept = crate::fleet::Remote {
@@ -325,6 +324,24 @@ pub fn load_gateway(
             };
             Ok((local, Some(kept), Some(why)))
         }
+    }
+}
+
+/// `local` (the files and `env`) with the remote layer `remote` above the files
+/// when `local` enables `[fleet]`; a layer that no longer fits them is left out,
+/// with the reason.
+pub fn over_remote(
+    local: Config,
+    paths: &[PathBuf],
+    env: &BTreeMap<String, String>,
+    remote: &str,
+) -> (Config, Option<String>) {
+    if !local.fleet.enabled || remote.is_empty() {
+        return (local, None);
+    }
+    match load_with_remote(paths, env, remote) {
+        Ok(cfg) => (cfg, None),
+        Err(e) => (local, Some(e.problems.join("; "))),
     }
 }
 

@@ -159,32 +159,21 @@ impl Reloader {
         self.targets.http
     }
 
-    /// The config files and environment again, with the remote layer in force.
-    fn load(&self, remote: &str) -> Result<Config, config::ConfigError> {
-        let env: BTreeMap<String, String> = std::env::vars().collect();
-        let local = config::load_with_env(&self.opts.paths, &env)?;
-        if !local.fleet.enabled || remote.is_empty() {
-            return Ok(local);
-        }
-        config::load_with_remote(&self.opts.paths, &env, remote)
-    }
-
-    /// One SIGHUP.
+    /// One SIGHUP: the files and environment again, with the remote layer in force.
     pub async fn reload(&mut self) {
         tracing::info!(files = ?self.opts.paths, "reload requested: reading the config again");
-        let mut new = match self.load("") {
+        let env: BTreeMap<String, String> = std::env::vars().collect();
+        let local = match config::load_with_env(&self.opts.paths, &env) {
             Ok(c) => c,
             Err(e) => return self.reject(e.problems),
         };
-        if new.fleet.enabled && !self.remote.config.is_empty() {
-            match self.load(&self.remote.config.clone()) {
-                Ok(c) => new = c,
-                Err(e) => tracing::warn!(
-                    document = self.remote.id,
-                    "the remote layer does not fit the new local config and is left out: {}",
-                    e.problems.join("; ")
-                ),
-            }
+        let (new, left_out) =
+            config::over_remote(local, &self.opts.paths, &env, &self.remote.config);
+        if let Some(why) = left_out {
+            tracing::warn!(
+                document = self.remote.id,
+                "the remote layer does not fit the new local config and is left out: {why}"
+            );
         }
         if let Err(errors) = self.apply(new).await {
             self.reject(errors);
@@ -349,7 +338,8 @@ impl Reloader {
             let why = format!("invalid: document {} is still being confirmed", p.id);
             return self.result(id, Outcome::Rejected, None, vec![why]);
         }
-        let new = match self.load(&doc.config) {
+        let env: BTreeMap<String, String> = std::env::vars().collect();
+        let new = match config::load_with_remote(&self.opts.paths, &env, &doc.config) {
             Ok(c) => c,
             Err(e) => {
                 let errors = e.problems.iter().map(|p| format!("invalid: {p}")).collect();
