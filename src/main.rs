@@ -354,6 +354,7 @@ fn simulate(a: &SimulateArgs) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    tidemark::sys::memory::tune();
     let cli = Cli::parse();
     let command = match (cli.command, cli.config) {
         (Some(c), top) if top.is_empty() => c,

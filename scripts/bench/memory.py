@@ -82,6 +82,54 @@ def over_time(bin, minutes):
     return samples
 
 
+def hwm_mib(gw):
+    with open(f"/proc/{gw.proc.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def steady(bin, devices, every_s, seconds):
+    """RSS once every device's clock estimator is full: `devices` send one reading
+    each every `every_s` seconds for `seconds`; RSS every 5 s, the peak (VmHWM), and
+    the settled RSS once the load has stopped and the outbox is empty."""
+    src, up = report.Mosquitto(), report.Mosquitto()
+    state = tempfile.mkdtemp(prefix="tm-bench-mem-")
+    gw = report.Gateway(bin, state, src.url, up.url)
+    src.wait_subscribed("tidemark-bench-in")
+    report.wait_for(lambda: gw.metric("tidemark_received_total") is not None, "metrics")
+    rate = max(1, round(devices / every_s))
+    load = threading.Thread(target=report.simulate, args=(
+        bin, src.url, "--devices", devices, "--groups", GROUPS, "--rate", rate,
+        "--duration-s", seconds, "--qos", 1, "--connections", 2))
+    load.start()
+    samples = []
+    t0 = time.monotonic()
+    while load.is_alive():
+        time.sleep(5 - (time.monotonic() - t0) % 5)
+        if load.is_alive():
+            samples.append((time.monotonic() - t0, gw.rss_mib()))
+            print(f"  t={samples[-1][0]:.0f}s rss={samples[-1][1]:.1f} MiB "
+                  f"received={gw.metric('tidemark_received_total'):.0f}", flush=True)
+    load.join()
+    sent = gw.metric("tidemark_received_total")
+    report.wait_for(lambda: gw.metric("tidemark_outbox_depth") == 0, "outbox to drain", every=0.1)
+    time.sleep(6)
+    m = gw.metrics() or {}
+    out = {"devices": devices, "every_s": every_s, "seconds": seconds, "rate": rate,
+           "received": m.get("tidemark_received_total", sent),
+           "windows": m.get("tidemark_windows_emitted_total", 0),
+           "last_under_load": samples[-1][1] if samples else 0.0,
+           "max_under_load": max((s[1] for s in samples), default=0.0),
+           "peak": hwm_mib(gw), "settled": gw.rss_mib()}
+    gw.stop()
+    src.stop()
+    up.stop()
+    shutil.rmtree(state, ignore_errors=True)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--minutes", type=float, default=10)
@@ -89,9 +137,16 @@ def main():
                     help="fleet sizes, comma-separated")
     ap.add_argument("--quick", action="store_true",
                     help="print the tables, write nothing (with --minutes 0: sizes only)")
+    ap.add_argument("--steady", default="",
+                    help="DEVICES:EVERY_S:SECONDS[,...]: only the steady-state rows, printed")
     a = ap.parse_args()
     report.ensure_mosquitto()
     bin = report.tidemark_bin()
+    if a.steady:
+        for spec in a.steady.split(","):
+            d, e, s = spec.split(":")
+            print(steady(bin, int(d), float(e), int(s)), flush=True)
+        return
     rows = []
     for n in (int(x) for x in a.sizes.split(",")):
         idle, rss, db = by_size(bin, n)

@@ -147,8 +147,11 @@ impl Wal {
         self.file.write_all_at(&self.buf, self.offset)?;
         self.file.sync_data()?;
         self.index += 1;
-        self.offset += self.buf.len() as u64;
-        Ok(self.buf.len() as u64)
+        let written = self.buf.len() as u64;
+        self.offset += written;
+        // A burst's record is rare: its room is not kept resident.
+        crate::sys::memory::shed(&mut self.buf, 256 * 1024);
+        Ok(written)
     }
 
     /// Starts over at offset 0 under `generation` (after a checkpoint named it).

@@ -13,3 +13,27 @@ pub fn give_back() {
         libc::malloc_trim(0);
     }
 }
+
+/// Blocks at least this large come straight from the kernel and go back to it when freed.
+const MMAP_THRESHOLD: libc::c_int = 128 * 1024;
+
+/// Fixes glibc's mmap threshold at 128 KiB. Left to itself glibc raises the threshold
+/// to the largest block freed so far (up to 32 MiB), after which a burst's large
+/// buffers (a tick's window results, their journal record, a checkpoint's device
+/// list) are carved from the arenas and stay resident after they are freed.
+/// Call before other threads start.
+pub fn tune() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets the allocator's parameters; called before other threads.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
+    }
+}
+
+/// Drops a reused buffer's room once a burst has grown it past `keep` elements:
+/// room kept for a rare burst is resident for the life of the process.
+pub fn shed<T>(v: &mut Vec<T>, keep: usize) {
+    if v.capacity() > keep.saturating_mul(2) {
+        v.shrink_to(keep.max(v.len()));
+    }
+}

@@ -59,12 +59,11 @@ pub const YOUNG_DOWN_MS: i64 = 60_000;
 /// Bucket capacity (the largest allowed `skew_window`).
 pub const MAX_BUCKETS: usize = 64;
 
-/// One second of samples, 24 bytes (a device keeps `skew_window` of them);
-/// persisted as [`BucketRepr`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(from = "BucketRepr", into = "BucketRepr")]
+/// One second of samples, 16 bytes (a device keeps `skew_window` of them). Only
+/// the newest bucket's second is ever read, so the estimator keeps that one
+/// second and the buckets keep only their samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Bucket {
-    sec: i64,
     /// Smallest ordinary sample of the second; [`NONE`] when every sample of it was held out.
     min: Millis,
     /// Largest ordinary sample, or [`NONE`].
@@ -75,9 +74,9 @@ struct Bucket {
 const NONE: Millis = Millis::MIN;
 
 impl Bucket {
-    fn new(sec: i64, offset: Option<Millis>) -> Self {
+    fn new(offset: Option<Millis>) -> Self {
         let v = offset.map_or(NONE, |o| o.max(NONE + 1));
-        Self { sec, min: v, hi: v }
+        Self { min: v, hi: v }
     }
 
     fn min(&self) -> Option<Millis> {
@@ -89,7 +88,8 @@ impl Bucket {
     }
 }
 
-#[derive(Serialize, Deserialize)]
+/// A bucket as state written before the packed form stored it: one map per bucket.
+#[derive(Deserialize)]
 struct BucketRepr {
     sec: i64,
     min: Option<Millis>,
@@ -98,22 +98,70 @@ struct BucketRepr {
     hi: Option<Millis>,
 }
 
-impl From<BucketRepr> for Bucket {
-    fn from(r: BucketRepr) -> Self {
-        let mut b = Bucket::new(r.sec, r.min);
-        b.hi = r.hi.map_or(NONE, |o| o.max(NONE + 1));
+impl BucketRepr {
+    fn bucket(&self) -> Bucket {
+        let mut b = Bucket::new(self.min);
+        b.hi = self.hi.map_or(NONE, |o| o.max(NONE + 1));
         b
     }
 }
 
-impl From<Bucket> for BucketRepr {
-    fn from(b: Bucket) -> Self {
-        Self {
-            sec: b.sec,
-            min: b.min(),
-            hi: b.hi(),
+/// The buckets as persisted: each bucket's `min` less the previous one's, then
+/// its `hi` less its `min`, as zigzag varints (wrapping, so exact for every
+/// value): 3-6 bytes a bucket instead of a ~30-byte map.
+fn pack(buckets: &VecDeque<Bucket>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(buckets.len() * 6);
+    let mut prev: Millis = 0;
+    for b in buckets {
+        put_varint(&mut out, zigzag(b.min.wrapping_sub(prev)));
+        put_varint(&mut out, zigzag(b.hi.wrapping_sub(b.min)));
+        prev = b.min;
+    }
+    out
+}
+
+fn unpack(bytes: &[u8]) -> Option<VecDeque<Bucket>> {
+    let mut out = VecDeque::new();
+    let (mut at, mut prev) = (0usize, 0 as Millis);
+    while at < bytes.len() {
+        if out.len() == MAX_BUCKETS {
+            return None;
+        }
+        let min = prev.wrapping_add(unzigzag(get_varint(bytes, &mut at)?));
+        let hi = min.wrapping_add(unzigzag(get_varint(bytes, &mut at)?));
+        out.push_back(Bucket { min, hi });
+        prev = min;
+    }
+    Some(out)
+}
+
+fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+fn unzigzag(v: u64) -> i64 {
+    ((v >> 1) as i64) ^ -((v & 1) as i64)
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn get_varint(bytes: &[u8], at: &mut usize) -> Option<u64> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let b = *bytes.get(*at)?;
+        *at += 1;
+        v |= u64::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            return Some(v);
         }
     }
+    None
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -144,21 +192,84 @@ pub enum Sample {
 }
 
 /// Min-filter offset estimator over one-second buckets of arrival time.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SkewEstimator {
     /// Oldest first; at most `skew_window` entries.
     /// On the heap, grown up to `skew_window` entries (32 by default) rather than
     /// inline at the 64 maximum: 2.5 KiB per device, most of it never used.
     buckets: VecDeque<Bucket>,
-    /// Step candidate (renamed from an earlier format; an old one is dropped).
-    /// Boxed: rare, and 56 bytes inline in every device.
-    #[serde(default)]
+    /// Second (of the raw wall clock) of the newest bucket.
+    sec: i64,
+    /// Step candidate. Boxed: rare, and 56 bytes inline in every device.
     step: Option<Box<Candidate>>,
     /// Minimum over `buckets`, kept with them (read on every message).
     est: Option<Millis>,
     /// Largest ordinary sample over `buckets`.
+    hi: Option<Millis>,
+}
+
+/// The persisted form, written packed (see [`pack`]).
+#[derive(Serialize)]
+struct SkewOut<'a> {
+    #[serde(with = "serde_bytes")]
+    packed: Vec<u8>,
+    sec: i64,
+    step: &'a Option<Box<Candidate>>,
+    est: Option<Millis>,
+    hi: Option<Millis>,
+}
+
+/// The persisted form as read: packed, or one map per bucket (state written before).
+#[derive(Deserialize)]
+struct SkewIn {
+    #[serde(default, with = "serde_bytes")]
+    packed: Option<Vec<u8>>,
+    #[serde(default)]
+    sec: i64,
+    #[serde(default)]
+    buckets: Vec<BucketRepr>,
+    /// Renamed from an earlier format; an old one is dropped.
+    #[serde(default)]
+    step: Option<Box<Candidate>>,
+    est: Option<Millis>,
     #[serde(default)]
     hi: Option<Millis>,
+}
+
+impl Serialize for SkewEstimator {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        SkewOut {
+            packed: pack(&self.buckets),
+            sec: self.sec,
+            step: &self.step,
+            est: self.est,
+            hi: self.hi,
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for SkewEstimator {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let r = SkewIn::deserialize(d)?;
+        let (buckets, sec) = match &r.packed {
+            Some(p) => (
+                unpack(p).ok_or_else(|| serde::de::Error::custom("bad packed clock buckets"))?,
+                r.sec,
+            ),
+            None => (
+                r.buckets.iter().map(BucketRepr::bucket).collect(),
+                r.buckets.last().map_or(0, |b| b.sec),
+            ),
+        };
+        Ok(Self {
+            buckets,
+            sec,
+            step: r.step,
+            est: r.est,
+            hi: r.hi,
+        })
+    }
 }
 
 impl SkewEstimator {
@@ -169,7 +280,7 @@ impl SkewEstimator {
 
     /// The second (of the raw wall clock) of the last sample, taken or held out.
     pub fn last_second(&self) -> Option<i64> {
-        self.buckets.back().map(|b| b.sec)
+        (!self.buckets.is_empty()).then_some(self.sec)
     }
 
     /// Delay spread the device has shown: largest excess of an ordinary sample over the estimate.
@@ -193,9 +304,8 @@ impl SkewEstimator {
                 *v = v.saturating_add(delta).max(NONE + 1);
             }
         };
-        let secs = delta.div_euclid(1000);
+        self.sec = self.sec.saturating_add(delta.div_euclid(1000));
         for b in &mut self.buckets {
-            b.sec = b.sec.saturating_add(secs);
             shift(&mut b.min);
             shift(&mut b.hi);
         }
@@ -268,8 +378,8 @@ impl SkewEstimator {
         let sec = arrival.div_euclid(1000);
         match self.buckets.back_mut() {
             // Same second, or a stepped wall clock running backwards: fold into the newest bucket.
-            Some(last) if sec <= last.sec => {
-                let b = Bucket::new(sec, offset);
+            Some(last) if sec <= self.sec => {
+                let b = Bucket::new(offset);
                 last.min = min_some(last.min(), b.min()).unwrap_or(NONE);
                 last.hi = last.hi.max(b.hi);
             }
@@ -285,7 +395,8 @@ impl SkewEstimator {
                     self.buckets
                         .reserve_exact(room.min(window.saturating_sub(self.buckets.len())));
                 }
-                self.buckets.push_back(Bucket::new(sec, offset));
+                self.buckets.push_back(Bucket::new(offset));
+                self.sec = sec;
             }
         }
         // A window of held-out samples only (a long unconfirmed divergence) keeps the estimate.
@@ -369,11 +480,56 @@ mod tests {
         ciborium::ser::into_writer(&e, &mut buf).unwrap();
         let back: SkewEstimator = ciborium::de::from_reader(&buf[..]).unwrap();
         assert_eq!(back, e);
-        // State written before `hi` existed.
-        let mut old = Vec::new();
-        ciborium::ser::into_writer(&serde_json::json!({ "sec": 7, "min": 40 }), &mut old).unwrap();
-        let b: Bucket = ciborium::de::from_reader(&old[..]).unwrap();
-        assert_eq!((b.sec, b.min(), b.hi()), (7, Some(40), None));
+        assert!(
+            buf.len() < 400,
+            "packed: {} bytes for {} buckets",
+            buf.len(),
+            e.buckets.len()
+        );
+    }
+
+    #[test]
+    fn state_written_with_one_map_per_bucket_still_reads() {
+        // The form before the packed one; its first bucket from before `hi` existed.
+        let old = serde_json::json!({
+            "buckets": [
+                { "sec": 7, "min": 40 },
+                { "sec": 8, "min": null, "hi": null },
+                { "sec": 9, "min": 35, "hi": 90 },
+            ],
+            "est": 35,
+            "hi": 90,
+        });
+        let mut buf = Vec::new();
+        ciborium::ser::into_writer(&old, &mut buf).unwrap();
+        let e: SkewEstimator = ciborium::de::from_reader(&buf[..]).unwrap();
+        let b: Vec<_> = e.buckets.iter().map(|b| (b.min(), b.hi())).collect();
+        assert_eq!(b, [(Some(40), None), (None, None), (Some(35), Some(90))]);
+        assert_eq!(
+            (e.last_second(), e.estimate(), e.jitter()),
+            (Some(9), Some(35), 55)
+        );
+    }
+
+    #[test]
+    fn packed_buckets_round_trip_every_value() {
+        use proptest::prelude::*;
+        let value = prop_oneof![
+            Just(NONE),
+            Just(NONE + 1),
+            Just(Millis::MAX),
+            any::<i64>(),
+            -100_000i64..100_000
+        ];
+        proptest!(|(v in proptest::collection::vec((value.clone(), value), 0..=MAX_BUCKETS))| {
+            let buckets: VecDeque<Bucket> = v.iter().map(|&(min, hi)| Bucket { min, hi }).collect();
+            prop_assert_eq!(unpack(&pack(&buckets)), Some(buckets));
+        });
+        // Truncated or overlong input is refused, not misread.
+        let b: VecDeque<Bucket> = [Bucket { min: 5, hi: 300 }].into_iter().collect();
+        let p = pack(&b);
+        assert_eq!(unpack(&p[..p.len() - 1]), None);
+        assert_eq!(unpack(&[0xff; 11]), None);
     }
 
     /// A device whose clock is `offset` behind the gateway, sending every `every` ms with `delay`.
