@@ -76,7 +76,7 @@ fn main() {
                 .iter()
                 .map(|o| OutboxEntry {
                     topic: o.topic("tidemark/bench"),
-                    payload: o.encode(tidemark::config::SinkFormat::Json),
+                    payload: o.encode(tidemark::config::SinkFormat::Json).into(),
                     retain: o.retain(),
                     at: T0,
                 })

@@ -275,7 +275,7 @@ impl Driver {
             .drain(..)
             .map(|o| OutboxEntry {
                 topic: o.topic(&self.prefix),
-                payload: o.encode(self.format),
+                payload: o.encode(self.format).into(),
                 retain: o.retain(),
                 at: now.wall,
             })

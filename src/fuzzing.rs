@@ -159,7 +159,7 @@ impl Checkpoint {
         for g in c.groups {
             self.groups.insert(g.name.to_string(), g);
         }
-        for d in c.devices {
+        for d in c.devices.decode() {
             self.devices
                 .insert((d.group.to_string(), d.id.to_string()), d);
         }

@@ -79,7 +79,81 @@ pub struct WindowResult {
     /// Heartbeats.
     pub heartbeats: u64,
     /// Per-metric aggregates by name.
-    pub metrics: BTreeMap<MetricName, MetricOut>,
+    pub metrics: MetricsOut,
+}
+
+/// A window result's metrics, sorted by name; written as a map. A sorted list
+/// of exactly the metrics present: a map's node took ~1.4 KiB a result, 14 MiB
+/// when 10 000 windows close in one tick.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MetricsOut(Vec<(MetricName, MetricOut)>);
+
+impl MetricsOut {
+    /// Adds or replaces a metric, keeping the names in order.
+    pub fn insert(&mut self, name: MetricName, m: MetricOut) {
+        match self
+            .0
+            .binary_search_by(|(n, _)| n.as_str().cmp(name.as_str()))
+        {
+            Ok(i) => self.0[i].1 = m,
+            Err(i) => self.0.insert(i, (name, m)),
+        }
+    }
+
+    /// One metric by name.
+    pub fn get(&self, name: &str) -> Option<&MetricOut> {
+        self.0
+            .binary_search_by(|(n, _)| n.as_str().cmp(name))
+            .ok()
+            .map(|i| &self.0[i].1)
+    }
+
+    /// The metrics in name order.
+    pub fn iter(&self) -> impl Iterator<Item = (&MetricName, &MetricOut)> {
+        self.0.iter().map(|(n, m)| (n, m))
+    }
+
+    /// Metrics held.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// No metrics.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl FromIterator<(MetricName, MetricOut)> for MetricsOut {
+    fn from_iter<I: IntoIterator<Item = (MetricName, MetricOut)>>(it: I) -> Self {
+        let mut v: Vec<_> = it.into_iter().collect();
+        v.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+        // Last one wins on a repeated name, as a map's insert.
+        v.reverse();
+        v.dedup_by(|later, earlier| later.0 == earlier.0);
+        v.reverse();
+        v.shrink_to_fit();
+        Self(v)
+    }
+}
+
+impl std::ops::Index<&str> for MetricsOut {
+    type Output = MetricOut;
+    fn index(&self, name: &str) -> &MetricOut {
+        self.get(name)
+            .unwrap_or_else(|| panic!("no metric {name:?} in the window result"))
+    }
+}
+
+impl Serialize for MetricsOut {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (n, v) in &self.0 {
+            m.serialize_entry(n.as_str(), v)?;
+        }
+        m.end()
+    }
 }
 
 /// One metric of a window result.
@@ -301,7 +375,7 @@ mod tests {
     use super::*;
 
     fn build_window() -> Output {
-        let mut metrics = BTreeMap::new();
+        let mut metrics = MetricsOut::default();
         metrics.insert(
             MetricName::try_from("temp").unwrap(),
             MetricOut {

@@ -28,7 +28,7 @@ mod sparkplug;
 mod state;
 
 pub use config::{EngineConfig, GroupConfig, GroupRules};
-pub use state::{Changes, Counters, Device, Group, GroupStats, RuleEpoch};
+pub use state::{Changes, Counters, Device, DeviceRecords, Group, GroupStats, RuleEpoch};
 
 /// A device's liveness (SPEC §7, §11).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -160,6 +160,8 @@ pub struct Engine {
     scratch: Option<Box<Decoded>>,
     /// Reused list of the devices a tick visits in one group.
     visit: Vec<u32>,
+    /// Bytes of a device's record in the last checkpoint (sizes the next one's buffer).
+    record_bytes: usize,
     /// Sparkplug B ingest (SPEC §10).
     sparkplug: sparkplug::State,
 }
@@ -189,6 +191,7 @@ impl Engine {
             estimates: Vec::new(),
             scratch: Some(Box::default()),
             visit: Vec::new(),
+            record_bytes: 512,
             sparkplug: sparkplug::State::new(&cfg.sparkplug),
         }
     }
@@ -412,7 +415,7 @@ impl Engine {
     pub fn take_changes(&mut self) -> Changes {
         let mut c = Changes {
             groups: Vec::with_capacity(self.dirty_groups.len()),
-            devices: Vec::with_capacity(self.dirty_devices.len()),
+            devices: DeviceRecords::with_capacity(self.dirty_devices.len(), self.record_bytes),
             metric_names: Vec::new(),
             counters: self.counters.clone(),
             clock: self.clock.clone(),
@@ -426,7 +429,11 @@ impl Engine {
         for d in self.dirty_devices.drain(..) {
             let slot = &mut self.devices[d as usize];
             slot.dirty = false;
-            c.devices.push(slot.state.clone());
+            c.devices.push(&slot.state);
+        }
+        if !c.devices.is_empty() {
+            // The next checkpoint's buffer is sized by this one's records (no doubling).
+            self.record_bytes = c.devices.bytes() / c.devices.len() + 16;
         }
         for (i, n) in self
             .metric_names

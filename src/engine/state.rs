@@ -143,8 +143,8 @@ pub struct GroupStats {
 pub struct Changes {
     /// Changed groups.
     pub groups: Vec<Group>,
-    /// Changed devices.
-    pub devices: Vec<Device>,
+    /// Changed devices, encoded as the store keeps them.
+    pub devices: DeviceRecords,
     /// New metric names with their indexes.
     pub metric_names: Vec<(u16, MetricName)>,
     /// Counters at this point.
@@ -153,4 +153,71 @@ pub struct Changes {
     pub clock: GatewayClock,
     /// Changed Sparkplug edge nodes.
     pub sparkplug: Vec<crate::sparkplug::EdgeNode>,
+}
+
+/// Changed devices as the store's records: (group, id) and the device's CBOR,
+/// back to back in one buffer. A checkpoint of every device of a 10 000-device
+/// fleet is ~4 MB of records this way, against ~12 MB as cloned devices (their
+/// clock buckets, windows and duplicate filters on the heap).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct DeviceRecords {
+    bytes: Vec<u8>,
+    /// Per device: where its group, id and record end in `bytes`.
+    ends: Vec<[u32; 3]>,
+}
+
+impl DeviceRecords {
+    /// Room for `n` records of about `each` bytes.
+    pub fn with_capacity(n: usize, each: usize) -> Self {
+        Self {
+            bytes: Vec::with_capacity(n.saturating_mul(each)),
+            ends: Vec::with_capacity(n),
+        }
+    }
+
+    /// Appends a device's record.
+    pub fn push(&mut self, d: &Device) {
+        let end = |b: &Vec<u8>| u32::try_from(b.len()).unwrap_or(u32::MAX);
+        self.bytes.extend_from_slice(d.group.as_bytes());
+        let g = end(&self.bytes);
+        self.bytes.extend_from_slice(d.id.as_bytes());
+        let i = end(&self.bytes);
+        // Serializing plain data into a Vec cannot fail.
+        let _ = ciborium::ser::into_writer(d, &mut self.bytes);
+        self.ends.push([g, i, end(&self.bytes)]);
+    }
+
+    /// Records held.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// No records.
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// Bytes of the records.
+    pub fn bytes(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// (group, id, CBOR record) of each device, in the order pushed.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str, &[u8])> {
+        let mut start = 0usize;
+        self.ends.iter().map(move |&[g, i, r]| {
+            let (g, i, r) = (g as usize, i as usize, r as usize);
+            let text = |a: usize, b: usize| std::str::from_utf8(&self.bytes[a..b]).unwrap_or("");
+            let out = (text(start, g), text(g, i), &self.bytes[i..r]);
+            start = r;
+            out
+        })
+    }
+
+    /// The devices, decoded (tests and the fuzz harness).
+    pub fn decode(&self) -> Vec<Device> {
+        self.iter()
+            .filter_map(|(_, _, r)| ciborium::de::from_reader(r).ok())
+            .collect()
+    }
 }

@@ -257,7 +257,7 @@ mod tests {
     fn entry(seq: u64) -> OutboxEntry {
         OutboxEntry {
             topic: format!("t/{}", seq % 3),
-            payload: seq.to_be_bytes().to_vec(),
+            payload: seq.to_be_bytes().to_vec().into(),
             retain: false,
             at: 0,
         }

@@ -38,9 +38,10 @@ use schema::{
 pub struct OutboxEntry {
     /// Full topic.
     pub topic: String,
-    /// Encoded payload.
-    #[serde(with = "serde_bytes")]
-    pub payload: Vec<u8>,
+    /// Encoded payload; shared, not copied, by the journal's list of outputs not yet
+    /// folded into the outbox table and the uplink's queue (one copy of a burst, not two).
+    #[serde(with = "shared_bytes")]
+    pub payload: bytes::Bytes,
     /// Retain flag.
     pub retain: bool,
     /// Gateway clock when produced (for the oldest-entry age).
@@ -54,6 +55,17 @@ struct OutboxMeta {
     /// Bytes of the outbox table's values (absent in files written before it: counted at open).
     #[serde(default)]
     bytes: Option<u64>,
+}
+
+/// A payload as a CBOR byte string.
+mod shared_bytes {
+    pub fn serialize<S: serde::Serializer>(b: &bytes::Bytes, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(b)
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bytes::Bytes, D::Error> {
+        serde::Deserialize::deserialize(d).map(|b: serde_bytes::ByteBuf| b.into_vec().into())
+    }
 }
 
 /// Everything persisted, as read at startup.
@@ -413,9 +425,8 @@ impl Store {
         txn.set_durability(redb::Durability::Immediate)?;
         {
             let mut devices = txn.open_table(DEVICES)?;
-            for d in &ch.devices {
-                cbor(d, &mut self.buf);
-                devices.insert((d.group.as_str(), d.id.as_str()), self.buf.as_slice())?;
+            for (group, id, record) in ch.devices.iter() {
+                devices.insert((group, id), record)?;
             }
             let mut groups = txn.open_table(GROUPS)?;
             for g in &ch.groups {

@@ -79,7 +79,7 @@ mod tests {
     fn a_record_reads_back_as_written_and_garbage_is_refused() {
         let e = OutboxEntry {
             topic: "t".into(),
-            payload: b"{}".to_vec(),
+            payload: b"{}".to_vec().into(),
             retain: false,
             at: 7,
         };

@@ -19,7 +19,7 @@ fn batch_of(e: &mut Engine) -> Batch {
 fn entry(i: u64) -> OutboxEntry {
     OutboxEntry {
         topic: format!("t/{i}"),
-        payload: vec![u8::try_from(i % 256).unwrap()],
+        payload: vec![u8::try_from(i % 256).unwrap()].into(),
         retain: false,
         at: T0,
     }
@@ -204,7 +204,7 @@ fn outbox_byte_bound_drops_oldest_and_its_count_survives_restarts() {
     let dir = tempfile::tempdir().unwrap();
     let big = |i: u64| OutboxEntry {
         topic: format!("t/{i:03}"),
-        payload: vec![7; 1000],
+        payload: vec![7; 1000].into(),
         ..entry(i)
     };
     let size = {

@@ -297,13 +297,14 @@ impl Client {
     pub fn publish(
         &self,
         topic: &str,
-        payload: Vec<u8>,
+        payload: impl Into<bytes::Bytes>,
         qos: u8,
         retain: bool,
     ) -> Result<(), LinkError> {
+        let payload = payload.into();
         match self {
             Client::V4(c) => c
-                .try_publish(topic, qos4(qos), retain, payload)
+                .try_publish(topic, qos4(qos), retain, Vec::from(payload))
                 .map_err(LinkError::from),
             Client::V5(c) => c
                 .try_publish(topic, qos5(qos), retain, payload)

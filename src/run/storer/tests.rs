@@ -103,7 +103,7 @@ fn delivered_outputs_leave_memory_and_the_rest_stay_readable() {
     let (mut d, _, _) = open(dir.path(), &cfg);
     let entry = |i: u64| OutboxEntry {
         topic: format!("t/{i}"),
-        payload: vec![1],
+        payload: vec![1].into(),
         retain: false,
         at: T0,
     };
