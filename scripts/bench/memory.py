@@ -90,6 +90,14 @@ def hwm_mib(gw):
     return 0.0
 
 
+def stop_peak(gw):
+    """Stops the gateway (its last checkpoint included) and returns its peak RSS in MiB."""
+    gw.proc.terminate()
+    _, _, usage = os.wait4(gw.proc.pid, 0)
+    gw.proc.returncode = 0
+    return usage.ru_maxrss / 1024
+
+
 def steady(bin, devices, every_s, seconds):
     """RSS once every device's clock estimator is full: `devices` send one reading
     each every `every_s` seconds for `seconds`; RSS every 5 s, the peak (VmHWM), and
@@ -123,7 +131,16 @@ def steady(bin, devices, every_s, seconds):
            "last_under_load": samples[-1][1] if samples else 0.0,
            "max_under_load": max((s[1] for s in samples), default=0.0),
            "peak": hwm_mib(gw), "settled": gw.rss_mib()}
-    gw.stop()
+    # The stop's checkpoint writes every device changed since the last one.
+    out["peak_with_stop"] = stop_peak(gw)
+    # A restart marks every device changed (idleness clocks restart): restore, then
+    # the checkpoint of all of them at the next stop.
+    gw.start()
+    report.wait_for(lambda: gw.metric("tidemark_received_total") is not None, "restart")
+    time.sleep(6)
+    out["restarted"] = gw.rss_mib()
+    out["restart_peak_with_checkpoint"] = stop_peak(gw)
+    out["state_file_mib"] = os.path.getsize(os.path.join(state, "tidemark.redb")) / 2**20
     src.stop()
     up.stop()
     shutil.rmtree(state, ignore_errors=True)

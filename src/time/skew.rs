@@ -32,7 +32,7 @@
 //! A step no larger than the threshold is taken as ordinary samples and
 //! adopted by the min filter once the pre-step buckets age out.
 
-use std::collections::VecDeque;
+use super::buckets::{Bucket, Buckets, NONE};
 
 use serde::{Deserialize, Serialize};
 
@@ -59,35 +59,6 @@ pub const YOUNG_DOWN_MS: i64 = 60_000;
 /// Bucket capacity (the largest allowed `skew_window`).
 pub const MAX_BUCKETS: usize = 64;
 
-/// One second of samples, 16 bytes (a device keeps `skew_window` of them). Only
-/// the newest bucket's second is ever read, so the estimator keeps that one
-/// second and the buckets keep only their samples.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Bucket {
-    /// Smallest ordinary sample of the second; [`NONE`] when every sample of it was held out.
-    min: Millis,
-    /// Largest ordinary sample, or [`NONE`].
-    hi: Millis,
-}
-
-/// No sample (offsets are differences of plausible clocks, never this).
-const NONE: Millis = Millis::MIN;
-
-impl Bucket {
-    fn new(offset: Option<Millis>) -> Self {
-        let v = offset.map_or(NONE, |o| o.max(NONE + 1));
-        Self { min: v, hi: v }
-    }
-
-    fn min(&self) -> Option<Millis> {
-        (self.min != NONE).then_some(self.min)
-    }
-
-    fn hi(&self) -> Option<Millis> {
-        (self.hi != NONE).then_some(self.hi)
-    }
-}
-
 /// A bucket as state written before the packed form stored it: one map per bucket.
 #[derive(Deserialize)]
 struct BucketRepr {
@@ -109,10 +80,10 @@ impl BucketRepr {
 /// The buckets as persisted: each bucket's `min` less the previous one's, then
 /// its `hi` less its `min`, as zigzag varints (wrapping, so exact for every
 /// value): 3-6 bytes a bucket instead of a ~30-byte map.
-fn pack(buckets: &VecDeque<Bucket>) -> Vec<u8> {
+fn pack(buckets: &Buckets) -> Vec<u8> {
     let mut out = Vec::with_capacity(buckets.len() * 6);
     let mut prev: Millis = 0;
-    for b in buckets {
+    for b in buckets.iter() {
         put_varint(&mut out, zigzag(b.min.wrapping_sub(prev)));
         put_varint(&mut out, zigzag(b.hi.wrapping_sub(b.min)));
         prev = b.min;
@@ -120,8 +91,8 @@ fn pack(buckets: &VecDeque<Bucket>) -> Vec<u8> {
     out
 }
 
-fn unpack(bytes: &[u8]) -> Option<VecDeque<Bucket>> {
-    let mut out = VecDeque::new();
+fn unpack(bytes: &[u8]) -> Option<Buckets> {
+    let mut out = Buckets::default();
     let (mut at, mut prev) = (0usize, 0 as Millis);
     while at < bytes.len() {
         if out.len() == MAX_BUCKETS {
@@ -197,7 +168,7 @@ pub struct SkewEstimator {
     /// Oldest first; at most `skew_window` entries.
     /// On the heap, grown up to `skew_window` entries (32 by default) rather than
     /// inline at the 64 maximum: 2.5 KiB per device, most of it never used.
-    buckets: VecDeque<Bucket>,
+    buckets: Buckets,
     /// Second (of the raw wall clock) of the newest bucket.
     sec: i64,
     /// Step candidate. Boxed: rare, and 56 bytes inline in every device.
@@ -305,10 +276,7 @@ impl SkewEstimator {
             }
         };
         self.sec = self.sec.saturating_add(delta.div_euclid(1000));
-        for b in &mut self.buckets {
-            shift(&mut b.min);
-            shift(&mut b.hi);
-        }
+        self.buckets.shift(delta);
         if let Some(c) = &mut self.step {
             for v in [
                 &mut c.lo,
@@ -359,8 +327,9 @@ impl SkewEstimator {
             self.buckets.clear();
             self.step = None;
             self.put(arrival, Some(c.lo), window);
-            if let Some(b) = self.buckets.back_mut() {
+            if let Some(mut b) = self.buckets.back() {
                 b.hi = c.run_hi.max(NONE + 1);
+                self.buckets.set_back(b);
             }
             self.hi = Some(c.run_hi);
             return Sample::Reset;
@@ -376,12 +345,13 @@ impl SkewEstimator {
 
     fn put(&mut self, arrival: Millis, offset: Option<Millis>, window: usize) {
         let sec = arrival.div_euclid(1000);
-        match self.buckets.back_mut() {
+        match self.buckets.back() {
             // Same second, or a stepped wall clock running backwards: fold into the newest bucket.
-            Some(last) if sec <= self.sec => {
+            Some(mut last) if sec <= self.sec => {
                 let b = Bucket::new(offset);
                 last.min = min_some(last.min(), b.min()).unwrap_or(NONE);
                 last.hi = last.hi.max(b.hi);
+                self.buckets.set_back(last);
             }
             _ => {
                 let window = window.clamp(1, MAX_BUCKETS);
@@ -400,10 +370,10 @@ impl SkewEstimator {
             }
         }
         // A window of held-out samples only (a long unconfirmed divergence) keeps the estimate.
-        if let Some(m) = self.buckets.iter().filter_map(Bucket::min).min() {
+        if let Some(m) = self.buckets.iter().filter_map(|b| b.min()).min() {
             self.est = Some(m);
         }
-        self.hi = self.buckets.iter().filter_map(Bucket::hi).max();
+        self.hi = self.buckets.iter().filter_map(|b| b.hi()).max();
     }
 }
 
@@ -522,11 +492,11 @@ mod tests {
             -100_000i64..100_000
         ];
         proptest!(|(v in proptest::collection::vec((value.clone(), value), 0..=MAX_BUCKETS))| {
-            let buckets: VecDeque<Bucket> = v.iter().map(|&(min, hi)| Bucket { min, hi }).collect();
+            let buckets: Buckets = v.iter().map(|&(min, hi)| Bucket { min, hi }).collect();
             prop_assert_eq!(unpack(&pack(&buckets)), Some(buckets));
         });
         // Truncated or overlong input is refused, not misread.
-        let b: VecDeque<Bucket> = [Bucket { min: 5, hi: 300 }].into_iter().collect();
+        let b: Buckets = [Bucket { min: 5, hi: 300 }].into_iter().collect();
         let p = pack(&b);
         assert_eq!(unpack(&p[..p.len() - 1]), None);
         assert_eq!(unpack(&[0xff; 11]), None);
