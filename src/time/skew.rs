@@ -182,6 +182,9 @@ pub struct SkewEstimator {
 /// The persisted form, written packed (see [`pack`]).
 #[derive(Serialize)]
 struct SkewOut<'a> {
+    /// Empty: a binary from before the packed form (a rollback) reads the
+    /// estimator without its history and learns it again, instead of refusing the state.
+    buckets: &'static [u8],
     #[serde(with = "serde_bytes")]
     packed: Vec<u8>,
     sec: i64,
@@ -210,6 +213,7 @@ struct SkewIn {
 impl Serialize for SkewEstimator {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         SkewOut {
+            buckets: &[],
             packed: pack(&self.buckets),
             sec: self.sec,
             step: &self.step,
