@@ -51,8 +51,17 @@ enum Form {
 }
 
 /// Buckets, oldest first.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Buckets(Form);
+
+/// The values, whatever the form (state is compared by its printed form in tests).
+impl std::fmt::Debug for Buckets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.iter().map(|b| (b.min, b.hi)))
+            .finish()
+    }
+}
 
 impl Default for Buckets {
     fn default() -> Self {
