@@ -210,6 +210,8 @@ impl Engine {
             self.groups[gi].state = g;
             self.groups[gi].dirty = false;
         }
+        // Exactly the restored fleet, not a quarter more (devices that join later grow it).
+        self.devices.reserve_exact(devices.len());
         for d in devices {
             let di = self.device_slot(&d.group.clone(), &d.id.clone());
             self.devices[di].state = d;
