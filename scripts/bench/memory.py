@@ -82,14 +82,6 @@ def over_time(bin, minutes):
     return samples
 
 
-def hwm_mib(gw):
-    with open(f"/proc/{gw.proc.pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def stop_peak(gw):
     """Stops the gateway (its last checkpoint included) and returns its peak RSS in MiB."""
     gw.proc.terminate()
@@ -130,7 +122,7 @@ def steady(bin, devices, every_s, seconds):
            "windows": m.get("tidemark_windows_emitted_total", 0),
            "last_under_load": samples[-1][1] if samples else 0.0,
            "max_under_load": max((s[1] for s in samples), default=0.0),
-           "peak": hwm_mib(gw), "settled": gw.rss_mib()}
+           "peak": gw.rss_mib("VmHWM"), "settled": gw.rss_mib()}
     # The stop's checkpoint writes every device changed since the last one.
     out["peak_with_stop"] = stop_peak(gw)
     # A restart marks every device changed (idleness clocks restart): restore, then

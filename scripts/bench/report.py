@@ -280,10 +280,11 @@ level = "{log}"
         m = self.metrics()
         return None if m is None else m.get(name)
 
-    def rss_mib(self):
+    def rss_mib(self, field="VmRSS"):
+        """A memory line of /proc/PID/status in MiB (VmHWM: the peak)."""
         with open(f"/proc/{self.proc.pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024
         return 0.0
 

@@ -160,8 +160,6 @@ pub struct Engine {
     scratch: Option<Box<Decoded>>,
     /// Reused list of the devices a tick visits in one group.
     visit: Vec<u32>,
-    /// Bytes of a device's record in the last checkpoint (sizes the next one's buffer).
-    record_bytes: usize,
     /// Sparkplug B ingest (SPEC §10).
     sparkplug: sparkplug::State,
 }
@@ -191,7 +189,6 @@ impl Engine {
             estimates: Vec::new(),
             scratch: Some(Box::default()),
             visit: Vec::new(),
-            record_bytes: 512,
             sparkplug: sparkplug::State::new(&cfg.sparkplug),
         }
     }
@@ -417,7 +414,7 @@ impl Engine {
     pub fn take_changes(&mut self) -> Changes {
         let mut c = Changes {
             groups: Vec::with_capacity(self.dirty_groups.len()),
-            devices: DeviceRecords::with_capacity(self.dirty_devices.len(), self.record_bytes),
+            devices: DeviceRecords::with_capacity(self.dirty_devices.len()),
             metric_names: Vec::new(),
             counters: self.counters.clone(),
             clock: self.clock.clone(),
@@ -432,10 +429,6 @@ impl Engine {
             let slot = &mut self.devices[d as usize];
             slot.dirty = false;
             c.devices.push(&slot.state);
-        }
-        if !c.devices.is_empty() {
-            // The next checkpoint's buffer is sized by this one's records (no doubling).
-            self.record_bytes = c.devices.bytes() / c.devices.len() + 16;
         }
         for (i, n) in self
             .metric_names

@@ -167,10 +167,10 @@ pub struct DeviceRecords {
 }
 
 impl DeviceRecords {
-    /// Room for `n` records of about `each` bytes.
-    pub fn with_capacity(n: usize, each: usize) -> Self {
+    /// Room for `n` records' places (the bytes grow as they come).
+    pub fn with_capacity(n: usize) -> Self {
         Self {
-            bytes: Vec::with_capacity(n.saturating_mul(each)),
+            bytes: Vec::new(),
             ends: Vec::with_capacity(n),
         }
     }
@@ -195,11 +195,6 @@ impl DeviceRecords {
     /// No records.
     pub fn is_empty(&self) -> bool {
         self.ends.is_empty()
-    }
-
-    /// Bytes of the records.
-    pub fn bytes(&self) -> usize {
-        self.bytes.len()
     }
 
     /// (group, id, CBOR record) of each device, in the order pushed.

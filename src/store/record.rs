@@ -99,7 +99,20 @@ pub fn encode(
     // Readings compress 5-8x (JSON keys, topics, timestamps): fewer pages per commit.
     let _ = ciborium::ser::into_writer(&rec, &mut w);
     w.seal();
-    w.body
+    let mut body = w.body;
+    if body.len() >= 5 && body.len() - 5 == u32_at(&body[1..]) {
+        // One block (every record but a burst's): the earlier format, byte for byte,
+        // which a rolled-back binary still reads after a crash.
+        body.drain(1..5);
+        body[0] = LZ4;
+    }
+    body
+}
+
+fn u32_at(b: &[u8]) -> usize {
+    b.get(..4)
+        .and_then(|b| <[u8; 4]>::try_from(b).ok())
+        .map_or(usize::MAX, |b| u32::from_le_bytes(b) as usize)
 }
 
 /// Decodes a record body.
@@ -110,12 +123,10 @@ pub fn decode(body: &[u8]) -> Result<Record, String> {
         LZ4_CHUNKS => {
             let mut cbor = Vec::new();
             while !rest.is_empty() {
-                let len = rest
-                    .get(..4)
-                    .and_then(|b| <[u8; 4]>::try_from(b).ok())
-                    .map(|b| u32::from_le_bytes(b) as usize)
-                    .ok_or("torn block length")?;
-                let piece = rest.get(4..4 + len).ok_or("torn block")?;
+                let len = u32_at(rest);
+                let piece = rest
+                    .get(4..4usize.saturating_add(len))
+                    .ok_or("torn block")?;
                 cbor.extend_from_slice(&block(piece)?);
                 if cbor.len() > MAX_RECORD {
                     return Err(format!("record larger than {MAX_RECORD} bytes"));
@@ -131,10 +142,7 @@ pub fn decode(body: &[u8]) -> Result<Record, String> {
 
 /// One LZ4 block, size prepended.
 fn block(b: &[u8]) -> Result<Vec<u8>, String> {
-    let size = b
-        .get(..4)
-        .and_then(|b| <[u8; 4]>::try_from(b).ok())
-        .map_or(usize::MAX, |b| u32::from_le_bytes(b) as usize);
+    let size = u32_at(b);
     if size > MAX_RECORD {
         return Err(format!("record size {size} out of range"));
     }
@@ -154,6 +162,8 @@ mod tests {
             at: 7,
         };
         let body = encode(b"ops", &[(3, &e)], Some(2), &mut Vec::new());
+        // A small record is one block: the earlier format, byte for byte.
+        assert_eq!(body[0], LZ4);
         let r = decode(&body).unwrap();
         assert_eq!(r.ops, b"ops");
         assert_eq!(r.outputs, vec![(3, e)]);
@@ -180,6 +190,7 @@ mod tests {
         let numbered: Vec<(u64, &OutboxEntry)> = (100..).zip(entries.iter()).collect();
         let mut scratch = Vec::new();
         let body = encode(b"ops", &numbered, None, &mut scratch);
+        assert_eq!(body[0], LZ4_CHUNKS);
         assert!(scratch.capacity() <= 2 * CHUNK, "{}", scratch.capacity());
         assert!(body.len() < 5_000 * 40, "compressed: {}", body.len());
         let r = decode(&body).unwrap();
@@ -209,6 +220,8 @@ mod tests {
         ciborium::ser::into_writer(&rec, &mut cbor).unwrap();
         let mut body = vec![LZ4];
         body.extend_from_slice(&lz4_flex::block::compress_prepend_size(&cbor));
+        // What `encode` writes for it is that format, byte for byte.
+        assert_eq!(encode(b"x", &[(1, &e)], None, &mut Vec::new()), body);
         let r = decode(&body).unwrap();
         assert_eq!((r.ops.as_slice(), r.outputs), (&b"x"[..], vec![(1, e)]));
     }

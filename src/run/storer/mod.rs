@@ -219,7 +219,6 @@ impl Durable {
         let first = self.store.next_seq();
         let numbered: Vec<(u64, &OutboxEntry)> = (first..).zip(batch.outputs.iter()).collect();
         let body = record::encode(ops, &numbered, batch.delivered, &mut self.buf);
-        crate::sys::memory::shed(&mut self.buf, SCRATCH_KEEP);
         let path = self.wal.path().to_path_buf();
         let bytes = self.wal.append(&body).map_err(wal_err(&path))?;
         drop(body);
@@ -404,8 +403,6 @@ struct Outage {
 }
 
 const RETRY_FIRST_MS: u64 = 500;
-/// Room kept in the journal record's scratch buffer between records.
-const SCRATCH_KEEP: usize = 256 * 1024;
 const RETRY_MAX_MS: u64 = 30_000;
 const OUTAGE_LOG_MS: Millis = 60_000;
 
