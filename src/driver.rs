@@ -273,11 +273,16 @@ impl Driver {
         let outputs = self
             .outputs
             .drain(..)
-            .map(|o| OutboxEntry {
-                topic: o.topic(&self.prefix),
-                payload: o.encode(self.format).into(),
-                retain: o.retain(),
-                at: now.wall,
+            .map(|o| {
+                let mut payload = o.encode(self.format);
+                // The encoder grows by doubling; a burst's payloads wait in the outbox.
+                payload.shrink_to_fit();
+                OutboxEntry {
+                    topic: o.topic(&self.prefix),
+                    payload: payload.into(),
+                    retain: o.retain(),
+                    at: now.wall,
+                }
             })
             .collect();
         // A tick that closed every window at once is rare: its room is not kept resident.

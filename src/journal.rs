@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::{Engine, Now};
 use crate::model::Millis;
-use crate::output::Output;
+use crate::output::Discard;
 
 /// `M` is a message while the kernel reports the clock synchronized, `U` one
 /// while it does not; `O` a new monotonic origin (a new process); `C` a reload's
@@ -152,22 +152,18 @@ pub enum ReplayError {
 
 /// Hands the ops of one record to `engine` again; their outputs are dropped.
 /// Returns the engine settings of the record's last reload, if it has one.
-pub fn apply(
-    engine: &mut Engine,
-    mut ops: &[u8],
-    scratch: &mut Vec<Output>,
-) -> Result<Option<String>, ReplayError> {
+pub fn apply(engine: &mut Engine, mut ops: &[u8]) -> Result<Option<String>, ReplayError> {
     let mut reloaded = None;
     while !ops.is_empty() {
         let op: Op = ciborium::de::from_reader(&mut ops)?;
         match op {
             Op::S(wall, mono) => engine.restart_idleness(now(wall, mono, true)),
-            Op::T(wall, mono) => engine.on_tick(now(wall, mono, true), scratch),
+            Op::T(wall, mono) => engine.on_tick(now(wall, mono, true), &mut Discard),
             Op::M(wall, mono, topic, payload) => {
-                engine.on_message(&topic, &payload, now(wall, mono, true), scratch);
+                engine.on_message(&topic, &payload, now(wall, mono, true), &mut Discard);
             }
             Op::U(wall, mono, topic, payload) => {
-                engine.on_message(&topic, &payload, now(wall, mono, false), scratch);
+                engine.on_message(&topic, &payload, now(wall, mono, false), &mut Discard);
             }
             Op::O => engine.new_clock_origin(),
             Op::C(doc) => {
@@ -175,7 +171,6 @@ pub fn apply(
                 reloaded = Some(doc);
             }
         }
-        scratch.clear();
     }
     Ok(reloaded)
 }

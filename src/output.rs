@@ -33,6 +33,25 @@ impl SinkFormat {
     }
 }
 
+/// Where the engine puts what it emits, in order.
+pub trait Emit {
+    /// One output.
+    fn emit(&mut self, o: Output);
+}
+
+impl Emit for Vec<Output> {
+    fn emit(&mut self, o: Output) {
+        self.push(o);
+    }
+}
+
+/// Outputs nobody reads (a journal replayed after a crash: they were committed).
+pub struct Discard;
+
+impl Emit for Discard {
+    fn emit(&mut self, _: Output) {}
+}
+
 /// Something the gateway publishes upstream.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Output {

@@ -3,13 +3,13 @@
 use super::{Engine, Now};
 use crate::codec::{Decoded, DeviceTs};
 use crate::model::Millis;
-use crate::output::{AlertType, GatewayAlert, Output};
+use crate::output::{AlertType, Emit, GatewayAlert, Output};
 use crate::time::gateway as gwclock;
 use crate::time::{InvalidPolicy, TimePolicy};
 
 impl Engine {
     /// Step detection and the consensus rule (SPEC §4); returns `now` on the corrected clock.
-    pub(super) fn observe_clock(&mut self, now: Now, out: &mut Vec<Output>) -> Now {
+    pub(super) fn observe_clock(&mut self, now: Now, out: &mut dyn Emit) -> Now {
         let t = &self.time;
         let o = self.clock.observe(
             now.wall,
@@ -57,7 +57,7 @@ impl Engine {
         };
         if let Some(e) = event {
             self.counters.alerts += 1;
-            out.push(Output::Gateway(match e {
+            out.emit(Output::Gateway(match e {
                 gwclock::Event::Wrong { error, agreeing } => GatewayAlert::Clock {
                     error_ms: error,
                     devices_agreeing: agreeing,
@@ -76,7 +76,7 @@ impl Engine {
         d: &Decoded,
         now: Now,
         raw_wall: Millis,
-        out: &mut Vec<Output>,
+        out: &mut dyn Emit,
     ) -> Result<Timed, &'static str> {
         let timed = |t, provisional, invalid| Timed {
             t,
@@ -143,7 +143,7 @@ impl Engine {
         di: usize,
         device_ts: Millis,
         now: Now,
-        out: &mut Vec<Output>,
+        out: &mut dyn Emit,
     ) -> Millis {
         let est = self.offset(di);
         let skewed = est.abs() > self.time.max_skew_ms;

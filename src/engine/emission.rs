@@ -5,12 +5,12 @@ use std::cmp::Reverse;
 use super::{Engine, Now};
 use crate::codec::MetricName;
 use crate::model::{Id, Millis};
-use crate::output::{Alert, AlertType, MetricOut, Output, WindowResult};
+use crate::output::{Alert, AlertType, Emit, MetricOut, Output, WindowResult};
 use crate::time::window::Window;
 
 impl Engine {
     /// Advances processing time: watermarks, firing, purge, liveness.
-    pub fn on_tick(&mut self, now: Now, out: &mut Vec<Output>) {
+    pub fn on_tick(&mut self, now: Now, out: &mut dyn Emit) {
         let now = Now {
             wall: self.clock.tick_wall(now.wall, now.mono),
             ..now
@@ -96,7 +96,7 @@ impl Engine {
     /// End of a bounded input (`replay --flush`): every open window with
     /// unemitted events emits its result now, as a final watermark at +∞
     /// would, without moving the persisted watermarks or raising alerts.
-    pub fn flush(&mut self, out: &mut Vec<Output>) {
+    pub fn flush(&mut self, out: &mut dyn Emit) {
         for oi in 0..self.group_order.len() {
             let gi = self.group_order[oi] as usize;
             for mi in 0..self.groups[gi].members.len() {
@@ -109,7 +109,7 @@ impl Engine {
     }
 
     /// Emits every window of a device with unemitted events that ends at or before `upto`.
-    pub(super) fn emit_windows(&mut self, di: usize, upto: Millis, out: &mut Vec<Output>) -> bool {
+    pub(super) fn emit_windows(&mut self, di: usize, upto: Millis, out: &mut dyn Emit) -> bool {
         let mut emitted = false;
         let dev = &mut self.devices[di].state;
         for w in dev.windows.iter_mut().filter(|w| w.dirty && upto >= w.end) {
@@ -118,7 +118,7 @@ impl Engine {
             w.dirty = false;
             emitted = true;
             self.counters.windows_emitted += 1;
-            out.push(Output::Window(window_result(
+            out.emit(Output::Window(window_result(
                 &self.gateway,
                 &dev.group,
                 &dev.id,
@@ -136,7 +136,7 @@ impl Engine {
         di: usize,
         wm: Millis,
         now: Now,
-        out: &mut Vec<Output>,
+        out: &mut dyn Emit,
     ) {
         let (lateness, hb) = (
             self.groups[gi].cfg.allowed_lateness_ms,
@@ -154,7 +154,7 @@ impl Engine {
             let last_seen = dev.max_event;
             let (group, device) = (dev.group.clone(), dev.id.clone());
             self.alert(out, di, AlertType::Offline, last_seen, None, now);
-            out.push(Output::Status {
+            out.emit(Output::Status {
                 group,
                 device,
                 online: false,
@@ -167,7 +167,7 @@ impl Engine {
 
     pub(super) fn alert(
         &mut self,
-        out: &mut Vec<Output>,
+        out: &mut dyn Emit,
         di: usize,
         kind: AlertType,
         last_seen: Option<Millis>,
@@ -177,7 +177,7 @@ impl Engine {
         let d = &self.devices[di];
         let wm = self.groups[d.group as usize].state.wm;
         self.counters.alerts += 1;
-        out.push(Output::Alert(Alert {
+        out.emit(Output::Alert(Alert {
             kind,
             group: d.state.group.clone(),
             device: d.state.id.clone(),

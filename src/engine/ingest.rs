@@ -5,7 +5,7 @@ use std::cmp::Reverse;
 use super::{Engine, MAX_METRIC_NAMES, Now};
 use crate::codec::{Decoded, MetricName};
 use crate::model::{Id, Kind, Millis, Reason};
-use crate::output::{AlertType, Late, Output, Rejected, decoded_fields};
+use crate::output::{AlertType, Emit, Late, Output, Rejected, decoded_fields};
 use crate::time::gateway as gwclock;
 use crate::time::seq::Seen;
 use crate::time::window::{self, MetricIdx};
@@ -14,7 +14,7 @@ use crate::topic::TopicParts;
 impl Engine {
     pub(super) fn reject(
         &mut self,
-        out: &mut Vec<Output>,
+        out: &mut dyn Emit,
         reason: Reason,
         topic: &str,
         ids: Option<(&Id, &Id)>,
@@ -22,7 +22,7 @@ impl Engine {
         detail: String,
     ) {
         self.counters.rejected[reason.index()] += 1;
-        out.push(Output::Rejected(Rejected {
+        out.emit(Output::Rejected(Rejected {
             reason,
             topic: topic.chars().take(1024).collect(),
             group: ids.map(|(g, _)| g.clone()),
@@ -33,7 +33,7 @@ impl Engine {
     }
 
     /// Handles one input message that arrived at `now`.
-    pub fn on_message(&mut self, topic: &str, payload: &[u8], now: Now, out: &mut Vec<Output>) {
+    pub fn on_message(&mut self, topic: &str, payload: &[u8], now: Now, out: &mut dyn Emit) {
         let raw_wall = now.wall;
         let now = self.observe_clock(now, out);
         self.release_waiting(out);
@@ -49,7 +49,7 @@ impl Engine {
         now: Now,
         raw_wall: Millis,
         decoded: &mut Decoded,
-        out: &mut Vec<Output>,
+        out: &mut dyn Emit,
     ) {
         self.counters.received += 1;
         if self.sparkplug.enabled && crate::sparkplug::is_sparkplug(topic) {
@@ -77,7 +77,7 @@ impl Engine {
         now: Now,
         raw_wall: Millis,
         clock_of: Option<usize>,
-        out: &mut Vec<Output>,
+        out: &mut dyn Emit,
     ) {
         let ids = Some((&parts.group, &parts.device));
         if let Some(detail) = self.over_device_limit(&parts.group, &parts.device) {
@@ -162,7 +162,7 @@ impl Engine {
 
     /// The readings that waited for the gateway-clock verdict, once it is in:
     /// timed by it, then placed in arrival order (SPEC §4).
-    pub(super) fn release_waiting(&mut self, out: &mut Vec<Output>) {
+    pub(super) fn release_waiting(&mut self, out: &mut dyn Emit) {
         if self.clock.waiting.is_empty() || self.clock.unsure() {
             return;
         }
@@ -211,7 +211,7 @@ impl Engine {
         decoded: &Decoded,
         (event, provisional, invalid_ts): (Millis, bool, bool),
         now: Now,
-        out: &mut Vec<Output>,
+        out: &mut dyn Emit,
     ) {
         let ids = Some((&parts.group, &parts.device));
         if event > now.wall.saturating_add(self.time.max_future_ms) {
@@ -259,7 +259,7 @@ impl Engine {
         if !taken {
             self.counters.late += 1;
             dev.late += 1;
-            out.push(Output::Late(Late {
+            out.emit(Output::Late(Late {
                 group: parts.group.clone(),
                 device: parts.device.clone(),
                 event_time: event,
@@ -311,7 +311,7 @@ impl Engine {
             self.alert(out, di, AlertType::Online, last_seen, None, now);
         }
         if was_offline || !announced {
-            out.push(Output::Status {
+            out.emit(Output::Status {
                 group: parts.group,
                 device: parts.device,
                 online: true,

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use super::{Engine, Now, Output};
 use crate::codec::{Decoded, DeviceTs, MetricName};
 use crate::model::{Id, Kind, Millis, Reason, valid_id};
-use crate::output::AlertType;
+use crate::output::{AlertType, Emit};
 use crate::sparkplug::SparkplugConfig;
 use crate::sparkplug::{self as sp, EdgeNode, MsgType, Seq, Value};
 use crate::topic::TopicParts;
@@ -106,7 +106,7 @@ impl Engine {
         now: Now,
         raw_wall: Millis,
         decoded: &mut Decoded,
-        out: &mut Vec<Output>,
+        out: &mut dyn Emit,
     ) {
         let t = match sp::parse_topic(topic) {
             Ok(t) => t,
@@ -225,7 +225,7 @@ impl Engine {
         now: Now,
         raw_wall: Millis,
         decoded: &mut Decoded,
-        out: &mut Vec<Output>,
+        out: &mut dyn Emit,
     ) {
         let ids = Some((group, device));
         let mut readings: Vec<Reading> = Vec::new();
@@ -302,7 +302,7 @@ impl Engine {
     }
 
     /// A BIRTH: the device is known and online, as after a first accepted event (§7).
-    fn announce(&mut self, group: &Id, device: &Id, now: Now, out: &mut Vec<Output>) {
+    fn announce(&mut self, group: &Id, device: &Id, now: Now, out: &mut dyn Emit) {
         let di = self.device_slot(group, device);
         let dev = &mut self.devices[di].state;
         let (was_offline, announced) = (dev.offline, dev.announced);
@@ -318,7 +318,7 @@ impl Engine {
             self.alert(out, di, AlertType::Online, last_seen, None, now);
         }
         if was_offline || !announced {
-            out.push(Output::Status {
+            out.emit(Output::Status {
                 group: group.clone(),
                 device: device.clone(),
                 online: true,
@@ -327,7 +327,7 @@ impl Engine {
     }
 
     /// A DEATH: offline at once (alert, retained status) and idle for the watermark at once.
-    fn die(&mut self, di: usize, now: Now, out: &mut Vec<Output>) {
+    fn die(&mut self, di: usize, now: Now, out: &mut dyn Emit) {
         let gi = self.devices[di].group as usize;
         let idle = self.groups[gi].cfg.idle_timeout_ms;
         let dev = &mut self.devices[di].state;
@@ -350,7 +350,7 @@ impl Engine {
         self.mark_pending(di);
         if newly {
             self.alert(out, di, AlertType::Offline, last_seen, None, now);
-            out.push(Output::Status {
+            out.emit(Output::Status {
                 group,
                 device,
                 online: false,

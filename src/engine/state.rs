@@ -83,10 +83,20 @@ pub struct Device {
     /// Redeliveries of this device dropped as duplicates.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub duplicates: u64,
+    /// The group's idleness restarts when `last_arrival` was last stored: a record
+    /// behind its group's count holds a clock from before the latest restart, and
+    /// restores with the group's `restarted_at` (a restart writes the groups only).
+    #[serde(default, skip_serializing_if = "is_zero32")]
+    pub restarts: u32,
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)]
 fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_zero32(v: &u32) -> bool {
     *v == 0
 }
 
@@ -105,6 +115,12 @@ pub struct Group {
     /// reload changed the rule (SPEC §11); empty: the configured rule for all times.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rules: Vec<RuleEpoch>,
+    /// Idleness restarts (gateway start, source reconnect) so far.
+    #[serde(default, skip_serializing_if = "is_zero32")]
+    pub restarts: u32,
+    /// Monotonic time of the latest idleness restart.
+    #[serde(default)]
+    pub restarted_at: Millis,
 }
 
 /// A window rule and the event time from which it governs a group.

@@ -25,9 +25,9 @@ pub struct Restored {
 /// under the rules each journaled message arrived with; then `cfg`'s rules, if
 /// they differ, as a reload would apply them.
 pub fn restore(cfg: &Config, clock: SystemClock) -> Result<Restored, RunError> {
-    let (mut store, snap) = Store::open(&cfg.state_dir, cfg.outbox_max_messages)?;
+    let (mut store, snap) = Store::open_streaming(&cfg.state_dir, cfg.outbox_max_messages)?;
     store.set_max_bytes(cfg.outbox_max_bytes);
-    let (groups, devices) = (snap.groups.len(), snap.devices.len());
+    let (groups, devices) = (snap.groups.len(), snap.device_count);
     let doc = crate::store::schema::rules_doc(&snap.meta);
     let at_checkpoint = doc.as_deref().map(crate::config::engine_from_doc);
     let mut engine = match at_checkpoint {
@@ -38,7 +38,14 @@ pub fn restore(cfg: &Config, clock: SystemClock) -> Result<Restored, RunError> {
         }
         None => Engine::new(&cfg.engine()),
     };
-    engine.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
+    engine.restore_groups(
+        snap.groups,
+        snap.metric_names,
+        snap.counters,
+        usize::try_from(devices).unwrap_or(0),
+    );
+    store.read_devices(|d| engine.restore_device(d))?;
+    engine.restored();
     engine.restore_clock(snap.gateway_clock);
     engine.restore_sparkplug(snap.sparkplug);
     // What the journal holds since the last checkpoint goes into the engine and the state file.

@@ -73,8 +73,10 @@ mod shared_bytes {
 pub struct Snapshot {
     /// Group states.
     pub groups: Vec<Group>,
-    /// Device states.
+    /// Device states (empty from [`Store::open_streaming`]: see [`Store::read_devices`]).
     pub devices: Vec<Device>,
+    /// Device records in the file.
+    pub device_count: u64,
     /// Interned metric names, by index.
     pub metric_names: Vec<MetricName>,
     /// Counters.
@@ -193,6 +195,23 @@ impl Store {
     /// Opens (or creates) `state_dir/tidemark.redb`. An existing file that
     /// cannot be read is an error and is never replaced.
     pub fn open(state_dir: &Path, max_outbox: u64) -> Result<(Self, Snapshot), StoreError> {
+        Self::open_with(state_dir, max_outbox, true)
+    }
+
+    /// As [`Store::open`], without the devices: a start streams them into the
+    /// engine with [`Store::read_devices`] instead of holding them twice.
+    pub fn open_streaming(
+        state_dir: &Path,
+        max_outbox: u64,
+    ) -> Result<(Self, Snapshot), StoreError> {
+        Self::open_with(state_dir, max_outbox, false)
+    }
+
+    fn open_with(
+        state_dir: &Path,
+        max_outbox: u64,
+        devices: bool,
+    ) -> Result<(Self, Snapshot), StoreError> {
         std::fs::create_dir_all(state_dir).map_err(|source| StoreError::Dir {
             path: state_dir.to_path_buf(),
             source,
@@ -219,20 +238,31 @@ impl Store {
             path: path.clone(),
             source,
         })?;
-        Self::init(db, path, max_outbox)
+        Self::init(db, path, max_outbox, devices)
+    }
+
+    /// Each stored device, in key order, decoded.
+    pub fn read_devices(&self, mut f: impl FnMut(Device)) -> Result<(), StoreError> {
+        let r = self.db.get()?.begin_read()?;
+        read::each_device(&r, &self.path, &mut f)
     }
 
     /// A store in memory (tests, benchmarks).
     pub fn in_memory(max_outbox: u64) -> Result<(Self, Snapshot), StoreError> {
         let db = Database::builder().create_with_backend(redb::backends::InMemoryBackend::new())?;
-        Self::init(db, PathBuf::from(MEMORY), max_outbox)
+        Self::init(db, PathBuf::from(MEMORY), max_outbox, true)
     }
 
-    fn init(db: Database, path: PathBuf, max_outbox: u64) -> Result<(Self, Snapshot), StoreError> {
+    fn init(
+        db: Database,
+        path: PathBuf,
+        max_outbox: u64,
+        devices: bool,
+    ) -> Result<(Self, Snapshot), StoreError> {
         if !has_tables(&db)? {
             Self::create_tables(&db, &path)?;
         }
-        let snapshot = read_snapshot(&db, &path)?;
+        let snapshot = read_snapshot(&db, &path, devices)?;
         Self::finish(db, path, max_outbox, snapshot)
     }
 

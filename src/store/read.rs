@@ -49,6 +49,7 @@ fn corrupt<'a>(path: &'a Path, table: &'static str) -> impl Fn(Cause) -> StoreEr
 pub(super) fn read_snapshot<D: ReadableDatabase>(
     db: &D,
     path: &Path,
+    devices: bool,
 ) -> Result<Snapshot, StoreError> {
     let r = db.begin_read()?;
     let mut s = Snapshot::default();
@@ -58,11 +59,11 @@ pub(super) fn read_snapshot<D: ReadableDatabase>(
             ciborium::de::from_reader(v.value()).map_err(|e| corrupt(path, "groups")(e.into()))?,
         );
     }
-    for item in r.open_table(DEVICES)?.iter()? {
-        let (_, v) = item?;
-        s.devices.push(
-            ciborium::de::from_reader(v.value()).map_err(|e| corrupt(path, "devices")(e.into()))?,
-        );
+    s.device_count = r.open_table(DEVICES)?.len()?;
+    if devices {
+        s.devices
+            .reserve_exact(usize::try_from(s.device_count).unwrap_or(0));
+        each_device(&r, path, &mut |d| s.devices.push(d))?;
     }
     for item in r.open_table(METRIC_NAMES)?.iter()? {
         let (k, v) = item?;
@@ -101,6 +102,18 @@ pub(super) fn read_snapshot<D: ReadableDatabase>(
     }
     s.outbox_depth = r.open_table(OUTBOX)?.len()?;
     Ok(s)
+}
+
+pub(super) fn each_device(
+    r: &redb::ReadTransaction,
+    path: &Path,
+    f: &mut dyn FnMut(Device),
+) -> Result<(), StoreError> {
+    for item in r.open_table(DEVICES)?.iter()? {
+        let (_, v) = item?;
+        f(ciborium::de::from_reader(v.value()).map_err(|e| corrupt(path, "devices")(e.into()))?);
+    }
+    Ok(())
 }
 
 /// Refuses a file without our schema version (another program's redb, or another version).
@@ -179,7 +192,7 @@ fn read_inspect<D: ReadableDatabase>(
     state_dir: &Path,
 ) -> Result<Inspect, StoreError> {
     check_version(db, path)?;
-    let snapshot = read_snapshot(db, path)?;
+    let snapshot = read_snapshot(db, path, true)?;
     let generation = schema::wal_generation(&snapshot.meta);
     let journal_records = wal::count(state_dir, generation).unwrap_or(0);
     let r = db.begin_read()?;

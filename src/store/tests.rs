@@ -27,7 +27,7 @@ fn entry(i: u64) -> OutboxEntry {
 
 /// A new engine on what `store` holds (as a restart reads it).
 fn reopened(store: &Store, cfg: &crate::config::Config) -> Engine {
-    let snap = read_snapshot(&*store.db.get().unwrap(), store.path()).unwrap();
+    let snap = read_snapshot(&*store.db.get().unwrap(), store.path(), true).unwrap();
     let mut b = Engine::new(&cfg.engine());
     b.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
     b.restore_clock(snap.gateway_clock);
@@ -62,7 +62,7 @@ fn restored_engine_continues_exactly_like_the_original() {
     feed(&mut a, 0, 90, &mut out);
     store.commit(&batch_of(&mut a)).unwrap();
     // Reopen the same database: read everything back.
-    let snap = read_snapshot(&*store.db.get().unwrap(), store.path()).unwrap();
+    let snap = read_snapshot(&*store.db.get().unwrap(), store.path(), true).unwrap();
     assert_eq!(snap.devices.len(), 4);
     assert_eq!(snap.counters, *a.counters());
     let mut b = Engine::new(&cfg.engine());
@@ -191,7 +191,7 @@ fn outbox_is_fifo_bounded_and_counts_what_it_drops() {
         .map(|(_, e)| e.topic)
         .collect();
     assert_eq!(left, vec!["t/5", "t/6", "t/7", "t/8"]);
-    let snap = read_snapshot(&*store.db.get().unwrap(), store.path()).unwrap();
+    let snap = read_snapshot(&*store.db.get().unwrap(), store.path(), true).unwrap();
     assert_eq!((snap.outbox_depth, snap.outbox_dropped), (4, 3));
 }
 

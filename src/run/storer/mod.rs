@@ -70,19 +70,17 @@ impl Durable {
         let (wal, records) = Wal::open(state_dir, generation).map_err(wal_err(&path))?;
         let replayed = records.len();
         let mut batch = Batch::default();
-        let mut scratch = Vec::new();
         for body in records {
             let r = record::decode(&body).map_err(|detail| StoreError::Corrupt {
                 path: path.clone(),
                 table: "journal",
                 source: detail.into(),
             })?;
-            let reloaded =
-                journal::apply(engine, &r.ops, &mut scratch).map_err(|e| StoreError::Corrupt {
-                    path: path.clone(),
-                    table: "journal",
-                    source: e.into(),
-                })?;
+            let reloaded = journal::apply(engine, &r.ops).map_err(|e| StoreError::Corrupt {
+                path: path.clone(),
+                table: "journal",
+                source: e.into(),
+            })?;
             if let Some(doc) = reloaded {
                 in_force = doc;
             }

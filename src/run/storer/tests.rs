@@ -285,3 +285,51 @@ fn a_crash_after_a_journaled_reload_recovers_each_message_under_its_own_rules() 
         drop(r);
     }
 }
+
+/// A restart (gateway start, source reconnect) writes its groups, not every device;
+/// a device stored before it restores with the restarted clock, through a stop and
+/// through a crash (journal), at any fleet size.
+#[test]
+fn a_restart_writes_the_groups_and_the_devices_restore_its_clock() {
+    for n in [1usize, 37, 2_000] {
+        let cfg = cfg();
+        let dir = tempfile::tempdir().unwrap();
+        let (mut d, mut drv, _) = open(dir.path(), &cfg);
+        let mut at = T0;
+        drv.start(Now::at(at));
+        for i in 0..n {
+            let p = format!(r#"{{"ts": {at}, "seq": 1, "v": 1}}"#);
+            drv.message(
+                Now::at(at),
+                &format!("sensors/g{}/d{i}/reading", i % 3),
+                p.as_bytes(),
+            );
+        }
+        let mut b = drv.take_checkpoint(Now::at(at));
+        assert_eq!(b.changes.devices.len(), n);
+        d.write(&mut b, 0).unwrap();
+        // Two restarts, later in monotonic time; the first one checkpointed.
+        for (k, crash) in [(1, false), (2, true)] {
+            at += 60_000;
+            drv.start(Now::at(at));
+            let mut b = if crash {
+                drv.take_journal(Now::at(at))
+            } else {
+                drv.take_checkpoint(Now::at(at))
+            };
+            assert_eq!(b.changes.devices.len(), 0, "restart {k} wrote devices");
+            assert!(crash || b.changes.groups.len() == 3.min(n));
+            d.write(&mut b, 0).unwrap();
+        }
+        let committed = state(drv.engine());
+        drop(d);
+        let (_d2, drv2, _) = open(dir.path(), &cfg);
+        assert_eq!(state(drv2.engine()), committed);
+        for g in drv2.engine().groups() {
+            assert_eq!(g.restarted_at, at);
+            for dev in drv2.engine().group_devices(&g.name) {
+                assert_eq!((dev.last_arrival, dev.restarts), (at, g.restarts));
+            }
+        }
+    }
+}
