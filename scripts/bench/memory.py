@@ -122,7 +122,9 @@ def steady(bin, devices, every_s, seconds):
            "windows": m.get("tidemark_windows_emitted_total", 0),
            "last_under_load": samples[-1][1] if samples else 0.0,
            "max_under_load": max((s[1] for s in samples), default=0.0),
-           "peak": gw.rss_mib("VmHWM"), "settled": gw.rss_mib()}
+           "peak": gw.rss_mib("VmHWM"), "settled": gw.rss_mib(),
+           # The settled RSS split: heap and stacks, and the binary's and libraries' pages.
+           "settled_anon": gw.rss_mib("RssAnon"), "settled_file": gw.rss_mib("RssFile")}
     # The stop's checkpoint writes every device changed since the last one.
     out["peak_with_stop"] = stop_peak(gw)
     # A restart marks every device changed (idleness clocks restart): restore, then

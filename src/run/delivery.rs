@@ -159,6 +159,7 @@ impl Delivery {
         }
         if self.live.front().is_some_and(|(s, _)| *s == self.cursor) {
             let (s, e) = self.live.pop_front().expect("front");
+            crate::sys::memory::shed_queue(&mut self.live, 1024);
             return Next::Publish(s, e);
         }
         if let Some((s, e)) = self.backlog.pop_front() {

@@ -455,9 +455,8 @@ impl Store {
         txn.set_durability(redb::Durability::Immediate)?;
         {
             let mut devices = txn.open_table(DEVICES)?;
-            for (group, id, record) in ch.devices.iter() {
-                devices.insert((group, id), record)?;
-            }
+            ch.devices
+                .for_each(|group, id, record| devices.insert((group, id), record).map(drop))?;
             let mut groups = txn.open_table(GROUPS)?;
             for g in &ch.groups {
                 cbor(g, &mut self.buf);

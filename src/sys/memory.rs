@@ -37,3 +37,10 @@ pub fn shed<T>(v: &mut Vec<T>, keep: usize) {
         v.shrink_to(keep.max(v.len()));
     }
 }
+
+/// [`shed`] for a queue: once a burst has passed through it, its room goes back.
+pub fn shed_queue<T>(q: &mut std::collections::VecDeque<T>, keep: usize) {
+    if q.capacity() > keep.saturating_mul(2).max(q.len().saturating_mul(4)) {
+        q.shrink_to(keep.max(q.len()));
+    }
+}

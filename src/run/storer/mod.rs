@@ -252,6 +252,7 @@ impl Durable {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let n = pending.partition_point(|(s, _)| *s < delivered);
         let gone: u64 = pending.drain(..n).map(|(_, e)| entry_bytes(&e)).sum();
+        crate::sys::memory::shed_queue(&mut pending, 1024);
         self.unfolded_bytes = self.unfolded_bytes.saturating_sub(gone);
     }
 
