@@ -7,9 +7,39 @@ use crate::config::Config;
 use crate::engine::{Engine, Now};
 use crate::journal::Journal;
 use crate::model::Millis;
-use crate::output::Output;
-use crate::output::SinkFormat;
+use crate::output::{Emit, Output, SinkFormat};
 use crate::store::{Batch, OutboxEntry};
+
+/// An output as its outbox entry.
+fn entry(o: &Output, prefix: &str, format: SinkFormat, at: Millis) -> OutboxEntry {
+    let mut payload = o.encode(format);
+    // The encoder grows by doubling; a burst's payloads wait in the outbox.
+    payload.shrink_to_fit();
+    OutboxEntry {
+        topic: o.topic(prefix),
+        payload: payload.into(),
+        retain: o.retain(),
+        at,
+    }
+}
+
+/// Encodes outputs as the engine emits them; keeps the alerts as values too.
+struct Encoder<'a> {
+    entries: &'a mut Vec<OutboxEntry>,
+    alerts: &'a mut Vec<Output>,
+    prefix: &'a str,
+    format: SinkFormat,
+}
+
+impl Emit for Encoder<'_> {
+    fn emit(&mut self, o: Output) {
+        // The batch's time is set when it is cut.
+        self.entries.push(entry(&o, self.prefix, self.format, 0));
+        if matches!(o, Output::Alert(_) | Output::Gateway(_)) {
+            self.alerts.push(o);
+        }
+    }
+}
 
 /// Drives one engine: ticks every `tick_interval_ms` of monotonic time and
 /// cuts a [`Batch`] every `commit_interval_ms`.
@@ -20,8 +50,13 @@ pub struct Driver {
     next_tick: Option<Millis>,
     prefix: String,
     format: SinkFormat,
-    /// Outputs since the last batch, in emission order.
+    /// Outputs since the last batch, in emission order; with [`Driver::with_journal`]
+    /// only the alerts (for the log and the API): all of them are in `encoded`.
     pub outputs: Vec<Output>,
+    /// `run`: outputs since the last batch encoded for the outbox as they are
+    /// emitted (under the topic prefix and format in force then), so a tick that
+    /// closes every window holds its burst once.
+    encoded: Option<Vec<OutboxEntry>>,
     /// What the engine was given since the last batch (`run`'s write-ahead journal).
     journal: Option<Journal>,
     /// Monotonic time of the first change since the last batch that must become durable.
@@ -52,6 +87,7 @@ impl Driver {
             prefix: cfg.topic_prefix.clone(),
             format,
             outputs: Vec::new(),
+            encoded: None,
             journal: None,
             first_durable: None,
             last_commit: None,
@@ -63,7 +99,29 @@ impl Driver {
     #[must_use]
     pub fn with_journal(mut self) -> Self {
         self.journal = Some(Journal::default());
+        self.encoded = Some(Vec::new());
         self
+    }
+
+    /// Runs `f` on the engine with where its outputs go.
+    fn emitting<R>(&mut self, f: impl FnOnce(&mut Engine, &mut dyn Emit) -> R) -> R {
+        match &mut self.encoded {
+            Some(entries) => f(
+                &mut self.engine,
+                &mut Encoder {
+                    entries,
+                    alerts: &mut self.outputs,
+                    prefix: &self.prefix,
+                    format: self.format,
+                },
+            ),
+            None => f(&mut self.engine, &mut self.outputs),
+        }
+    }
+
+    /// Outputs since the last batch (alerts count twice with `encoded`).
+    fn emitted(&self) -> usize {
+        self.outputs.len() + self.encoded.as_ref().map_or(0, Vec::len)
     }
 
     /// Starts (or restarts, on a source reconnect) the processing clock at `now`:
@@ -95,8 +153,7 @@ impl Driver {
             self.start(now);
         }
         self.ticks_until(now);
-        self.engine
-            .on_message(topic, payload, now, &mut self.outputs);
+        self.emitting(|e, out| e.on_message(topic, payload, now, out));
         if let Some(j) = &mut self.journal {
             j.message(now, topic, payload);
         }
@@ -113,7 +170,7 @@ impl Driver {
 
     /// Whether anything must become durable (input, outputs, or [`Driver::durable`]).
     pub fn has_durable(&self) -> bool {
-        self.first_durable.is_some() || !self.outputs.is_empty()
+        self.first_durable.is_some() || self.emitted() > 0
     }
 
     /// Runs every tick due at or before `now`, each at its own instant. Across
@@ -137,14 +194,14 @@ impl Driver {
                 mono: tick,
                 synced: now.synced,
             };
-            let before = self.outputs.len();
-            self.engine.on_tick(at, &mut self.outputs);
+            let before = self.emitted();
+            self.emitting(|e, out| e.on_tick(at, out));
             if let Some(j) = &mut self.journal
                 && !self.engine.clock_held()
             {
                 j.tick(at);
             }
-            if self.outputs.len() > before {
+            if self.emitted() > before {
                 self.durable(at.mono);
             }
             self.next_tick = Some(tick.saturating_add(self.tick_ms));
@@ -190,7 +247,7 @@ impl Driver {
 
     /// End of a bounded input: every open window emits its result (see [`Engine::flush`]).
     pub fn flush(&mut self) {
-        self.engine.flush(&mut self.outputs);
+        self.emitting(|e, out| e.flush(out));
     }
 
     /// The next scheduled tick (monotonic ms).
@@ -270,21 +327,21 @@ impl Driver {
     fn cut(&mut self, now: Now) -> Batch {
         self.last_commit = Some(now.mono);
         self.first_durable = None;
-        let outputs = self
-            .outputs
-            .drain(..)
-            .map(|o| {
-                let mut payload = o.encode(self.format);
-                // The encoder grows by doubling; a burst's payloads wait in the outbox.
-                payload.shrink_to_fit();
-                OutboxEntry {
-                    topic: o.topic(&self.prefix),
-                    payload: payload.into(),
-                    retain: o.retain(),
-                    at: now.wall,
+        let outputs = match &mut self.encoded {
+            Some(entries) => {
+                self.outputs.clear();
+                let mut v = std::mem::take(entries);
+                for e in &mut v {
+                    e.at = now.wall;
                 }
-            })
-            .collect();
+                v
+            }
+            None => self
+                .outputs
+                .drain(..)
+                .map(|o| entry(&o, &self.prefix, self.format, now.wall))
+                .collect(),
+        };
         // A tick that closed every window at once is rare: its room is not kept resident.
         crate::sys::memory::shed(&mut self.outputs, 1024);
         Batch {
@@ -356,12 +413,75 @@ mod tests {
         d.ticks_until(Now::at(century));
         assert!(d.engine().settled());
         // The window closed and the device went offline on the way, as tick by tick.
-        assert!(d.outputs.iter().any(|o| matches!(o, Output::Window(_))));
         assert!(d.outputs.iter().any(|o| matches!(o, Output::Alert(_))));
+        let topics: Vec<_> = d
+            .take_journal(Now::at(century))
+            .outputs
+            .into_iter()
+            .map(|e| e.topic)
+            .collect();
+        assert!(topics.iter().any(|t| t.contains("/windows/")), "{topics:?}");
+        assert!(topics.iter().any(|t| t.contains("/alerts/")), "{topics:?}");
         // The watermark is where the last tick puts an idle group.
         let wm = d.engine().watermark("g").unwrap();
         assert!(wm > century - 120_000, "{wm}");
         assert_eq!(d.next_tick(), Some(century + 200 - (century - T0) % 200));
+    }
+
+    /// `run` encodes outputs as they are emitted; a batch holds what encoding them
+    /// at the cut gives (`replay`'s way), at the cut's time, for families of input.
+    #[test]
+    fn outputs_encoded_at_emission_are_the_batch_encoded_at_the_cut() {
+        for (devices, every, format) in [
+            (1, 100, SinkFormat::Json),
+            (40, 37, SinkFormat::Cbor),
+            (300, 1000, SinkFormat::Json),
+        ] {
+            let cfg = crate::config::load_str(
+                "[gateway]\nid = \"gw\"\ncommit_interval_ms = 1000\ntick_interval_ms = 200\n\
+                 [time]\npolicy = \"device\"\n\
+                 [group_defaults]\nidle_timeout_ms = 500\nheartbeat_timeout_ms = 3000\n\
+                 allowed_lateness_ms = 1000\n\
+                 window = { kind = \"tumbling\", size_ms = 2000 }\n",
+                &std::collections::BTreeMap::new(),
+            )
+            .unwrap();
+            let mut run =
+                Driver::new(Engine::new(&cfg.engine()), &cfg, format, None).with_journal();
+            let mut cut = Driver::new(Engine::new(&cfg.engine()), &cfg, format, None);
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for k in 0..60i64 {
+                let at = T0 + k * every;
+                for i in 0..devices {
+                    // Every seventh reading is late, some are bad: late and rejected outputs too.
+                    let ts = if (k + i) % 7 == 0 { at - 30_000 } else { at };
+                    let p = if (k * i) % 11 == 5 {
+                        "{\"temp\": ".to_string()
+                    } else {
+                        format!(r#"{{"ts": {ts}, "temp": {k}, "rh": {i}}}"#)
+                    };
+                    let topic = format!("sensors/g{}/d{i}/reading", i % 3);
+                    run.message(Now::at(at), &topic, p.as_bytes());
+                    cut.message(Now::at(at), &topic, p.as_bytes());
+                }
+                if k % 9 == 8 {
+                    a.extend(run.take_journal(Now::at(at + 1)).outputs);
+                    b.extend(cut.take_batch(Now::at(at + 1)).outputs);
+                }
+            }
+            let end = T0 + 60 * every + 10_000;
+            run.ticks_until(Now::at(end));
+            cut.ticks_until(Now::at(end));
+            a.extend(run.take_journal(Now::at(end)).outputs);
+            b.extend(cut.take_batch(Now::at(end)).outputs);
+            assert!(b.iter().any(|e| e.topic.contains("/windows/")));
+            assert!(b.iter().any(|e| e.topic.contains("/alerts/")));
+            if devices > 1 {
+                assert!(b.iter().any(|e| e.topic.ends_with("/rejected")));
+                assert!(b.iter().any(|e| e.topic.contains("/late/")));
+            }
+            assert_eq!(a, b, "{devices} devices");
+        }
     }
 
     #[test]
