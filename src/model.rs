@@ -3,6 +3,55 @@
 /// A group, device or gateway id: at most 64 bytes, kept inline (no heap).
 pub type Id = heapless::String<64>;
 
+/// An id held once and shared: a device's group (one copy a group instead of a
+/// 72-byte copy in every device). Reads, prints and serializes as the [`Id`].
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct SharedId(std::sync::Arc<Id>);
+
+impl SharedId {
+    /// Shares `id`.
+    pub fn new(id: Id) -> Self {
+        Self(std::sync::Arc::new(id))
+    }
+}
+
+impl From<Id> for SharedId {
+    fn from(id: Id) -> Self {
+        Self::new(id)
+    }
+}
+
+impl std::ops::Deref for SharedId {
+    type Target = Id;
+    fn deref(&self) -> &Id {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for SharedId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::fmt::Display for SharedId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl serde::Serialize for SharedId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for SharedId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Id::deserialize(d).map(Self::new)
+    }
+}
+
 /// Epoch milliseconds.
 pub type Millis = i64;
 

@@ -152,7 +152,7 @@ impl Engine {
             dev.offline = true;
             changed = true;
             let last_seen = dev.max_event;
-            let (group, device) = (dev.group.clone(), dev.id.clone());
+            let (group, device) = (Id::clone(&dev.group), dev.id.clone());
             self.alert(out, di, AlertType::Offline, last_seen, None, now);
             out.emit(Output::Status {
                 group,
@@ -179,7 +179,7 @@ impl Engine {
         self.counters.alerts += 1;
         out.emit(Output::Alert(Alert {
             kind,
-            group: d.state.group.clone(),
+            group: Id::clone(&d.state.group),
             device: d.state.id.clone(),
             last_seen,
             watermark: wm,

@@ -132,7 +132,7 @@ impl Engine {
         {
             let clock = (ci != di).then(|| {
                 let c = &self.devices[ci].state;
-                (c.group.clone(), c.id.clone())
+                (Id::clone(&c.group), c.id.clone())
             });
             self.clock.waiting.push(gwclock::Waiting {
                 topic: topic.to_owned(),

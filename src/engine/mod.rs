@@ -10,7 +10,7 @@ use std::collections::{BinaryHeap, HashMap};
 use foldhash::fast::RandomState;
 
 use crate::codec::{Decoded, Decoder, MetricName};
-use crate::model::{Id, Millis};
+use crate::model::{Id, Millis, SharedId};
 use crate::output::Output;
 use crate::time::TimeConfig;
 use crate::time::gateway::GatewayClock;
@@ -95,6 +95,8 @@ type TimeHeap = BinaryHeap<Reverse<(Millis, u32)>>;
 
 struct GroupSlot {
     state: Group,
+    /// The group's id, shared by its devices.
+    id: SharedId,
     cfg: GroupConfig,
     /// Member device indexes, sorted by device id (deterministic output order).
     members: Vec<u32>,
@@ -238,7 +240,9 @@ impl Engine {
     /// Restores one device (after [`Engine::restore_groups`]).
     pub fn restore_device(&mut self, mut d: Device) {
         let di = self.device_slot(&d.group.clone(), &d.id.clone());
-        let g = &self.groups[self.devices[di].group as usize].state;
+        let slot = &self.groups[self.devices[di].group as usize];
+        d.group = slot.id.clone();
+        let g = &slot.state;
         if d.restarts != g.restarts {
             // Stored before the group's latest idleness restart, not written since.
             d.last_arrival = g.restarted_at;

@@ -5,9 +5,12 @@ use std::hash::BuildHasher;
 
 use super::{Device, Group};
 use super::{DeviceSlot, Engine, GroupSlot, MAX_DEVICES};
-use crate::model::{Id, Millis};
+use crate::model::{Id, Millis, SharedId};
 use crate::time::seq::SeqWindow;
 use crate::time::skew::SkewEstimator;
+
+/// Slots added at a time once the table is large.
+const SLOT_STEP: usize = 512;
 
 impl Engine {
     pub(super) fn mark_device(&mut self, di: usize) {
@@ -52,6 +55,7 @@ impl Engine {
                 restarts: 0,
                 restarted_at: 0,
             },
+            id: SharedId::new(name.clone()),
             cfg: self.group_rules.of(name).clone(),
             members: Vec::new(),
             index: hashbrown::HashTable::new(),
@@ -92,13 +96,15 @@ impl Engine {
         let i = self.devices.len();
         let di = u32::try_from(i).unwrap_or(u32::MAX);
         if i == self.devices.capacity() {
-            // A quarter more at a time, not double: ~540 bytes a slot, and a fleet's
-            // size is reached once (10 000 devices in a 16 384-slot table: 3 MiB unused).
-            self.devices.reserve_exact((i / 4).max(64));
+            // A quarter more at a time up to a fixed step, not double: a slot is
+            // ~480 bytes and a fleet's size is reached once (10 000 devices in a
+            // 16 384-slot table left 3 MiB unused). A step is larger than glibc's
+            // mmap threshold, so growing remaps pages instead of copying them.
+            self.devices.reserve_exact((i / 4).clamp(64, SLOT_STEP));
         }
         self.devices.push(DeviceSlot {
             state: Device {
-                group: group.clone(),
+                group: self.groups[gi].id.clone(),
                 id: device.clone(),
                 skew: SkewEstimator::default(),
                 distrusted: false,

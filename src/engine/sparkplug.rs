@@ -334,7 +334,7 @@ impl Engine {
         dev.last_arrival = now.mono.saturating_sub(idle).saturating_sub(1);
         let newly = !dev.offline;
         dev.offline = true;
-        let (last_seen, group, device) = (dev.max_event, dev.group.clone(), dev.id.clone());
+        let (last_seen, group, device) = (dev.max_event, Id::clone(&dev.group), dev.id.clone());
         self.mark_device(di);
         // The all-idle watermark runs from the last arrival of any member still alive.
         let members = self.groups[gi].members.clone();

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::codec::MetricName;
-use crate::model::{Id, Millis, Reason};
+use crate::model::{Id, Millis, Reason, SharedId};
 use crate::time::gateway::GatewayClock;
 use crate::time::seq::SeqWindow;
 use crate::time::skew::SkewEstimator;
@@ -48,8 +48,8 @@ impl Counters {
 /// Persistent state of one device (group, device).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Device {
-    /// Group id.
-    pub group: Id,
+    /// Group id, shared with the group's other devices.
+    pub group: SharedId,
     /// Device id.
     pub id: Id,
     /// Clock-offset estimator.

@@ -34,20 +34,74 @@ pub enum Seen {
 }
 
 /// Sliding duplicate filter.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// The bitmap is kept only while it differs from an in-order stream's (every
+/// number from `lo` to `hi` seen): a gap, a reordering or state from before `lo`.
+/// Most devices send in order, so most hold no bitmap (128 bytes each).
+#[derive(Clone, Default)]
 pub struct SeqWindow {
     /// Highest number seen; `None` before the first.
     hi: Option<u64>,
-    /// Bit `d` set: number `hi - d` was seen (`d < SEQ_WINDOW`).
-    bits: [u64; WORDS],
+    /// Bit `d` set: number `hi - d` was seen (`d < SEQ_WINDOW`); `None`: the
+    /// in-order pattern of `hi` and `lo` ([`SeqWindow::in_order`]).
+    bits: Option<Box<[u64; WORDS]>>,
     /// First number of the stream since the last (re)start: numbers below it
     /// were never counted missing, so their arrival takes nothing back.
     /// `None` in state written before missing readings were counted.
-    #[serde(default)]
     lo: Option<u64>,
     /// Latest device timestamp seen since the window (re)started (None: none).
+    max_ts: Option<Millis>,
+}
+
+/// The stored form: the bitmap always written out, as before it was elided.
+#[derive(Serialize, Deserialize)]
+struct Repr {
+    hi: Option<u64>,
+    bits: [u64; WORDS],
+    #[serde(default)]
+    lo: Option<u64>,
     #[serde(default)]
     max_ts: Option<Millis>,
+}
+
+impl Serialize for SeqWindow {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.repr().serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for SeqWindow {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let r = Repr::deserialize(d)?;
+        let mut w = Self {
+            hi: r.hi,
+            bits: Some(Box::new(r.bits)),
+            lo: r.lo,
+            max_ts: r.max_ts,
+        };
+        w.settle();
+        Ok(w)
+    }
+}
+
+impl PartialEq for SeqWindow {
+    fn eq(&self, other: &Self) -> bool {
+        (self.hi, self.lo, self.max_ts, self.words())
+            == (other.hi, other.lo, other.max_ts, other.words())
+    }
+}
+
+impl Eq for SeqWindow {}
+
+impl std::fmt::Debug for SeqWindow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SeqWindow")
+            .field("hi", &self.hi)
+            .field("bits", &self.words())
+            .field("lo", &self.lo)
+            .field("max_ts", &self.max_ts)
+            .finish()
+    }
 }
 
 impl SeqWindow {
@@ -64,6 +118,14 @@ impl SeqWindow {
     /// Records `seq` of a reading stamped `ts` by the device: a duplicate, or
     /// new with the gap it opens or closes (SPEC §4 "Missing readings").
     pub fn observe_at(&mut self, seq: u64, ts: Option<Millis>) -> Seen {
+        let seen = self.apply(seq, ts);
+        if self.bits.is_some() {
+            self.settle();
+        }
+        seen
+    }
+
+    fn apply(&mut self, seq: u64, ts: Option<Millis>) -> Seen {
         let Some(hi) = self.hi else {
             self.restart(seq, ts);
             return Seen::New { missing: 0 };
@@ -71,10 +133,13 @@ impl SeqWindow {
         let lo = *self.lo.get_or_insert(hi);
         if seq > hi {
             let gap = seq - hi - 1;
-            self.shift(seq - hi);
+            if gap > 0 || self.bits.is_some() {
+                self.shift(seq - hi);
+                self.set(0);
+            }
+            // In order with no bitmap: the next number keeps the in-order pattern.
             self.hi = Some(seq);
             self.note_ts(ts);
-            self.set(0);
             let missing = if gap > MAX_GAP { 0 } else { gap as i64 };
             return Seen::New { missing };
         }
@@ -108,37 +173,202 @@ impl SeqWindow {
         self.hi = Some(seq);
         self.max_ts = ts;
         self.lo = Some(seq);
-        self.bits = [0; WORDS];
-        self.set(0);
+        self.bits = None;
+    }
+
+    /// The bitmap of an in-order stream: numbers `lo..=hi` seen (all zero before
+    /// the first number). `None` where there is none: no `lo` (older state).
+    fn in_order(hi: Option<u64>, lo: Option<u64>) -> Option<[u64; WORDS]> {
+        let mut bits = [0; WORDS];
+        let Some(hi) = hi else {
+            return Some(bits);
+        };
+        let n = hi.checked_sub(lo?)?.saturating_add(1).min(SEQ_WINDOW);
+        for (i, w) in bits.iter_mut().enumerate() {
+            let below = n.saturating_sub(64 * i as u64).min(64);
+            *w = if below == 64 {
+                u64::MAX
+            } else {
+                (1 << below) - 1
+            };
+        }
+        Some(bits)
+    }
+
+    /// The bitmap, written out.
+    fn words(&self) -> [u64; WORDS] {
+        match &self.bits {
+            Some(b) => **b,
+            // The pattern exists whenever the bitmap is elided.
+            None => Self::in_order(self.hi, self.lo).unwrap_or_default(),
+        }
+    }
+
+    fn repr(&self) -> Repr {
+        Repr {
+            hi: self.hi,
+            bits: self.words(),
+            lo: self.lo,
+            max_ts: self.max_ts,
+        }
+    }
+
+    /// Drops the bitmap once it is the in-order pattern again.
+    fn settle(&mut self) {
+        if let Some(b) = &self.bits
+            && Self::in_order(self.hi, self.lo).is_some_and(|p| p == **b)
+        {
+            self.bits = None;
+        }
+    }
+
+    fn map(&mut self) -> &mut [u64; WORDS] {
+        let (hi, lo) = (self.hi, self.lo);
+        self.bits
+            .get_or_insert_with(|| Box::new(Self::in_order(hi, lo).unwrap_or_default()))
     }
 
     fn get(&self, d: u64) -> bool {
-        self.bits[(d / 64) as usize] >> (d % 64) & 1 == 1
+        match &self.bits {
+            Some(b) => b[(d / 64) as usize] >> (d % 64) & 1 == 1,
+            None => match (self.hi, self.lo) {
+                (Some(hi), Some(lo)) => d <= hi.saturating_sub(lo),
+                _ => false,
+            },
+        }
     }
 
     fn set(&mut self, d: u64) {
-        self.bits[(d / 64) as usize] |= 1 << (d % 64);
+        self.map()[(d / 64) as usize] |= 1 << (d % 64);
     }
 
     /// Moves every bit `n` positions further from `hi`.
     fn shift(&mut self, n: u64) {
+        let bits = self.map();
         if n >= SEQ_WINDOW {
-            self.bits = [0; WORDS];
+            *bits = [0; WORDS];
             return;
         }
         let words = (n / 64) as usize;
-        let bits = n % 64;
+        let by = n % 64;
         for i in (0..WORDS).rev() {
             let src = i.checked_sub(words);
-            let lo = src.map_or(0, |s| self.bits[s]);
-            let carry = src
-                .and_then(|s| s.checked_sub(1))
-                .map_or(0, |s| self.bits[s]);
-            self.bits[i] = if bits == 0 {
+            let lo = src.map_or(0, |s| bits[s]);
+            let carry = src.and_then(|s| s.checked_sub(1)).map_or(0, |s| bits[s]);
+            bits[i] = if by == 0 {
                 lo
             } else {
-                (lo << bits) | (carry >> (64 - bits))
+                (lo << by) | (carry >> (64 - by))
             };
+        }
+    }
+}
+
+/// The filter as it was before the bitmap could be elided, kept as the reference
+/// the elided one must agree with, step by step and byte for byte.
+#[cfg(test)]
+mod plain {
+    use super::{MAX_GAP, SEQ_WINDOW, Seen, WORDS};
+    use crate::model::Millis;
+    use serde::{Deserialize, Serialize};
+
+    /// Sliding duplicate filter.
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+    pub struct Plain {
+        /// Highest number seen; `None` before the first.
+        hi: Option<u64>,
+        /// Bit `d` set: number `hi - d` was seen (`d < SEQ_WINDOW`).
+        bits: [u64; WORDS],
+        /// First number of the stream since the last (re)start: numbers below it
+        /// were never counted missing, so their arrival takes nothing back.
+        /// `None` in state written before missing readings were counted.
+        #[serde(default)]
+        lo: Option<u64>,
+        /// Latest device timestamp seen since the window (re)started (None: none).
+        #[serde(default)]
+        max_ts: Option<Millis>,
+    }
+
+    impl Plain {
+        /// Records `seq` of a reading stamped `ts` by the device: a duplicate, or
+        /// new with the gap it opens or closes (SPEC §4 "Missing readings").
+        pub fn observe_at(&mut self, seq: u64, ts: Option<Millis>) -> Seen {
+            let Some(hi) = self.hi else {
+                self.restart(seq, ts);
+                return Seen::New { missing: 0 };
+            };
+            let lo = *self.lo.get_or_insert(hi);
+            if seq > hi {
+                let gap = seq - hi - 1;
+                self.shift(seq - hi);
+                self.hi = Some(seq);
+                self.note_ts(ts);
+                self.set(0);
+                let missing = if gap > MAX_GAP { 0 } else { gap as i64 };
+                return Seen::New { missing };
+            }
+            let d = hi - seq;
+            if d >= SEQ_WINDOW {
+                self.restart(seq, ts);
+                return Seen::New { missing: 0 };
+            }
+            if self.get(d) {
+                // Seen, but stamped after everything seen: not a redelivery.
+                if matches!((ts, self.max_ts), (Some(t), Some(m)) if t > m) {
+                    self.restart(seq, ts);
+                    return Seen::New { missing: 0 };
+                }
+                return Seen::Duplicate;
+            }
+            self.note_ts(ts);
+            self.set(d);
+            Seen::New {
+                missing: if seq > lo { -1 } else { 0 },
+            }
+        }
+
+        fn note_ts(&mut self, ts: Option<Millis>) {
+            if let Some(t) = ts {
+                self.max_ts = Some(self.max_ts.map_or(t, |m| m.max(t)));
+            }
+        }
+
+        fn restart(&mut self, seq: u64, ts: Option<Millis>) {
+            self.hi = Some(seq);
+            self.max_ts = ts;
+            self.lo = Some(seq);
+            self.bits = [0; WORDS];
+            self.set(0);
+        }
+
+        fn get(&self, d: u64) -> bool {
+            self.bits[(d / 64) as usize] >> (d % 64) & 1 == 1
+        }
+
+        fn set(&mut self, d: u64) {
+            self.bits[(d / 64) as usize] |= 1 << (d % 64);
+        }
+
+        /// Moves every bit `n` positions further from `hi`.
+        fn shift(&mut self, n: u64) {
+            if n >= SEQ_WINDOW {
+                self.bits = [0; WORDS];
+                return;
+            }
+            let words = (n / 64) as usize;
+            let bits = n % 64;
+            for i in (0..WORDS).rev() {
+                let src = i.checked_sub(words);
+                let lo = src.map_or(0, |s| self.bits[s]);
+                let carry = src
+                    .and_then(|s| s.checked_sub(1))
+                    .map_or(0, |s| self.bits[s]);
+                self.bits[i] = if bits == 0 {
+                    lo
+                } else {
+                    (lo << bits) | (carry >> (64 - bits))
+                };
+            }
         }
     }
 }
@@ -362,6 +592,104 @@ mod tests {
                 let h = hi.unwrap_or(0);
                 seen.retain(|x| x + SEQ_WINDOW > h);
             }
+        }
+    }
+
+    /// One step of a device's numbering: what real streams do to the filter.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Next,
+        Skip(u64),
+        Back(u64),
+        Again(u64),
+        Reboot(u64),
+        Stored,
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        prop_oneof![
+            8 => Just(Step::Next),
+            2 => (1u64..3_000).prop_map(Step::Skip),
+            2 => (0u64..1_500).prop_map(Step::Back),
+            2 => (0u64..40).prop_map(Step::Again),
+            1 => (0u64..5).prop_map(Step::Reboot),
+            1 => Just(Step::Stored),
+        ]
+    }
+
+    fn cbor<T: Serialize>(v: &T) -> Vec<u8> {
+        let mut b = Vec::new();
+        ciborium::ser::into_writer(v, &mut b).unwrap();
+        b
+    }
+
+    proptest::proptest! {
+        /// The filter that elides its bitmap answers every number as the plain one
+        /// did and stores the same bytes, over streams with gaps, reorderings,
+        /// redeliveries, reboots, numbers near both ends of u64, timestamps that go
+        /// back or are absent, and restores from either's stored form.
+        #[test]
+        fn agrees_with_the_plain_bitmap_step_by_step_and_byte_for_byte(
+            start in proptest::prop_oneof![0u64..3, 1_000u64..2_000, (u64::MAX - 5_000)..u64::MAX],
+            steps in proptest::collection::vec((step(), proptest::option::weighted(0.8, -3_000i64..3_000)), 1..600),
+            legacy in proptest::bool::weighted(0.2),
+        ) {
+            let mut new = SeqWindow::default();
+            let mut old = plain::Plain::default();
+            let (mut seq, mut t) = (start, 1_700_000_000_000i64);
+            for (i, (st, dt)) in steps.into_iter().enumerate() {
+                match st {
+                    Step::Next => seq = seq.saturating_add(1),
+                    Step::Skip(k) => seq = seq.saturating_add(k + 1),
+                    Step::Back(k) | Step::Again(k) => seq = seq.saturating_sub(k),
+                    Step::Reboot(k) => seq = k,
+                    Step::Stored => {
+                        // Restore the new filter from the plain one's bytes (state of a
+                        // binary from before), or from its own.
+                        let bytes = if legacy { cbor(&old) } else { cbor(&new) };
+                        new = ciborium::de::from_reader(bytes.as_slice()).unwrap();
+                        continue;
+                    }
+                }
+                let ts = dt.map(|d| { t += d; t });
+                let (a, b) = (new.observe_at(seq, ts), old.observe_at(seq, ts));
+                proptest::prop_assert_eq!(a, b, "step {} seq {}", i, seq);
+                proptest::prop_assert_eq!(cbor(&new), cbor(&old), "step {}", i);
+                proptest::prop_assert_eq!(
+                    new.bits.is_some(),
+                    SeqWindow::in_order(new.hi, new.lo) != Some(new.words()),
+                    "a bitmap is kept exactly while it is not the in-order one"
+                );
+            }
+        }
+    }
+
+    /// In-order streams keep no bitmap; a gap keeps one until it is filled or
+    /// slides out of the window, a legacy record until its stream restarts.
+    #[test]
+    fn in_order_streams_keep_no_bitmap() {
+        for n in [1u64, 2, 63, 64, 65, 1_023, 1_024, 1_025, 5_000] {
+            let mut w = SeqWindow::default();
+            for s in 0..n {
+                assert_eq!(w.observe(s), Seen::New { missing: 0 });
+            }
+            assert!(w.bits.is_none(), "{n}");
+            // A gap of 3 keeps the bitmap; its filling drops it.
+            assert_eq!(w.observe(n + 3), Seen::New { missing: 3 });
+            assert!(w.bits.is_some());
+            for s in n..n + 3 {
+                assert_eq!(w.observe(s), Seen::New { missing: -1 });
+            }
+            assert!(w.bits.is_none(), "{n}: filled");
+            // A gap (n + 4) never filled: the bitmap goes once it slides out.
+            assert_eq!(w.observe(n + 5), Seen::New { missing: 1 });
+            for s in n + 6..n + 4 + SEQ_WINDOW {
+                w.observe(s);
+                assert!(w.bits.is_some(), "{n}: {s}");
+            }
+            w.observe(n + 4 + SEQ_WINDOW);
+            assert!(w.bits.is_none(), "{n}: slid out");
         }
     }
 }
