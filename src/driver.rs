@@ -3,6 +3,7 @@
 //! carries. Time comes in as values; nothing here reads a clock or does I/O
 //! (the shape of rumqttc's `MqttState` beside its `EventLoop`).
 
+use crate::codec::{DecodeError, Decoded};
 use crate::config::Config;
 use crate::engine::{Engine, Now};
 use crate::journal::Journal;
@@ -149,11 +150,22 @@ impl Driver {
 
     /// One input message: every tick due at or before it first, then the message.
     pub fn message(&mut self, now: Now, topic: &str, payload: &[u8]) {
+        self.message_decoded(now, topic, payload, None);
+    }
+
+    /// [`Driver::message`] with the payload decoded ahead (see [`Engine::on_message_decoded`]).
+    pub fn message_decoded(
+        &mut self,
+        now: Now,
+        topic: &str,
+        payload: &[u8],
+        decoded: Option<Result<&Decoded, &DecodeError>>,
+    ) {
         if !self.started() {
             self.start(now);
         }
         self.ticks_until(now);
-        self.emitting(|e, out| e.on_message(topic, payload, now, out));
+        self.emitting(|e, out| e.on_message_decoded(topic, payload, decoded, now, out));
         if let Some(j) = &mut self.journal {
             j.message(now, topic, payload);
         }

@@ -3,7 +3,7 @@
 use std::cmp::Reverse;
 
 use super::{Engine, MAX_METRIC_NAMES, Now};
-use crate::codec::{Decoded, MetricName};
+use crate::codec::{DecodeError, Decoded, Decoder, MetricName};
 use crate::model::{Id, Kind, Millis, Reason};
 use crate::output::{AlertType, Emit, Late, Output, Rejected, decoded_fields};
 use crate::time::gateway as gwclock;
@@ -34,35 +34,63 @@ impl Engine {
 
     /// Handles one input message that arrived at `now`.
     pub fn on_message(&mut self, topic: &str, payload: &[u8], now: Now, out: &mut dyn Emit) {
-        let raw_wall = now.wall;
-        let now = self.observe_clock(now, out);
-        self.release_waiting(out);
-        let mut decoded = self.scratch.take().unwrap_or_default();
-        self.handle(topic, payload, now, raw_wall, &mut decoded, out);
-        self.scratch = Some(decoded);
+        self.on_message_decoded(topic, payload, None, now, out);
     }
 
-    pub(super) fn handle(
+    /// [`Engine::on_message`] with the payload already decoded by a clone of
+    /// [`Engine::decoder`] (replay decodes on its read-ahead thread). A Sparkplug
+    /// message ignores it: its payload is read against its edge node's births.
+    pub fn on_message_decoded(
         &mut self,
         topic: &str,
         payload: &[u8],
+        decoded: Option<Result<&Decoded, &DecodeError>>,
+        now: Now,
+        out: &mut dyn Emit,
+    ) {
+        let raw_wall = now.wall;
+        let now = self.observe_clock(now, out);
+        self.release_waiting(out);
+        let mut scratch = self.scratch.take().unwrap_or_default();
+        self.handle(topic, payload, decoded, now, raw_wall, &mut scratch, out);
+        self.scratch = Some(scratch);
+    }
+
+    /// The payload decoder in force; what [`Engine::on_message_decoded`] expects.
+    pub fn decoder(&self) -> &Decoder {
+        &self.decoder
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn handle(
+        &mut self,
+        topic: &str,
+        payload: &[u8],
+        ahead: Option<Result<&Decoded, &DecodeError>>,
         now: Now,
         raw_wall: Millis,
-        decoded: &mut Decoded,
+        scratch: &mut Decoded,
         out: &mut dyn Emit,
     ) {
         self.counters.received += 1;
         if self.sparkplug.enabled && crate::sparkplug::is_sparkplug(topic) {
-            return self.sparkplug_message(topic, payload, now, raw_wall, decoded, out);
+            return self.sparkplug_message(topic, payload, now, raw_wall, scratch, out);
         }
         let parts = match self.pattern.parse_topic(topic) {
             Ok(p) => p,
             Err(e) => return self.reject(out, Reason::BadTopic, topic, None, now, e.to_string()),
         };
         let ids = Some((&parts.group, &parts.device));
-        if let Err(e) = self.decoder.decode_into(payload, decoded) {
-            return self.reject(out, Reason::DecodeError, topic, ids, now, e.0);
-        }
+        let decoded = match ahead {
+            Some(Ok(d)) => d,
+            Some(Err(e)) => {
+                return self.reject(out, Reason::DecodeError, topic, ids, now, e.0.clone());
+            }
+            None => match self.decoder.decode_into(payload, scratch) {
+                Ok(()) => &*scratch,
+                Err(e) => return self.reject(out, Reason::DecodeError, topic, ids, now, e.0),
+            },
+        };
         self.apply(topic, parts, decoded, now, raw_wall, None, out);
     }
 

@@ -190,7 +190,13 @@ pub(super) fn run_durable(
     };
     let mut rp = Driver::new(engine, cfg, SinkFormat::Json, d.pos.next_tick)
         .with_last_commit(d.pos.last_commit);
-    while let Some((now, topic, payload)) = input.next()? {
+    let (mut topic, mut payload) = (String::new(), Vec::new());
+    loop {
+        topic.clear();
+        payload.clear();
+        let Some(now) = input.next_into(&mut topic, &mut payload)? else {
+            break;
+        };
         rp.message(now, &topic, &payload);
         // Replay has no site broker to ask for rebirths.
         rp.engine_mut().take_commands();

@@ -15,12 +15,12 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use crate::codec::{DecodeError, Decoded, Decoder, DeviceTs, MetricName};
 use crate::config::Config;
 use crate::driver::Driver;
 use crate::engine::{Engine, Now};
 use crate::model::Millis;
-use crate::output::PayloadRef;
-use crate::output::SinkFormat;
+use crate::output::{Output, PayloadRef, SinkFormat};
 use crate::store::StoreError;
 
 mod durable;
@@ -81,10 +81,19 @@ impl<'a> Record<'a> {
 
     /// The payload's bytes.
     pub fn payload_bytes(&self) -> Result<Vec<u8>, String> {
+        let mut v = Vec::new();
+        self.payload_into(&mut v).map(|()| v)
+    }
+
+    /// Appends the payload's bytes to `buf`.
+    pub fn payload_into(&self, buf: &mut Vec<u8>) -> Result<(), String> {
         match (&self.payload, &self.payload_b64) {
-            (Some(p), None) => Ok(p.get().as_bytes().to_vec()),
+            (Some(p), None) => {
+                buf.extend_from_slice(p.get().as_bytes());
+                Ok(())
+            }
             (None, Some(b)) => base64::engine::general_purpose::STANDARD
-                .decode(b)
+                .decode_vec(b, buf)
                 .map_err(|e| format!("payload_b64: {e}")),
             (None, None) => Err("needs \"payload\" or \"payload_b64\"".into()),
             (Some(_), Some(_)) => Err("has both \"payload\" and \"payload_b64\"".into()),
@@ -190,8 +199,13 @@ struct Input<R: BufRead> {
 }
 
 impl<R: BufRead> Input<R> {
-    /// The next record as (gateway clocks, topic, payload), or None at the end.
-    fn next(&mut self) -> Result<Option<(Now, String, Vec<u8>)>, ReplayError> {
+    /// The next record's gateway clocks, its topic and payload appended to
+    /// `topics` and `payloads`; None at the end.
+    fn next_into(
+        &mut self,
+        topics: &mut String,
+        payloads: &mut Vec<u8>,
+    ) -> Result<Option<Now>, ReplayError> {
         loop {
             self.line.clear();
             let n = self
@@ -230,42 +244,113 @@ impl<R: BufRead> Input<R> {
             if rec.mono.is_some_and(|m| !(0..=MAX_ARRIVAL).contains(&m)) {
                 return Err(bad(format!("mono is outside 0..={MAX_ARRIVAL}").into()));
             }
-            let bytes = rec.payload_bytes().map_err(|e| bad(e.into()))?;
+            let start = payloads.len();
+            if let Err(e) = rec.payload_into(payloads) {
+                payloads.truncate(start);
+                return Err(bad(e.into()));
+            }
+            topics.push_str(&rec.topic);
             let now = Now {
                 wall: rec.arrival,
                 mono: self.mono.map(rec.arrival, rec.mono),
                 synced: rec.synced.unwrap_or(true),
             };
-            return Ok(Some((now, rec.topic.into_owned(), bytes)));
+            return Ok(Some(now));
         }
     }
 }
 
-/// One capture record: gateway clocks, topic, payload.
-type Item = (Now, String, Vec<u8>);
+/// Capture records read ahead: topics and payloads each in one buffer (no
+/// allocation per record), payloads decoded with the engine's decoder.
+#[derive(Default)]
+struct Batch {
+    topics: String,
+    payloads: Vec<u8>,
+    metrics: Vec<(MetricName, f64)>,
+    items: Vec<Ahead>,
+}
+
+/// One record of a [`Batch`]; its parts end where the next one's begin.
+struct Ahead {
+    now: Now,
+    topic_end: usize,
+    payload_end: usize,
+    /// None: left to the engine (a Sparkplug topic).
+    decoded: Option<Result<Lite, DecodeError>>,
+}
+
+/// A decoded payload whose metrics are in the batch's list.
+struct Lite {
+    ts: DeviceTs,
+    seq: Option<u64>,
+    metrics_end: usize,
+}
+
+impl Batch {
+    fn clear(&mut self) {
+        self.topics.clear();
+        self.payloads.clear();
+        self.metrics.clear();
+        self.items.clear();
+    }
+
+    /// Reads the next record into the batch; false at the end of the input.
+    fn read<R: BufRead>(
+        &mut self,
+        input: &mut Input<R>,
+        decoder: &Decoder,
+        scratch: &mut Decoded,
+    ) -> Result<bool, ReplayError> {
+        let (topic_start, payload_start) = (self.topics.len(), self.payloads.len());
+        let Some(now) = input.next_into(&mut self.topics, &mut self.payloads)? else {
+            return Ok(false);
+        };
+        let topic = &self.topics[topic_start..];
+        let decoded = (!crate::sparkplug::is_sparkplug(topic)).then(|| {
+            decoder
+                .decode_into(&self.payloads[payload_start..], scratch)
+                .map(|()| {
+                    self.metrics.extend(scratch.metrics.iter().cloned());
+                    Lite {
+                        ts: scratch.ts,
+                        seq: scratch.seq,
+                        metrics_end: self.metrics.len(),
+                    }
+                })
+        });
+        self.items.push(Ahead {
+            now,
+            topic_end: self.topics.len(),
+            payload_end: self.payloads.len(),
+            decoded,
+        });
+        Ok(true)
+    }
+}
 
 /// Records read ahead in batches; a bad line's error follows the records before it.
+/// Batches the engine is done with come back on `free`.
 fn read_ahead<R: BufRead>(
     mut input: Input<R>,
-    tx: &std::sync::mpsc::SyncSender<Result<Vec<Item>, ReplayError>>,
+    decoder: &Decoder,
+    tx: &std::sync::mpsc::SyncSender<Result<Batch, ReplayError>>,
+    free: &std::sync::mpsc::Receiver<Batch>,
 ) {
     const BATCH: usize = 1024;
+    let mut scratch = Decoded::default();
     loop {
-        let mut batch = Vec::with_capacity(BATCH);
+        let mut batch = free.try_recv().unwrap_or_default();
+        batch.clear();
         let end = loop {
-            match input.next() {
-                Ok(Some(item)) => {
-                    batch.push(item);
-                    if batch.len() == BATCH {
-                        break Ok(false);
-                    }
-                }
-                Ok(None) => break Ok(true),
+            match batch.read(&mut input, decoder, &mut scratch) {
+                Ok(true) if batch.items.len() == BATCH => break Ok(false),
+                Ok(true) => {}
+                Ok(false) => break Ok(true),
                 Err(e) => break Err(e),
             }
         };
         // A closed channel: the replay stopped on its own error.
-        if !batch.is_empty() && tx.send(Ok(batch)).is_err() {
+        if !batch.items.is_empty() && tx.send(Ok(batch)).is_err() {
             return;
         }
         match end {
@@ -298,8 +383,8 @@ pub fn run(cfg: &Config, opts: &Options<'_>) -> Result<(Engine, Summary), Replay
     let file = File::open(opts.input).map_err(io(format!("opening {}", opts.input.display())))?;
     match opts.state_dir {
         None => {
-            let out: Box<dyn Write> = match opts.output {
-                None => Box::new(std::io::stdout().lock()),
+            let out: Box<dyn Write + Send> = match opts.output {
+                None => Box::new(std::io::stdout()),
                 Some(p) => {
                     Box::new(File::create(p).map_err(io(format!("creating {}", p.display())))?)
                 }
@@ -317,7 +402,7 @@ pub fn run(cfg: &Config, opts: &Options<'_>) -> Result<(Engine, Summary), Replay
 }
 
 /// In-memory replay into any writer.
-pub fn run_memory<R: BufRead + Send, W: Write>(
+pub fn run_memory<R: BufRead + Send, W: Write + Send>(
     cfg: &Config,
     input: R,
     out: W,
@@ -327,7 +412,7 @@ pub fn run_memory<R: BufRead + Send, W: Write>(
 }
 
 /// In-memory replay; `flush` emits every open window at the end.
-pub fn run_memory_with<R: BufRead + Send, W: Write>(
+pub fn run_memory_with<R: BufRead + Send, W: Write + Send>(
     cfg: &Config,
     input: R,
     mut out: W,
@@ -335,6 +420,7 @@ pub fn run_memory_with<R: BufRead + Send, W: Write>(
     flush: bool,
 ) -> Result<(Engine, Summary), ReplayError> {
     let mut rp = Driver::new(Engine::new(&cfg.engine()), cfg, SinkFormat::Json, None);
+    let decoder = rp.engine_mut().decoder().clone();
     let input = Input {
         r: input,
         line: String::new(),
@@ -342,13 +428,100 @@ pub fn run_memory_with<R: BufRead + Send, W: Write>(
         line_no: 0,
         mono: VirtualMono::default(),
     };
-    let mut summary = Summary::default();
+    let mut records = 0;
     let mut last: Option<Now> = None;
+    let prefix = cfg.topic_prefix.as_str();
+    let outputs = std::thread::scope(|s| {
+        // Three stages on their own threads, in input order: the capture read,
+        // parsed and its payloads decoded a batch ahead; the engine; its outputs
+        // rendered and written.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Batch, ReplayError>>(4);
+        let (free_tx, free_rx) = std::sync::mpsc::sync_channel::<Batch>(8);
+        s.spawn(move || read_ahead(input, &decoder, &tx, &free_rx));
+        let (out_tx, out_rx) = std::sync::mpsc::sync_channel::<Vec<Output>>(64);
+        let writer = s.spawn(move || write_outputs(prefix, &out_rx, &mut out));
+        // A closed channel: the writer stopped on an error, which its join reports.
+        let send = |rp: &mut Driver| {
+            rp.outputs.is_empty() || out_tx.send(std::mem::take(&mut rp.outputs)).is_ok()
+        };
+        let mut decoded = Decoded::default();
+        let read = (|| {
+            for batch in rx {
+                let batch = batch?;
+                let (mut t0, mut p0, mut m0) = (0, 0, 0);
+                for a in &batch.items {
+                    let topic = &batch.topics[t0..a.topic_end];
+                    let payload = &batch.payloads[p0..a.payload_end];
+                    (t0, p0) = (a.topic_end, a.payload_end);
+                    let ahead = a.decoded.as_ref().map(|d| {
+                        d.as_ref().map(|l| {
+                            decoded.ts = l.ts;
+                            decoded.seq = l.seq;
+                            decoded.metrics.clear();
+                            for m in &batch.metrics[m0..l.metrics_end] {
+                                let _ = decoded.metrics.push(m.clone());
+                            }
+                            m0 = l.metrics_end;
+                            &decoded
+                        })
+                    });
+                    let now = a.now;
+                    rp.message_decoded(now, topic, payload, ahead);
+                    // Replay has no site broker to ask for rebirths.
+                    rp.engine_mut().take_commands();
+                    records += 1;
+                    last = Some(last.map_or(now, |l| Now {
+                        wall: l.wall.max(now.wall),
+                        mono: l.mono.max(now.mono),
+                        synced: now.synced,
+                    }));
+                    if !send(&mut rp) {
+                        return Ok(());
+                    }
+                }
+                let _ = free_tx.try_send(batch);
+            }
+            if let Some(last) = last {
+                rp.ticks_until(Now {
+                    wall: last.wall.saturating_add(drain_ms),
+                    mono: last.mono.saturating_add(drain_ms),
+                    synced: last.synced,
+                });
+                if flush {
+                    rp.flush();
+                }
+                send(&mut rp);
+            }
+            Ok::<(), ReplayError>(())
+        })();
+        drop(out_tx);
+        let written = writer
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        read.and(written)
+    })?;
+    Ok((
+        rp.into_engine(),
+        Summary {
+            records,
+            outputs,
+            commits: 0,
+        },
+    ))
+}
+
+/// Renders and writes outputs as they come, in order; how many it wrote.
+fn write_outputs<W: Write>(
+    prefix: &str,
+    rx: &std::sync::mpsc::Receiver<Vec<Output>>,
+    out: &mut W,
+) -> Result<u64, ReplayError> {
     let mut line = Vec::new();
-    let mut write = |rp: &mut Driver, summary: &mut Summary| -> Result<(), ReplayError> {
-        for o in rp.outputs.drain(..) {
+    let mut n = 0;
+    for outputs in rx {
+        for o in outputs {
             line.clear();
-            let topic = o.topic(&cfg.topic_prefix);
+            let topic = o.topic(prefix);
             serde_json::to_writer(
                 &mut line,
                 &Line {
@@ -360,49 +533,186 @@ pub fn run_memory_with<R: BufRead + Send, W: Write>(
             .map_err(|e| io("rendering output")(e.into()))?;
             line.push(b'\n');
             out.write_all(&line).map_err(io("writing output"))?;
-            summary.outputs += 1;
+            n += 1;
         }
-        Ok(())
-    };
-    std::thread::scope(|s| {
-        // The capture is read and parsed a batch ahead on a second thread (a fifth of
-        // replay's work); records and a bad line's error arrive in input order.
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Vec<Item>, ReplayError>>(4);
-        s.spawn(move || read_ahead(input, &tx));
-        for batch in rx {
-            for (now, topic, payload) in batch? {
-                rp.message(now, &topic, &payload);
-                // Replay has no site broker to ask for rebirths.
-                rp.engine_mut().take_commands();
-                summary.records += 1;
-                last = Some(last.map_or(now, |l| Now {
-                    wall: l.wall.max(now.wall),
-                    mono: l.mono.max(now.mono),
-                    synced: now.synced,
-                }));
-                write(&mut rp, &mut summary)?;
-            }
-        }
-        Ok::<(), ReplayError>(())
-    })?;
-    if let Some(last) = last {
-        rp.ticks_until(Now {
-            wall: last.wall.saturating_add(drain_ms),
-            mono: last.mono.saturating_add(drain_ms),
-            synced: last.synced,
-        });
-        if flush {
-            rp.flush();
-        }
-        write(&mut rp, &mut summary)?;
     }
     out.flush().map_err(io("writing output"))?;
-    Ok((rp.into_engine(), summary))
+    Ok(n)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The engine fed one record at a time on one thread, outputs rendered as
+    /// the pipeline renders them: what [`run_memory_with`] must equal.
+    fn sequential(cfg: &Config, capture: &str, flush: bool) -> Vec<u8> {
+        let mut rp = Driver::new(Engine::new(&cfg.engine()), cfg, SinkFormat::Json, None);
+        let mut input = Input {
+            r: capture.as_bytes(),
+            line: String::new(),
+            offset: 0,
+            line_no: 0,
+            mono: VirtualMono::default(),
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (mut topic, mut payload, mut last) = (String::new(), Vec::new(), None::<Now>);
+        loop {
+            topic.clear();
+            payload.clear();
+            let Some(now) = input.next_into(&mut topic, &mut payload).unwrap() else {
+                break;
+            };
+            rp.message(now, &topic, &payload);
+            rp.engine_mut().take_commands();
+            last = Some(last.map_or(now, |l| Now {
+                wall: l.wall.max(now.wall),
+                mono: l.mono.max(now.mono),
+                synced: now.synced,
+            }));
+            tx.send(std::mem::take(&mut rp.outputs)).unwrap();
+        }
+        if let Some(last) = last {
+            rp.ticks_until(Now {
+                wall: last.wall + 120_000,
+                mono: last.mono + 120_000,
+                synced: last.synced,
+            });
+            if flush {
+                rp.flush();
+            }
+            tx.send(std::mem::take(&mut rp.outputs)).unwrap();
+        }
+        drop(tx);
+        let mut out = Vec::new();
+        write_outputs(&cfg.topic_prefix, &rx, &mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn read_ahead_decoding_and_the_writer_thread_change_no_output_byte() {
+        let cfg = crate::config::load_str(
+            "[gateway]\nid = \"gw\"\ntick_interval_ms = 100\n\
+             [sparkplug]\nenabled = true\n\
+             [payload]\nseq_field = \"seq\"\n\
+             [group_defaults]\nout_of_orderness_ms = 1000\nidle_timeout_ms = 5000\n\
+             heartbeat_timeout_ms = 8000\nallowed_lateness_ms = 2000\n\
+             window = { kind = \"tumbling\", size_ms = 2000 }\n",
+            &Default::default(),
+        )
+        .unwrap();
+        // A family of captures: sizes around the batch size, every kind of payload
+        // and topic (decoded ahead, rejected ahead, left to the engine).
+        for (seed, n) in [(1u64, 5), (2, 1023), (3, 1025), (4, 3000), (5, 4100)] {
+            let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let mut rnd = |m: u64| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x % m
+            };
+            let mut capture = String::new();
+            let mut wall: Millis = 1_764_480_000_000;
+            for i in 0..n {
+                wall += i64::try_from(rnd(40)).unwrap();
+                let now = Now {
+                    wall,
+                    mono: wall - 1_764_000_000_000,
+                    synced: true,
+                };
+                let dev = rnd(30);
+                let lag = if rnd(20) == 0 { rnd(20_000) } else { rnd(3000) };
+                let ts = wall - i64::try_from(lag).unwrap();
+                let seq = i as u64 / 2 + rnd(2);
+                let topic = match rnd(20) {
+                    0 => "sensors/g/+/reading".to_string(),
+                    1 => format!("spBv1.0/g{}/DDATA/node/d{dev}", rnd(2)),
+                    2 => format!("sensors/g{}/d{dev}/heartbeat", dev % 3),
+                    _ => format!("sensors/g{}/d{dev}/reading", dev % 3),
+                };
+                let payload: Vec<u8> = match rnd(12) {
+                    0 => b"not json".to_vec(),
+                    1 => vec![0xa2, 0x62, b't', b's', 0x1b],
+                    2 => format!(r#"{{"ts":"bad","seq":{seq},"t":1}}"#).into_bytes(),
+                    3 => format!(r#"{{"ts":{ts},"seq":{seq},"t":1e999}}"#).into_bytes(),
+                    4 => {
+                        let mut c = vec![0xa3, 0x62, b't', b's', 0x1b];
+                        c.extend_from_slice(&ts.to_be_bytes());
+                        c.extend_from_slice(&[0x63, b's', b'e', b'q', 0x1b]);
+                        c.extend_from_slice(&seq.to_be_bytes());
+                        c.extend_from_slice(&[0x61, b'h', 0xfb]);
+                        c.extend_from_slice(
+                            &(f64::from(u32::try_from(dev).unwrap()) / 3.0).to_be_bytes(),
+                        );
+                        c
+                    }
+                    _ => format!(
+                        r#"{{"ts":{ts},"seq":{seq},"temp":{}.{},"hum":{}}}"#,
+                        rnd(40),
+                        rnd(100),
+                        rnd(100)
+                    )
+                    .into_bytes(),
+                };
+                capture.push_str(&Record::of(now, &topic, &payload).to_line());
+                capture.push('\n');
+            }
+            for flush in [false, true] {
+                let mut piped = Vec::new();
+                let (_, summary) =
+                    run_memory_with(&cfg, capture.as_bytes(), &mut piped, 120_000, flush).unwrap();
+                let want = sequential(&cfg, &capture, flush);
+                assert_eq!(summary.records, n as u64);
+                assert_eq!(
+                    summary.outputs,
+                    want.iter().filter(|&&b| b == b'\n').count() as u64
+                );
+                if n > 1000 {
+                    let text = String::from_utf8_lossy(&want);
+                    for part in [
+                        "/windows/",
+                        "decode_error",
+                        "bad_topic",
+                        "spBv1.0/",
+                        "/late/",
+                        "offline",
+                    ] {
+                        assert!(text.contains(part), "seed {seed}: no {part} in the outputs");
+                    }
+                }
+                assert!(
+                    piped == want,
+                    "seed {seed}, {n} records, flush {flush}: outputs differ"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn an_output_that_cannot_be_written_fails_the_replay() {
+        let cfg = crate::config::load_str("[gateway]\nid = \"gw\"\n", &Default::default()).unwrap();
+        let capture: String = (0..3000)
+            .map(|i| {
+                let now = Now::at(1_764_480_000_000 + i * 100);
+                let p = format!(r#"{{"ts":{},"v":1}}"#, now.wall);
+                Record::of(now, &format!("sensors/g/d{}/reading", i % 7), p.as_bytes()).to_line()
+                    + "\n"
+            })
+            .collect();
+        struct Full;
+        impl Write for Full {
+            fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+                Err(std::io::Error::from(std::io::ErrorKind::StorageFull))
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let Err(e) = run_memory_with(&cfg, capture.as_bytes(), Full, 60_000, true) else {
+            panic!("a replay into a full output succeeded");
+        };
+        assert!(e.to_string().starts_with("writing output"), "{e}");
+    }
 
     #[test]
     fn a_capture_line_gives_back_the_exact_payload_bytes() {
