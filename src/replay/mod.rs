@@ -79,12 +79,6 @@ impl<'a> Record<'a> {
         serde_json::to_string(self).unwrap_or_default()
     }
 
-    /// The payload's bytes.
-    pub fn payload_bytes(&self) -> Result<Vec<u8>, String> {
-        let mut v = Vec::new();
-        self.payload_into(&mut v).map(|()| v)
-    }
-
     /// Appends the payload's bytes to `buf`.
     pub fn payload_into(&self, buf: &mut Vec<u8>) -> Result<(), String> {
         match (&self.payload, &self.payload_b64) {
@@ -420,7 +414,7 @@ pub fn run_memory_with<R: BufRead + Send, W: Write + Send>(
     flush: bool,
 ) -> Result<(Engine, Summary), ReplayError> {
     let mut rp = Driver::new(Engine::new(&cfg.engine()), cfg, SinkFormat::Json, None);
-    let decoder = rp.engine_mut().decoder().clone();
+    let decoder = rp.engine().decoder().clone();
     let input = Input {
         r: input,
         line: String::new(),
@@ -438,9 +432,10 @@ pub fn run_memory_with<R: BufRead + Send, W: Write + Send>(
         let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Batch, ReplayError>>(4);
         let (free_tx, free_rx) = std::sync::mpsc::sync_channel::<Batch>(8);
         s.spawn(move || read_ahead(input, &decoder, &tx, &free_rx));
-        let (out_tx, out_rx) = std::sync::mpsc::sync_channel::<Vec<Output>>(64);
+        let (out_tx, out_rx) = std::sync::mpsc::sync_channel::<Vec<Output>>(4);
         let writer = s.spawn(move || write_outputs(prefix, &out_rx, &mut out));
-        // A closed channel: the writer stopped on an error, which its join reports.
+        // A batch's outputs go at once. A closed channel: the writer stopped on an
+        // error, which its join reports.
         let send = |rp: &mut Driver| {
             rp.outputs.is_empty() || out_tx.send(std::mem::take(&mut rp.outputs)).is_ok()
         };
@@ -475,11 +470,11 @@ pub fn run_memory_with<R: BufRead + Send, W: Write + Send>(
                         mono: l.mono.max(now.mono),
                         synced: now.synced,
                     }));
-                    if !send(&mut rp) {
-                        return Ok(());
-                    }
                 }
                 let _ = free_tx.try_send(batch);
+                if !send(&mut rp) {
+                    return Ok(());
+                }
             }
             if let Some(last) = last {
                 rp.ticks_until(Now {
@@ -732,7 +727,10 @@ mod tests {
             let line = Record::of(now, "spBv1.0/g/DDATA/n/d", payload).to_line();
             assert!(!line.contains('\n'), "{line}");
             let back: Record<'_> = serde_json::from_str(&line).expect(&line);
-            assert_eq!(back.payload_bytes().unwrap(), payload, "{line}");
+            let mut bytes = b"kept".to_vec();
+            back.payload_into(&mut bytes).unwrap();
+            assert_eq!(&bytes[..4], b"kept", "{line}");
+            assert_eq!(&bytes[4..], payload, "{line}");
             assert_eq!(
                 (back.arrival, back.mono, back.synced, back.topic.as_ref()),
                 (now.wall, Some(42), Some(false), "spBv1.0/g/DDATA/n/d")
