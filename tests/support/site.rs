@@ -22,16 +22,30 @@ pub fn http_get(port: u16, path: &str) -> (u16, String) {
 
 /// One GET in HTTP/`version` with `headers` (each line ending in `\r\n`): (status, body).
 pub fn http_request(port: u16, path: &str, version: &str, headers: &str) -> (u16, String) {
+    try_http_request(port, path, version, headers).expect("http response")
+}
+
+/// [`http_get`], with a refused or reset connection as an error (a server still
+/// shedding a flood of connections), for waits.
+pub fn try_http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    try_http_request(port, path, "1.1", "")
+}
+
+fn try_http_request(
+    port: u16,
+    path: &str,
+    version: &str,
+    headers: &str,
+) -> std::io::Result<(u16, String)> {
     use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect http");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
     write!(
         s,
         "GET {path} HTTP/{version}\r\nHost: 127.0.0.1\r\n{headers}Connection: close\r\n\r\n"
-    )
-    .unwrap();
+    )?;
     let mut text = String::new();
-    s.read_to_string(&mut text).expect("http response");
+    s.read_to_string(&mut text)?;
     let status = text
         .split_whitespace()
         .nth(1)
@@ -41,7 +55,7 @@ pub fn http_request(port: u16, path: &str, version: &str, headers: &str) -> (u16
         .split_once("\r\n\r\n")
         .map_or("", |(_, b)| b)
         .to_owned();
-    (status, body)
+    Ok((status, body))
 }
 
 /// A TCP proxy in front of a broker whose connections can be cut at will (a
