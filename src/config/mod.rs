@@ -70,6 +70,10 @@ pub struct Config {
     pub outbox_max_bytes: u64,
     /// Uplink publishes in flight at most.
     pub sink_max_inflight: u16,
+    /// A QoS 1 publish or ping unanswered this long takes the uplink down.
+    pub sink_ack_timeout_ms: u64,
+    /// Probes of the path from the site broker (SPEC §5); None: `probe_after_ms = 0`.
+    pub probe: Option<Probe>,
     /// Metrics period in seconds.
     pub metrics_interval_s: u64,
     /// Local HTTP endpoint (status page and API, `/metrics`, `/healthz`).
@@ -101,6 +105,17 @@ pub struct FleetConfig {
     pub trusted_keys: Vec<crate::fleet::PublicKey>,
     /// Time given to source and sink to connect after a document is applied.
     pub confirm_ms: u64,
+}
+
+/// `[source] probe_*`, validated: how the path from the site broker is proven (SPEC §5).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    /// Nothing arrived this long: a probe goes out, and again every as long.
+    pub after_ms: u64,
+    /// The oldest probe unanswered this long: the path is down.
+    pub timeout_ms: u64,
+    /// The probe topic, `{gateway}` replaced.
+    pub topic: String,
 }
 
 /// An MQTT connection endpoint.

@@ -35,6 +35,9 @@ keep_alive_s = 30
 qos = 1
 topics = ["sensors/+/+/+"]
 topic_pattern = "sensors/{group}/{device}/{kind}"
+probe_after_ms = 1000
+probe_timeout_ms = 3000
+probe_topic = "tidemark/{gateway}/probe"
 
 [payload]
 format = "auto"
@@ -74,6 +77,7 @@ format = "json"
 outbox_max_messages = 1000000
 outbox_max_mb = 0
 max_inflight = 4096
+ack_timeout_ms = 5000
 
 [metrics]
 interval_s = 10
@@ -185,6 +189,12 @@ pub struct RawSource {
     pub topics: Vec<String>,
     /// Where group, device and kind sit in a topic.
     pub topic_pattern: String,
+    /// Quiet this long: a probe proves the path from the site broker (0: no probes).
+    pub probe_after_ms: u64,
+    /// A probe not back within this: the path is down (a disconnect).
+    pub probe_timeout_ms: u64,
+    /// Where probes go, on the source broker; `{gateway}` is replaced by the id.
+    pub probe_topic: String,
 }
 
 /// `[payload]`
@@ -316,6 +326,8 @@ pub struct RawSink {
     pub outbox_max_mb: u64,
     /// QoS 1 publishes awaiting their PUBACK at most (the broker's Receive Maximum may bind lower).
     pub max_inflight: u64,
+    /// A QoS 1 publish or ping unanswered this long: the uplink is down (a disconnect).
+    pub ack_timeout_ms: u64,
 }
 
 /// `[metrics]`

@@ -145,6 +145,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
             p.add(&format!("source.topics[{i}]"), format!("{t:?}: {e}"));
         }
     }
+    let probe = probe(&mut p, &raw.source, &gid);
     let topic_pattern = match TopicPattern::parse(&raw.source.topic_pattern) {
         Ok(tp) => Some(tp),
         Err(e) => {
@@ -261,6 +262,13 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     if raw.sink.max_inflight == 0 || raw.sink.max_inflight > u64::from(u16::MAX) {
         p.add("sink.max_inflight", "must be 1..=65535 (MQTT packet ids)");
     }
+    if raw.sink.ack_timeout_ms == 0 {
+        p.add(
+            "sink.ack_timeout_ms",
+            "must be positive (how long an unanswered publish or ping may wait)",
+        );
+    }
+    ms(&mut p, "sink.ack_timeout_ms", raw.sink.ack_timeout_ms);
     let fleet = fleet_config(&mut p, &raw.fleet);
     p.positive("metrics.interval_s", raw.metrics.interval_s);
     p.positive("metrics.health_timeout_s", raw.metrics.health_timeout_s);
@@ -379,6 +387,8 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         outbox_max_messages: raw.sink.outbox_max_messages,
         outbox_max_bytes: raw.sink.outbox_max_mb.saturating_mul(1 << 20),
         sink_max_inflight: u16::try_from(raw.sink.max_inflight).unwrap_or(u16::MAX),
+        sink_ack_timeout_ms: raw.sink.ack_timeout_ms,
+        probe,
         metrics_interval_s: raw.metrics.interval_s,
         metrics_listen,
         metrics_token,
@@ -390,6 +400,40 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         fleet,
         raw,
         sources: BTreeMap::new(),
+    })
+}
+
+/// `[source] probe_*` (SPEC §5): None when `probe_after_ms = 0`.
+fn probe(p: &mut Problems, raw: &super::RawSource, gateway: &str) -> Option<super::Probe> {
+    ms(p, "source.probe_after_ms", raw.probe_after_ms);
+    ms(p, "source.probe_timeout_ms", raw.probe_timeout_ms);
+    if raw.probe_after_ms == 0 {
+        return None;
+    }
+    if raw.probe_timeout_ms == 0 {
+        p.add(
+            "source.probe_timeout_ms",
+            "must be positive while source.probe_after_ms is (0 there turns probes off)",
+        );
+    }
+    let topic = raw.probe_topic.replace("{gateway}", gateway);
+    if topic.is_empty()
+        || topic.contains(['+', '#', '\0'])
+        || topic.starts_with('$')
+        || topic.len() > 1024
+    {
+        p.add(
+            "source.probe_topic",
+            format!(
+                "{:?} must be a topic name: not empty, no + # or NUL, not starting with $",
+                raw.probe_topic
+            ),
+        );
+    }
+    Some(super::Probe {
+        after_ms: raw.probe_after_ms,
+        timeout_ms: raw.probe_timeout_ms,
+        topic,
     })
 }
 

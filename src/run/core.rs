@@ -34,6 +34,8 @@ pub struct CoreConfig {
     pub cadence: Cadence,
     /// The HTTP endpoint is on: keep its Prometheus text fresh.
     pub prometheus: bool,
+    /// The source probes its path: processing time runs only up to the last proof (SPEC §5).
+    pub probing: bool,
 }
 
 impl CoreConfig {
@@ -44,6 +46,7 @@ impl CoreConfig {
                 .unwrap_or(i64::MAX),
             cadence: Cadence::of(cfg.source_protocol == Protocol::V5),
             prometheus: cfg.metrics_listen.is_some(),
+            probing: cfg.probe.is_some(),
         }
     }
 }
@@ -89,6 +92,8 @@ pub struct Core {
 struct Loop {
     held: Vec<(u64, Held, Millis)>,
     last_message: Millis,
+    /// Monotonic time the path from the site broker was last proven (SPEC §5).
+    proven: Millis,
     source_up: bool,
     next_metrics: Millis,
     next_prometheus: Millis,
@@ -123,6 +128,7 @@ impl Core {
         let mut st = Loop {
             held: Vec::new(),
             last_message: mono,
+            proven: mono,
             source_up: false,
             next_metrics: mono.saturating_add(self.cfg.metrics_every_ms),
             next_prometheus: mono,
@@ -190,10 +196,12 @@ impl Core {
                 registry.received.fetch_add(1, Ordering::Relaxed);
                 st.held.extend(h.map(|(g, t)| (g, t, now.mono)));
                 st.last_message = now.mono;
+                st.proven = now.mono;
             }
             Inbound::Connected => {
                 st.source_up = true;
                 let now = self.clock.now();
+                st.proven = now.mono;
                 st.source_since = now.wall;
                 registry.health.source(true, now.mono);
                 driver.start(now);
@@ -222,6 +230,7 @@ impl Core {
                 st.bounds = Some(OutboxBounds::of(&cfg));
                 tracing::debug!("reload applied to the engine");
             }
+            Inbound::Proven => st.proven = self.clock.mono(),
             Inbound::Wake => {}
             Inbound::Stop => st.stopping = true,
         }
@@ -246,8 +255,14 @@ impl Core {
         }
         let driver = &mut self.driver;
         if st.source_up {
-            driver.skip_missed_ticks(now);
-            driver.ticks_until(now);
+            // Processing time is credited only up to the last proof of the path (SPEC §5).
+            let credited = if self.cfg.probing {
+                credited(now, st.proven)
+            } else {
+                now
+            };
+            driver.skip_missed_ticks(credited);
+            driver.ticks_until(credited);
         }
         report.clock(driver.engine(), now.wall);
         if now.mono >= st.next_metrics {
@@ -312,6 +327,18 @@ impl Core {
         };
         // Blocks while the store is still writing the previous batch: backpressure.
         self.links.store.send(job).is_ok()
+    }
+}
+
+/// `now` held back to `proven` (monotonic), the wall clock with it.
+fn credited(now: crate::engine::Now, proven: Millis) -> crate::engine::Now {
+    if proven >= now.mono {
+        return now;
+    }
+    crate::engine::Now {
+        wall: now.wall.saturating_sub(now.mono - proven),
+        mono: proven,
+        synced: now.synced,
     }
 }
 

@@ -27,6 +27,16 @@ pub enum RunError {
         /// Cause.
         source: std::io::Error,
     },
+    /// The site broker refuses the probe topic (an ACL): SPEC §5.
+    #[error(
+        "the source broker refused to let the gateway {what} source.probe_topic {topic:?}: allow it (read and write) in the broker's ACL, or set source.probe_after_ms = 0 to turn probes off"
+    )]
+    ProbeRefused {
+        /// The probe topic.
+        topic: String,
+        /// "subscribe to" or "publish to".
+        what: String,
+    },
     /// The embedded broker did not start.
     #[error(transparent)]
     Broker(#[from] broker::BrokerError),

@@ -25,6 +25,8 @@ pub enum Inbound {
     Connected,
     /// The source is down: nothing may become idle until it is back.
     Disconnected,
+    /// One of the gateway's probes came back: the path is proven now (SPEC §5).
+    Proven,
     /// Timer: ticks, commit cadence, metrics.
     Wake,
     /// A reload's validated config: the engine's rules from the next message on.

@@ -81,6 +81,15 @@ struct Reloads {
     rejected: u64,
 }
 
+/// Links found dead by the gateway's own checks since it started (SPEC §5).
+#[derive(Debug, Serialize)]
+pub(super) struct PathDown {
+    /// Source: a probe did not come back in time.
+    pub(super) source: u64,
+    /// Sink: a QoS 1 publish or a ping was not answered in time.
+    pub(super) sink: u64,
+}
+
 /// Gateway state at `now`.
 #[derive(Debug, Serialize)]
 pub struct Metrics {
@@ -92,6 +101,7 @@ pub struct Metrics {
     pub(super) counters: Counters,
     outbox_oldest_age_ms: Option<Millis>,
     pub(super) connected: Connections,
+    pub(super) path_down: PathDown,
     clock_held: bool,
     pub(super) gateway_clock: GatewayClockOut,
     store: StoreIo,
@@ -328,6 +338,17 @@ impl Metrics {
         );
         metric(
             &mut o,
+            "path_down_total",
+            "counter",
+            "Links found dead by the gateway's own checks (source: a probe not back; sink: a publish or ping unanswered), since start.",
+        );
+        let _ = writeln!(
+            o,
+            "tidemark_path_down_total{{link=\"source\"}} {}\ntidemark_path_down_total{{link=\"sink\"}} {}",
+            self.path_down.source, self.path_down.sink
+        );
+        metric(
+            &mut o,
             "uptime_seconds",
             "gauge",
             "Seconds since the gateway started.",
@@ -494,6 +515,10 @@ pub fn gather(engine: &Engine, now: Now, shared: &Registry, source_up: bool) -> 
         connected: Connections {
             source: source_up,
             sink: shared.sink_up.load(Ordering::Relaxed),
+        },
+        path_down: PathDown {
+            source: shared.path_down[0].load(Ordering::Relaxed),
+            sink: shared.path_down[1].load(Ordering::Relaxed),
         },
         clock_held: engine.clock_held(),
         gateway_clock: GatewayClockOut {

@@ -116,7 +116,7 @@ pub async fn serve(
         }
     };
     if let Some(e) = failed {
-        return Err(RunError::Store(e));
+        return Err(e);
     }
     tracing::info!("stopping: final commit, then acks and the uplink");
     health::notify_stopping();

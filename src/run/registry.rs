@@ -71,6 +71,9 @@ pub struct Registry {
     /// Connections made: source subscriptions granted \[0\], sink CONNACKs \[1\]
     /// (a remote document is confirmed by new ones).
     pub links_made: [AtomicU64; 2],
+    /// Links found dead by their own checks: source probes unanswered \[0\],
+    /// sink publishes or pings unanswered \[1\] (SPEC §5 "proven path").
+    pub path_down: [AtomicU64; 2],
 }
 
 impl Registry {
@@ -91,6 +94,7 @@ impl Registry {
             health,
             alerts: AlertLog::default(),
             links_made: [AtomicU64::new(0), AtomicU64::new(0)],
+            path_down: [AtomicU64::new(0), AtomicU64::new(0)],
         }
     }
 

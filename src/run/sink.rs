@@ -64,6 +64,8 @@ pub struct SinkConfig {
     pub format: SinkFormat,
     /// Subscribe to `P/config/set` (`[fleet] enabled`).
     pub fleet: bool,
+    /// A QoS 1 publish or a ping unanswered this long: the uplink is down.
+    pub ack_timeout_ms: u64,
 }
 
 impl SinkConfig {
@@ -76,6 +78,7 @@ impl SinkConfig {
             prefix: cfg.topic_prefix.clone(),
             format: cfg.sink_format,
             fleet: cfg.fleet.enabled,
+            ack_timeout_ms: cfg.sink_ack_timeout_ms,
         }
     }
 
@@ -116,6 +119,10 @@ pub struct Sink {
     results: VecDeque<(String, crate::fleet::ConfigResult)>,
     /// Where `P/config/set` messages go (the reloader).
     documents: tokio::sync::mpsc::UnboundedSender<Vec<u8>>,
+    /// Since when the broker owes an answer (a PUBACK, a PINGRESP) and has sent nothing.
+    waiting_since: Option<tokio::time::Instant>,
+    /// A PINGREQ is unanswered.
+    ping_pending: bool,
 }
 
 impl Sink {
@@ -149,6 +156,8 @@ impl Sink {
             notices: VecDeque::new(),
             results: VecDeque::new(),
             documents,
+            waiting_since: None,
+            ping_pending: false,
         })
     }
 
@@ -186,22 +195,45 @@ impl Sink {
             if drain.is_some() && self.d.drained() {
                 break;
             }
+            let owed = self.d.is_connected() && (self.d.in_flight() > 0 || self.ping_pending);
+            if !owed {
+                self.waiting_since = None;
+            } else if self.waiting_since.is_none() {
+                self.waiting_since = Some(tokio::time::Instant::now());
+            }
+            let deadline = self
+                .waiting_since
+                .map(|t| t + Duration::from_millis(self.cfg.ack_timeout_ms));
             tokio::select! {
                 ev = self.lp.poll(), if backoff.is_none() => match ev {
-                    Ok(Event::Connected { receive_max, .. }) => self.on_connected(receive_max),
-                    Ok(Event::PubAck { ok, reason }) => self.on_puback(ok, &reason),
-                    Ok(Event::Message { topic, payload, retained, .. }) => {
-                        // A retained document would come again at every connect.
-                        if self.cfg.fleet && !retained && topic == self.cfg.topic("config/set") {
-                            let _ = self.documents.send(payload.to_vec());
+                    Ok(ev) if !matches!(ev, Event::PingSent | Event::Other) => {
+                        // Anything from the broker: the path works; what is still owed waits anew.
+                        self.waiting_since = None;
+                        match ev {
+                            Event::Connected { receive_max, .. } => {
+                                self.ping_pending = false;
+                                self.on_connected(receive_max);
+                            }
+                            Event::PubAck { ok, reason } => self.on_puback(ok, &reason),
+                            Event::Message { topic, payload, retained, .. } => {
+                                // A retained document would come again at every connect.
+                                if self.cfg.fleet && !retained && topic == self.cfg.topic("config/set") {
+                                    let _ = self.documents.send(payload.to_vec());
+                                }
+                            }
+                            Event::Subscribed { refused } if refused > 0 => {
+                                tracing::error!(topic = %self.cfg.topic("config/set"),
+                                    "the upstream broker refused the fleet subscription: no remote configuration");
+                            }
+                            Event::Heard => self.ping_pending = false,
+                            _ => {}
                         }
                     }
-                    Ok(Event::Subscribed { refused }) if refused > 0 => {
-                        tracing::error!(topic = %self.cfg.topic("config/set"),
-                            "the upstream broker refused the fleet subscription: no remote configuration");
-                    }
+                    Ok(Event::PingSent) => self.ping_pending = true,
                     Ok(_) => {}
                     Err(e) => {
+                        self.waiting_since = None;
+                        self.ping_pending = false;
                         if self.d.is_connected() {
                             self.d.disconnected();
                             self.registry.sink_up.store(false, Ordering::Relaxed);
@@ -220,6 +252,12 @@ impl Sink {
                 },
                 () = async { if let Some(b) = backoff.as_mut() { b.await } }, if backoff.is_some() => {
                     backoff = None;
+                }
+                () = async { if let Some(t) = deadline { tokio::time::sleep_until(t).await } }, if deadline.is_some() && backoff.is_none() => {
+                    if drain.is_some() {
+                        break;
+                    }
+                    backoff = Some(Box::pin(tokio::time::sleep(self.path_down())));
                 }
                 msg = self.rx.recv(), if rx_open => match msg {
                     Some(SinkMsg::Live(list)) => self.d.live(list),
@@ -259,6 +297,28 @@ impl Sink {
             }
         }
         self.offline().await;
+    }
+
+    /// The broker has answered nothing for `ack_timeout_ms` while it owed an answer:
+    /// the uplink is down (a blackholed link sends no RST). The connection is dropped
+    /// and made anew; the outbox keeps everything. Returns the backoff delay.
+    fn path_down(&mut self) -> Duration {
+        self.registry.path_down[1].fetch_add(1, Ordering::Relaxed);
+        self.d.disconnected();
+        self.registry.sink_up.store(false, Ordering::Relaxed);
+        self.waiting_since = None;
+        self.ping_pending = false;
+        match build(&self.cfg, self.status(&self.cfg, "offline")) {
+            Ok(link) => (self.client, self.lp) = link,
+            Err(e) => tracing::error!(error = %e, "the sink link cannot be built again"),
+        }
+        let delay = self.backoff.next_delay();
+        tracing::warn!(
+            url = %self.cfg.url(), ack_timeout_ms = self.cfg.ack_timeout_ms, retry_in_ms = delay.as_millis() as u64,
+            outbox_depth = self.registry.outbox_depth.load(Ordering::Relaxed),
+            "sink_path_down: the upstream broker answered nothing in time; reconnecting, outputs kept in the outbox"
+        );
+        delay
     }
 
     fn send_notices(&mut self) {
@@ -355,6 +415,8 @@ impl Sink {
         (self.client, self.lp) = link;
         self.cfg = new;
         self.backoff.reset();
+        self.waiting_since = None;
+        self.ping_pending = false;
     }
 
     /// Offline status, retained, then a clean disconnect (the last will covers a crash).

@@ -10,9 +10,10 @@ use std::time::Duration;
 use tokio::sync::mpsc::{Sender, UnboundedReceiver};
 use tokio::sync::watch;
 
+use super::error::RunError;
 use super::events::{AckJob, Current, Inbound, StoreState};
 use super::registry::Registry;
-use crate::config::{Config, Endpoint, Protocol};
+use crate::config::{Config, Endpoint, Probe, Protocol};
 use crate::model::Millis;
 use crate::sys::clock::Backoff;
 use crate::sys::link::{self, Client, Event, LinkError, LinkOptions, Loop};
@@ -34,6 +35,8 @@ pub struct SourceConfig {
     pub topics: Vec<String>,
     /// Sparkplug Primary Host Application STATE, if `host_id` is set.
     pub host_state: Option<HostState>,
+    /// Probes of the path (SPEC §5); None: off.
+    pub probe: Option<Probe>,
 }
 
 impl SourceConfig {
@@ -58,6 +61,7 @@ impl SourceConfig {
             session_expiry_s: cfg.session_expiry_s,
             topics,
             host_state,
+            probe: cfg.probe.clone(),
         }
     }
 
@@ -109,6 +113,97 @@ pub struct Links {
     pub flushed: watch::Receiver<bool>,
     /// Counters and gauges.
     pub registry: Arc<Registry>,
+    /// What stops the gateway: a site broker that refuses the probe topic.
+    pub fatal: tokio::sync::mpsc::UnboundedSender<RunError>,
+}
+
+/// The proof of the path from the site broker (SPEC §5): when something last
+/// arrived, and the probes out since.
+struct Proof {
+    /// Tells this process's probes from another's on the same topic (a standby).
+    nonce: u64,
+    /// Probes sent (the next one's number).
+    sent: u64,
+    /// Something arrived (a message or one of our probes).
+    last: tokio::time::Instant,
+    /// The last probe went out.
+    last_probe: Option<tokio::time::Instant>,
+    /// The oldest probe not answered by anything since.
+    unanswered_since: Option<tokio::time::Instant>,
+    /// SUBACKs to come, in order: whether each is the probe topic's.
+    subacks: std::collections::VecDeque<bool>,
+    /// QoS 1 PUBACKs to come, in order: whether each is the start-up probe's.
+    pubacks: std::collections::VecDeque<bool>,
+}
+
+impl Proof {
+    fn new(nonce: u64) -> Self {
+        Self {
+            nonce,
+            sent: 0,
+            last: tokio::time::Instant::now(),
+            last_probe: None,
+            unanswered_since: None,
+            subacks: std::collections::VecDeque::new(),
+            pubacks: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// The path is proven now.
+    fn proven(&mut self) {
+        self.last = tokio::time::Instant::now();
+        self.unanswered_since = None;
+    }
+
+    /// A fresh connection: proven by its CONNACK, nothing outstanding.
+    fn reset(&mut self) {
+        self.proven();
+        self.last_probe = None;
+        self.subacks.clear();
+        self.pubacks.clear();
+    }
+
+    /// The payload of probe `n`.
+    fn payload(&self, n: u64) -> Vec<u8> {
+        format!("{:016x}:{n}", self.nonce).into_bytes()
+    }
+
+    /// Whether `payload` is one of this process's probes.
+    fn ours(&self, payload: &[u8]) -> bool {
+        payload.len() > 17
+            && payload[16] == b':'
+            && payload[..16] == *format!("{:016x}", self.nonce).as_bytes()
+    }
+}
+
+/// What the probe clock says at a look.
+enum ProbeStep {
+    /// Nothing to do.
+    Wait,
+    /// Send a probe.
+    Send,
+    /// The oldest probe is not back in time: the path is down (silent for this long).
+    Down(Duration),
+}
+
+impl Proof {
+    fn step(&self, cfg: &Probe, now: tokio::time::Instant) -> ProbeStep {
+        if let Some(since) = self.unanswered_since
+            && now.duration_since(since) >= Duration::from_millis(cfg.timeout_ms)
+        {
+            return ProbeStep::Down(now.duration_since(self.last));
+        }
+        let after = Duration::from_millis(cfg.after_ms);
+        let quiet = now.duration_since(self.last) >= after;
+        let due = self
+            .last_probe
+            .is_none_or(|t| now.duration_since(t) >= after);
+        if quiet && due {
+            ProbeStep::Send
+        } else {
+            ProbeStep::Wait
+        }
+    }
 }
 
 /// The source component.
@@ -126,6 +221,8 @@ pub struct Source {
     /// Filters a reload removed while the link was down: the kept session still
     /// holds them, so they are unsubscribed at the next connect.
     unsubscribe: Vec<String>,
+    /// The path's proof (probes).
+    proof: Proof,
 }
 
 /// How long a reload's reconnect waits for the acks of what the core has.
@@ -145,6 +242,7 @@ impl Source {
             received_since_connect: 0,
             forwarded: 0,
             unsubscribe: Vec::new(),
+            proof: Proof::new(seed.rotate_left(29) ^ 0x7469_6465_6d61_726b),
         }
     }
 
@@ -152,8 +250,8 @@ impl Source {
     /// `stop` fires while disconnected). Never exits because the broker is down.
     pub async fn run(mut self) {
         let mut was_paused = false;
-        // Looks at the store's state even when no message comes.
-        let mut look = tokio::time::interval(Duration::from_millis(200));
+        // Looks at the store's state and the probe clock even when no message comes.
+        let mut look = tokio::time::interval(Duration::from_millis(100));
         look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             // The state store cannot commit: stop taking messages (the broker keeps
@@ -174,8 +272,16 @@ impl Source {
                     return;
                 }
             }
+            if paused {
+                // Nothing is polled: silence proves nothing, and is no fault of the path.
+                self.proof.proven();
+            }
             tokio::select! {
-                _ = look.tick() => {}
+                _ = look.tick() => {
+                    if !paused && !self.probe_look().await {
+                        return;
+                    }
+                }
                 ev = self.lp.poll(), if !paused => {
                     if !self.on_event(ev).await {
                         return;
@@ -214,6 +320,7 @@ impl Source {
                 self.connected = true;
                 self.received_since_connect = 0;
                 self.backoff.reset();
+                self.proof.reset();
                 let url = self.cfg.url();
                 if session_present {
                     tracing::info!(%url, generation, "source connected, session resumed");
@@ -230,12 +337,15 @@ impl Source {
                         tracing::warn!(topic = %t, error = %e, "source unsubscribe not sent");
                     }
                 }
+                self.subscribe_probe();
                 self.subscribe(self.cfg.topics.clone());
-                if let Some((topic, online, _)) = &self.cfg.host_state
-                    && let Err(e) = self.client.publish(topic, online.clone(), 1, true)
-                {
-                    tracing::warn!(error = %e, "Sparkplug host STATE not published");
+                if let Some((topic, online, _)) = &self.cfg.host_state {
+                    match self.client.publish(topic, online.clone(), 1, true) {
+                        Ok(()) => self.proof.pubacks.push_back(false),
+                        Err(e) => tracing::warn!(error = %e, "Sparkplug host STATE not published"),
+                    }
                 }
+                self.first_probe();
                 self.links.core.send(Inbound::Connected).await.is_ok()
             }
             Ok(Event::Message {
@@ -244,6 +354,17 @@ impl Source {
                 held,
                 ..
             }) => {
+                if let Some(probe) = &self.cfg.probe
+                    && topic == probe.topic
+                {
+                    // Probes are not readings: never forwarded, never counted (SPEC §5).
+                    if self.proof.ours(&payload) {
+                        self.proof.proven();
+                        return self.links.core.send(Inbound::Proven).await.is_ok();
+                    }
+                    return true;
+                }
+                self.proof.proven();
                 if self.stopping {
                     // Not acknowledged: the broker keeps it for the next start.
                     return true;
@@ -267,6 +388,13 @@ impl Source {
                     .is_ok()
             }
             Ok(Event::Subscribed { refused }) => {
+                self.proof.proven();
+                if self.proof.subacks.pop_front() == Some(true) {
+                    if refused > 0 {
+                        return self.probe_refused("subscribe to");
+                    }
+                    return true;
+                }
                 if refused == 0 {
                     self.links.registry.health.subscribed(true);
                     self.links.registry.links_made[0]
@@ -277,7 +405,18 @@ impl Source {
                 }
                 true
             }
-            Ok(Event::PubAck { .. } | Event::Other) => true,
+            Ok(Event::PubAck { ok, .. }) => {
+                self.proof.proven();
+                if self.proof.pubacks.pop_front() == Some(true) && !ok {
+                    return self.probe_refused("publish to");
+                }
+                true
+            }
+            Ok(Event::Heard) => {
+                // A PINGRESP says the connection is up, not that subscriptions deliver.
+                true
+            }
+            Ok(Event::PingSent | Event::Other) => true,
             Err(e) => {
                 if self.stopping && (*self.links.flushed.borrow() || !self.connected) {
                     return false;
@@ -307,6 +446,104 @@ impl Source {
         }
     }
 
+    /// Subscribes the probe topic on its own (its SUBACK tells an ACL's refusal apart).
+    fn subscribe_probe(&mut self) {
+        let Some(probe) = &self.cfg.probe else {
+            return;
+        };
+        match self.client.subscribe(std::slice::from_ref(&probe.topic), 0) {
+            Ok(()) => self.proof.subacks.push_back(true),
+            Err(e) => tracing::warn!(topic = %probe.topic, error = %e, "probe subscription not sent"),
+        }
+        // The filters' SUBACK follows it.
+        if !self.cfg.topics.is_empty() {
+            self.proof.subacks.push_back(false);
+        }
+    }
+
+    /// The first probe of a connection: at once, and on MQTT 5 at QoS 1, so a
+    /// broker's ACL refusing the topic shows in its PUBACK.
+    fn first_probe(&mut self) {
+        let Some(probe) = &self.cfg.probe else {
+            return;
+        };
+        let qos = u8::from(self.cfg.v5);
+        let n = self.proof.sent;
+        if self
+            .client
+            .publish(&probe.topic, self.proof.payload(n), qos, false)
+            .is_ok()
+        {
+            self.proof.sent += 1;
+            if qos == 1 {
+                self.proof.pubacks.push_back(true);
+            }
+            let now = tokio::time::Instant::now();
+            self.proof.last_probe = Some(now);
+            self.proof.unanswered_since.get_or_insert(now);
+        }
+    }
+
+    /// The site broker refuses the probe topic: a start-up error naming it (SPEC §5).
+    fn probe_refused(&self, what: &str) -> bool {
+        let topic = self.cfg.probe.as_ref().map_or("", |p| p.topic.as_str());
+        tracing::error!(%topic, "the source broker refused to let the gateway {what} its probe topic");
+        let _ = self.links.fatal.send(RunError::ProbeRefused {
+            topic: topic.to_owned(),
+            what: what.to_owned(),
+        });
+        false
+    }
+
+    /// The probe clock (SPEC §5): a probe when the path has been quiet for
+    /// `probe_after_ms`; the path down when the oldest is not back in
+    /// `probe_timeout_ms`. False when the gateway is done with the source.
+    async fn probe_look(&mut self) -> bool {
+        let Some(probe) = self.cfg.probe.clone() else {
+            return true;
+        };
+        if !self.connected || self.stopping {
+            return true;
+        }
+        let now = tokio::time::Instant::now();
+        match self.proof.step(&probe, now) {
+            ProbeStep::Wait => true,
+            ProbeStep::Send => {
+                let n = self.proof.sent;
+                match self.client.publish(&probe.topic, self.proof.payload(n), 0, false) {
+                    Ok(()) => {
+                        self.proof.sent += 1;
+                        self.proof.last_probe = Some(now);
+                        self.proof.unanswered_since.get_or_insert(now);
+                    }
+                    Err(e) => tracing::debug!(error = %e, "probe not queued"),
+                }
+                true
+            }
+            ProbeStep::Down(silent) => self.path_down(&probe, silent).await,
+        }
+    }
+
+    /// No probe came back in time: the path is down. A disconnect (SPEC §5): the
+    /// connection is dropped and made anew with backoff.
+    async fn path_down(&mut self, probe: &Probe, silent: Duration) -> bool {
+        self.links.registry.path_down[0].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::warn!(url = %self.cfg.url(), topic = %probe.topic, silent_ms = silent.as_millis() as u64,
+            timeout_ms = probe.timeout_ms, "source_path_down: no probe came back in time; reconnecting");
+        self.lost().await;
+        match self.cfg.build() {
+            // The old connection is dropped with its loop (no packet gets through it anyway).
+            Ok(link) => (self.client, self.lp) = link,
+            Err(e) => tracing::error!(error = %e, "the source link cannot be built again"),
+        }
+        let delay = self.backoff.next_delay();
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            _ = self.links.stop.changed(), if !self.stopping => { self.stopping = true; }
+        }
+        !self.stopping || self.connected
+    }
+
     /// Subscribes `topics` (the request channel full: waits off the polling task).
     fn subscribe(&self, topics: Vec<String>) {
         if topics.is_empty() {
@@ -333,6 +570,21 @@ impl Source {
         }
         if !self.cfg.same_link(&new) {
             return self.reconnect(new).await;
+        }
+        let probe_topic = |c: &SourceConfig| c.probe.as_ref().map(|p| p.topic.clone());
+        if probe_topic(&new) != probe_topic(&self.cfg) && self.connected {
+            if let Some(t) = probe_topic(&self.cfg)
+                && let Err(e) = self.client.unsubscribe(&t)
+            {
+                tracing::warn!(topic = %t, error = %e, "source unsubscribe not sent");
+            }
+            if let Some(t) = probe_topic(&new) {
+                match self.client.subscribe(std::slice::from_ref(&t), 0) {
+                    Ok(()) => self.proof.subacks.push_back(true),
+                    Err(e) => tracing::warn!(topic = %t, error = %e, "probe subscription not sent"),
+                }
+            }
+            self.proof.reset();
         }
         let qos_changed = new.endpoint.qos != self.cfg.endpoint.qos;
         let added: Vec<String> = new

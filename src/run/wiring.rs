@@ -21,13 +21,12 @@ use super::sink::{Sink, SinkConfig};
 use super::source::{self, Source, SourceConfig};
 use super::storer;
 use crate::config::Config;
-use crate::store::StoreError;
 use crate::sys::clock::SystemClock;
 
 /// A running gateway: what stops it and what reloads it.
 pub struct Running {
-    /// A store failure that stops the gateway.
-    pub fatal: mpsc::UnboundedReceiver<StoreError>,
+    /// A failure that stops the gateway (the store; a refused probe topic).
+    pub fatal: mpsc::UnboundedReceiver<RunError>,
     /// Applies SIGHUPs and remote documents.
     pub reloader: Reloader,
     /// `P/config/set` messages from the sink (SPEC §12).
@@ -64,7 +63,7 @@ pub fn start(
     let (sink_tx, sink_rx) = mpsc::unbounded_channel();
     let (store_events_tx, store_events_rx) = mpsc::unbounded_channel();
     let (source_ctl_tx, source_ctl_rx) = mpsc::unbounded_channel();
-    let (fatal_tx, fatal) = mpsc::unbounded_channel::<StoreError>();
+    let (fatal_tx, fatal) = mpsc::unbounded_channel::<RunError>();
     let (stop_tx, stop_rx) = watch::channel(false);
     let (flushed_tx, flushed_rx) = watch::channel(false);
     let (store_state_tx, store_state_rx) = watch::channel(StoreState::Ok);
@@ -119,6 +118,7 @@ pub fn start(
             stop: stop_rx.clone(),
             flushed: flushed_rx,
             registry: registry.clone(),
+            fatal: fatal_tx.clone(),
         },
         seed,
     );
@@ -131,7 +131,7 @@ pub fn start(
             .name("tidemark-store".into())
             .spawn(move || {
                 if let Err(e) = storer::run(durable, store_links, clock) {
-                    let _ = fatal_tx.send(e);
+                    let _ = fatal_tx.send(RunError::Store(e));
                 }
             })?,
     ];
@@ -198,7 +198,7 @@ impl Running {
         })
         .await;
         if let Ok(e) = self.fatal.try_recv() {
-            return Err(RunError::Store(e));
+            return Err(e);
         }
         tracing::info!(
             received = self.registry.received.load(Ordering::Relaxed),

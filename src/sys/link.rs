@@ -58,7 +58,11 @@ pub enum Event {
         /// Refused filters.
         refused: usize,
     },
-    /// Nothing of interest (pings, our own outgoing packets).
+    /// A PINGREQ went out: the broker owes a PINGRESP.
+    PingSent,
+    /// Another packet from the broker (a PINGRESP, an UNSUBACK): the path works.
+    Heard,
+    /// Nothing of interest (our own outgoing packets).
     Other,
 }
 
@@ -420,6 +424,8 @@ impl Loop {
                             .filter(|c| matches!(c, rumqttc::SubscribeReasonCode::Failure))
                             .count(),
                     }),
+                    Ok(E::Incoming(_)) => Ok(Event::Heard),
+                    Ok(E::Outgoing(rumqttc::Outgoing::PingReq)) => Ok(Event::PingSent),
                     Ok(_) => Ok(Event::Other),
                     Err(e) => Err(e.into()),
                 }
@@ -458,6 +464,8 @@ impl Loop {
                             })
                             .count(),
                     }),
+                    Ok(E::Incoming(_)) => Ok(Event::Heard),
+                    Ok(E::Outgoing(rumqttc::Outgoing::PingReq)) => Ok(Event::PingSent),
                     Ok(_) => Ok(Event::Other),
                     Err(e) => Err(e.into()),
                 }
