@@ -21,6 +21,10 @@ command -v faketime >/dev/null 2>&1 || need="$need faketime"
 # tests/prometheus.rs scrapes a gateway with a real Prometheus and checks the rules with promtool.
 command -v chromium >/dev/null 2>&1 || need="$need chromium"
 command -v prometheus >/dev/null 2>&1 || need="$need prometheus"
+# tests/netfault.rs runs the gateway in a network namespace (iproute2) and drops its
+# packets with nftables (a blackholed link sends no RST).
+command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || need="$need iproute2"
+command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || need="$need nftables"
 # tests/sparkplug.rs runs Eclipse Tahu's Node.js edge node.
 command -v node >/dev/null 2>&1 || need="$need nodejs"
 command -v npm >/dev/null 2>&1 || need="$need npm"

@@ -67,6 +67,8 @@ pub struct Links {
     pub source_since: Millis,
     /// Wall time of the last durable commit.
     pub last_commit_at: Option<Millis>,
+    /// Monotonic time the path from the site broker was last proven (SPEC §5).
+    pub proven: Millis,
 }
 
 /// `/api/v1/status`.
@@ -89,11 +91,17 @@ pub struct Status {
 struct SourceStatus {
     connected: bool,
     since: Millis,
+    /// How long ago a message or a probe last proved the path (processing time stops there).
+    proven_ago_ms: Millis,
+    /// Paths found dead by a probe not coming back, since start.
+    path_down: u64,
 }
 
 #[derive(Debug, Serialize)]
 struct SinkStatus {
     connected: bool,
+    /// Uplinks found dead by an unanswered publish or ping, since start.
+    path_down: u64,
     outbox_depth: u64,
     outbox_dropped: u64,
 }
@@ -238,9 +246,12 @@ fn status(engine: &Engine, now: Now, registry: &Registry, links: Links) -> Statu
         source: SourceStatus {
             connected: links.source_up,
             since: links.source_since,
+            proven_ago_ms: now.mono.saturating_sub(links.proven).max(0),
+            path_down: m.path_down.source,
         },
         sink: SinkStatus {
             connected: m.connected.sink,
+            path_down: m.path_down.sink,
             outbox_depth: m.counters.outbox_depth,
             outbox_dropped: m.counters.outbox_dropped,
         },

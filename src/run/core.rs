@@ -218,6 +218,7 @@ impl Core {
                     source_up: st.source_up,
                     source_since: st.source_since,
                     last_commit_at: st.last_commit_at,
+                    proven: st.proven,
                 };
                 let now = self.clock.now();
                 let _ = reply.send(api::answer(driver.engine(), &q, now, registry, links));

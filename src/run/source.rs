@@ -187,6 +187,19 @@ enum ProbeStep {
 }
 
 impl Proof {
+    /// When [`Proof::step`] may next say something other than `Wait`.
+    fn next_look(&self, cfg: &Probe) -> tokio::time::Instant {
+        let after = Duration::from_millis(cfg.after_ms);
+        let send = match self.last_probe {
+            Some(t) => (self.last + after).max(t + after),
+            None => self.last + after,
+        };
+        match self.unanswered_since {
+            Some(since) => send.min(since + Duration::from_millis(cfg.timeout_ms)),
+            None => send,
+        }
+    }
+
     fn step(&self, cfg: &Probe, now: tokio::time::Instant) -> ProbeStep {
         if let Some(since) = self.unanswered_since
             && now.duration_since(since) >= Duration::from_millis(cfg.timeout_ms)
@@ -250,8 +263,8 @@ impl Source {
     /// `stop` fires while disconnected). Never exits because the broker is down.
     pub async fn run(mut self) {
         let mut was_paused = false;
-        // Looks at the store's state and the probe clock even when no message comes.
-        let mut look = tokio::time::interval(Duration::from_millis(100));
+        // Looks at the store's state even when no message comes.
+        let mut look = tokio::time::interval(Duration::from_millis(200));
         look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             // The state store cannot commit: stop taking messages (the broker keeps
@@ -276,9 +289,16 @@ impl Source {
                 // Nothing is polled: silence proves nothing, and is no fault of the path.
                 self.proof.proven();
             }
+            let probe_at = self
+                .cfg
+                .probe
+                .as_ref()
+                .filter(|_| self.connected && !self.stopping && !paused)
+                .map(|p| self.proof.next_look(p));
             tokio::select! {
-                _ = look.tick() => {
-                    if !paused && !self.probe_look().await {
+                _ = look.tick() => {}
+                () = async { if let Some(t) = probe_at { tokio::time::sleep_until(t).await } }, if probe_at.is_some() => {
+                    if !self.probe_look().await {
                         return;
                     }
                 }
@@ -516,7 +536,11 @@ impl Source {
                         self.proof.last_probe = Some(now);
                         self.proof.unanswered_since.get_or_insert(now);
                     }
-                    Err(e) => tracing::debug!(error = %e, "probe not queued"),
+                    Err(e) => {
+                        // Tried again a period later; the timeout still runs.
+                        self.proof.last_probe = Some(now);
+                        tracing::debug!(error = %e, "probe not queued");
+                    }
                 }
                 true
             }

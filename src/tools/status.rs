@@ -208,16 +208,19 @@ fn render(s: &Value, devices: &[Value], alerts: &Value, o: &StatusOptions) -> St
     let link = |up: bool| if up { "connected" } else { "DOWN" };
     let _ = writeln!(
         t,
-        "source  {} since {} UTC",
+        "source  {} since {} UTC  path proven {} ago, found dead {} times",
         link(s["source"]["connected"].as_bool().unwrap_or(false)),
-        utc(&s["source"]["since"])
+        utc(&s["source"]["since"]),
+        dur(&s["source"]["proven_ago_ms"]),
+        s["source"]["path_down"]
     );
     let _ = writeln!(
         t,
-        "sink    {}  outbox {} waiting, {} dropped",
+        "sink    {}  outbox {} waiting, {} dropped  found dead {} times",
         link(s["sink"]["connected"].as_bool().unwrap_or(false)),
         s["sink"]["outbox_depth"],
-        s["sink"]["outbox_dropped"]
+        s["sink"]["outbox_dropped"],
+        s["sink"]["path_down"]
     );
     let store = &s["store"];
     let _ = writeln!(

@@ -65,6 +65,14 @@ impl Mosquitto {
         ))
     }
 
+    /// [`Mosquitto::start`] listening on `ip` too (a test host's address on a veth).
+    pub fn start_on(persist: bool, ip: &str) -> Self {
+        Self::with_conf(&format!(
+            "persistence {persist}\nautosave_interval 1\nmax_queued_messages 0\n\
+             max_inflight_messages 0\nmessage_size_limit 0\nlistener {{port}} {ip}\n"
+        ))
+    }
+
     /// mosquitto with its defaults, as a site installs it: only a listener and anonymous
     /// access (max_inflight_messages 20, max_queued_messages 1000, no persistence).
     pub fn stock() -> Self {
@@ -84,8 +92,9 @@ impl Mosquitto {
         let mut f = std::fs::File::create(&conf).expect("conf");
         writeln!(
             f,
-            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence_location {}/\n{extra}",
-            dir.path().display()
+            "listener {port} 127.0.0.1\nallow_anonymous true\npersistence_location {}/\n{}",
+            dir.path().display(),
+            extra.replace("{port}", &port.to_string())
         )
         .expect("write conf");
         let mut m = Self {
@@ -267,6 +276,8 @@ pub struct Seen {
     pub topic: String,
     pub payload: Vec<u8>,
     pub retain: bool,
+    /// Wall clock (epoch ms) when the test received it (0 for replay output).
+    pub at: i64,
 }
 
 impl Seen {
@@ -315,6 +326,7 @@ impl Collector {
                             topic: p.topic.clone(),
                             payload: p.payload.to_vec(),
                             retain: p.retain,
+                            at: now_ms(),
                         });
                     }
                     Ok(_) => {}
@@ -370,6 +382,7 @@ pub fn retained(port: u16, filter: &str) -> Vec<Seen> {
                 topic: p.topic.clone(),
                 payload: p.payload.to_vec(),
                 retain: p.retain,
+                at: now_ms(),
             }),
             Ok(Ok(Event::Incoming(Packet::SubAck(_)))) => {}
             Ok(Ok(_)) => {}
@@ -494,6 +507,7 @@ pub fn replay_lines(stdout: &str) -> Vec<Seen> {
                 topic: v["topic"].as_str().unwrap_or("").to_string(),
                 payload: serde_json::to_vec(&v["payload"]).expect("payload"),
                 retain: v["retain"].as_bool().unwrap_or(false),
+                at: 0,
             }
         })
         .collect()
