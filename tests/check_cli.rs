@@ -147,6 +147,9 @@ fn broken_configs_exit_2_naming_the_key() {
         (ex.replace("listen = \"\"  ", "listen = \"0.0.0.0:9464\""), "metrics.listen: \"0.0.0.0:9464\" is not a loopback address"),
         (ex.replace("listen = \"\"  ", "listen = \"9464\""), "metrics.listen: \"9464\" is not a host:port"),
         (ex.replace("health_timeout_s = 60", "health_timeout_s = 0"), "metrics.health_timeout_s: must be > 0"),
+        (ex.replace("probe_timeout_ms = 3000", "probe_timeout_ms = 0"), "source.probe_timeout_ms: must be positive"),
+        (ex.replace("probe_topic = \"tidemark/{gateway}/probe\"", "probe_topic = \"t/+/probe\""), "source.probe_topic: \"t/+/probe\" must be a topic name"),
+        (ex.replace("ack_timeout_ms = 5000", "ack_timeout_ms = 0"), "sink.ack_timeout_ms: must be positive"),
         ("this is = = not toml".to_string(), "c.toml: line 1, column 6: key with no value"),
     ];
     assert!(cases.len() >= 12);

@@ -6,6 +6,7 @@
 //! broker throughout. Every reading must be counted exactly once, none late, no
 //! device falsely offline, no window result sent while the gateway is blind.
 //! Needs root, `ip` (iproute2) and `nft` (nftables): `scripts/test.sh` installs them.
+#![allow(clippy::disallowed_methods)]
 
 mod support;
 
@@ -53,10 +54,7 @@ impl Net {
         let gw_ip = format!("10.231.{sub}.2");
         // Left over by a killed run.
         let quiet = |args: &[&str]| {
-            let _ = Command::new("ip")
-                .args(args)
-                .stderr(Stdio::null())
-                .status();
+            let _ = Command::new("ip").args(args).stderr(Stdio::null()).status();
         };
         quiet(&["netns", "del", &ns]);
         quiet(&["link", "del", &host_if]);
@@ -68,7 +66,10 @@ impl Net {
             ],
         );
         sh("ip", &["link", "set", &gw_if, "netns", &ns]);
-        sh("ip", &["addr", "add", &format!("{host_ip}/30"), "dev", &host_if]);
+        sh(
+            "ip",
+            &["addr", "add", &format!("{host_ip}/30"), "dev", &host_if],
+        );
         sh("ip", &["link", "set", &host_if, "up"]);
         let inside = |args: &[&str]| {
             let mut all = vec!["netns", "exec", &ns, "ip"];
@@ -83,9 +84,11 @@ impl Net {
             host_if,
             host_ip,
         };
-        net.nft("add table inet tm\n\
+        net.nft(
+            "add table inet tm\n\
              add chain inet tm input { type filter hook input priority 0; }\n\
-             add chain inet tm output { type filter hook output priority 0; }\n");
+             add chain inet tm output { type filter hook output priority 0; }\n",
+        );
         net
     }
 
@@ -184,9 +187,7 @@ impl Net {
 
 impl Drop for Net {
     fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.ns])
-            .status();
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
         // Gone with the namespace's end of the pair, usually.
         let _ = Command::new("ip")
             .args(["link", "del", &self.host_if])
@@ -248,7 +249,12 @@ impl Fleet {
     /// Stops publishing and waits for every PUBACK; readings sent per window key.
     fn stop(&mut self) -> BTreeMap<String, u64> {
         self.stop.store(true, Ordering::Relaxed);
-        let p = self.thread.take().expect("fleet").join().expect("fleet thread");
+        let p = self
+            .thread
+            .take()
+            .expect("fleet")
+            .join()
+            .expect("fleet thread");
         p.flush();
         self.sent.lock().expect("lock").clone()
     }
@@ -334,8 +340,7 @@ impl Site {
 /// The group watermarks of the newest `P/metrics` received at or before `until`.
 fn watermarks_at(seen: &[Seen], until: i64) -> BTreeMap<String, i64> {
     seen.iter()
-        .filter(|s| s.topic == "tidemark/gw/metrics" && s.at <= until)
-        .last()
+        .rfind(|s| s.topic == "tidemark/gw/metrics" && s.at <= until)
         .map(|s| groups_w(&s.json()))
         .unwrap_or_default()
 }
@@ -397,7 +402,10 @@ fn settle_and_check(site: &mut Site, fleet: &mut Fleet, what: &str) -> Outcome {
     let mut counted = 0u64;
     let mut wrong = Vec::new();
     for (key, n) in &sent {
-        let got = finals.get(key).and_then(|v| v["count"].as_u64()).unwrap_or(0);
+        let got = finals
+            .get(key)
+            .and_then(|v| v["count"].as_u64())
+            .unwrap_or(0);
         counted += got;
         if got != *n {
             wrong.push(format!("{key}: sent {n}, counted {got}"));
@@ -426,7 +434,10 @@ fn settle_and_check(site: &mut Site, fleet: &mut Fleet, what: &str) -> Outcome {
     );
     assert_eq!(counted, total, "{what}: readings counted");
     assert_eq!(late, 0, "{what}: late readings");
-    assert!(offline.is_empty(), "{what}: false offline alerts: {offline:?}");
+    assert!(
+        offline.is_empty(),
+        "{what}: false offline alerts: {offline:?}"
+    );
     Outcome { seen }
 }
 
@@ -461,10 +472,7 @@ fn source_blackhole(k: u8, keep_alive_s: u64, blind_s: u64) {
     let blind_from = now_ms();
     site.net.blackhole(site.source.port);
     let noticed = site.wait_log("source_path_down", downs, Duration::from_secs(blind_s));
-    eprintln!(
-        "{what}: noticed after {:.2} s",
-        noticed.as_secs_f64()
-    );
+    eprintln!("{what}: noticed after {:.2} s", noticed.as_secs_f64());
     let rest = Duration::from_secs(blind_s).saturating_sub(noticed);
     std::thread::sleep(rest);
     let blind_to = now_ms();
@@ -497,10 +505,16 @@ fn source_blackhole(k: u8, keep_alive_s: u64, blind_s: u64) {
         .filter(|s| s.topic == "tidemark/gw/metrics" && s.at > blind_from && s.at <= blind_to)
         .map(|s| groups_w(&s.json()))
         .collect();
-    assert!(!during.is_empty(), "{what}: no metrics during the blind time");
+    assert!(
+        !during.is_empty(),
+        "{what}: no metrics during the blind time"
+    );
     let advance = during
         .iter()
-        .flat_map(|m| m.iter().map(|(g, w)| w - before.get(g).copied().unwrap_or(*w)))
+        .flat_map(|m| {
+            m.iter()
+                .map(|(g, w)| w - before.get(g).copied().unwrap_or(*w))
+        })
         .max()
         .unwrap_or(0);
     eprintln!("{what}: watermark advanced {advance} ms while blind");
@@ -512,9 +526,7 @@ fn source_blackhole(k: u8, keep_alive_s: u64, blind_s: u64) {
     let blind_results: Vec<&Seen> = out
         .seen
         .iter()
-        .filter(|s| {
-            s.topic.contains("/windows/") && s.at > blind_from + 6000 && s.at <= blind_to
-        })
+        .filter(|s| s.topic.contains("/windows/") && s.at > blind_from + 6000 && s.at <= blind_to)
         .collect();
     assert!(
         blind_results.is_empty(),
@@ -694,4 +706,83 @@ fn a_quiet_site_still_goes_idle_and_offline_on_time() {
         "{what}: a quiet but healthy path was taken for a dead one"
     );
     site.stop();
+}
+
+/// A site broker whose ACL refuses the probe topic: a clear start-up error naming
+/// it (exit 1), not a gateway that reconnects forever (SPEC §5): the publish
+/// refused (the v5 PUBACK of a connection's first probe; on v3.1.1 the connection
+/// closed right after it, each time), or taken and never delivered (no read).
+#[test]
+fn a_site_broker_refusing_the_probe_topic_is_a_clear_start_up_error() {
+    for (acl, protocol, what) in [
+        ("topic readwrite sensors/#\n", "v5", "publish to"),
+        // MQTT 3.1.1 has no refusal code: mosquitto closes the connection instead.
+        ("topic readwrite sensors/#\n", "v311", "publish to"),
+        (
+            "topic readwrite sensors/#\ntopic read tidemark/gw/probe\n",
+            "v5",
+            "publish to",
+        ),
+        (
+            "topic readwrite sensors/#\ntopic write tidemark/gw/probe\n",
+            "v5",
+            "publish to or subscribe to",
+        ),
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let acl_file = dir.path().join("acl");
+        std::fs::write(&acl_file, acl).expect("acl");
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+                .expect("chmod");
+            std::fs::set_permissions(&acl_file, std::fs::Permissions::from_mode(0o644))
+                .expect("chmod");
+        }
+        let source = Mosquitto::with_extra(false, &format!("acl_file {}\n", acl_file.display()));
+        let sink = Mosquitto::start(false);
+        let cfg = dir.path().join("gateway.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[gateway]\nid = \"gw\"\nstate_dir = \"{}\"\n\
+                 [source]\nurl = \"{}\"\nprotocol = \"{protocol}\"\n\
+                 [sink]\nurl = \"{}\"\n",
+                dir.path().join("state").display(),
+                source.url(),
+                sink.url()
+            ),
+        )
+        .expect("config");
+        let log = dir.path().join("gw.log");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+            .args(["run", "--config"])
+            .arg(&cfg)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("run");
+        let start = Instant::now();
+        let status = loop {
+            if let Some(st) = child.try_wait().expect("wait") {
+                break Some(st);
+            }
+            if start.elapsed() > Duration::from_secs(60) {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let err = std::fs::read_to_string(&log).unwrap_or_default();
+        assert_eq!(
+            status.and_then(|s| s.code()),
+            Some(1),
+            "{protocol} {acl:?}: exit 1 expected within 60 s:\n{err}"
+        );
+        assert!(
+            err.contains(&format!("{what} source.probe_topic \"tidemark/gw/probe\"")),
+            "{protocol} {acl:?}: the error should name the topic:\n{err}"
+        );
+    }
 }

@@ -120,7 +120,9 @@ pub struct Sink {
     /// Where `P/config/set` messages go (the reloader).
     documents: tokio::sync::mpsc::UnboundedSender<Vec<u8>>,
     /// Since when the broker owes an answer (a PUBACK, a PINGRESP) and has sent nothing.
-    waiting_since: Option<tokio::time::Instant>,
+    waiting_since: Option<Millis>,
+    /// Monotonic clock.
+    clock: crate::sys::clock::SystemClock,
     /// A PINGREQ is unanswered.
     ping_pending: bool,
 }
@@ -137,7 +139,7 @@ impl Sink {
             watch::Sender<u64>,
             tokio::sync::mpsc::UnboundedSender<Vec<u8>>,
         ),
-        (seed, started_at): (u64, Millis),
+        (seed, started_at, clock): (u64, Millis, crate::sys::clock::SystemClock),
     ) -> Result<Self, LinkError> {
         let qos = cfg.endpoint.qos;
         let window = usize::from(cfg.window);
@@ -157,6 +159,7 @@ impl Sink {
             results: VecDeque::new(),
             documents,
             waiting_since: None,
+            clock,
             ping_pending: false,
         })
     }
@@ -199,11 +202,13 @@ impl Sink {
             if !owed {
                 self.waiting_since = None;
             } else if self.waiting_since.is_none() {
-                self.waiting_since = Some(tokio::time::Instant::now());
+                self.waiting_since = Some(self.clock.mono());
             }
-            let deadline = self
-                .waiting_since
-                .map(|t| t + Duration::from_millis(self.cfg.ack_timeout_ms));
+            let timeout = Millis::try_from(self.cfg.ack_timeout_ms).unwrap_or(Millis::MAX);
+            let deadline = self.waiting_since.map(|t| {
+                let left = t.saturating_add(timeout).saturating_sub(self.clock.mono());
+                Duration::from_millis(left.max(0).unsigned_abs())
+            });
             tokio::select! {
                 ev = self.lp.poll(), if backoff.is_none() => match ev {
                     Ok(ev) if !matches!(ev, Event::PingSent | Event::Other) => {
@@ -215,11 +220,11 @@ impl Sink {
                                 self.on_connected(receive_max);
                             }
                             Event::PubAck { ok, reason } => self.on_puback(ok, &reason),
-                            Event::Message { topic, payload, retained, .. } => {
-                                // A retained document would come again at every connect.
-                                if self.cfg.fleet && !retained && topic == self.cfg.topic("config/set") {
-                                    let _ = self.documents.send(payload.to_vec());
-                                }
+                            // A retained document would come again at every connect.
+                            Event::Message { topic, payload, retained, .. }
+                                if self.cfg.fleet && !retained && topic == self.cfg.topic("config/set") =>
+                            {
+                                let _ = self.documents.send(payload.to_vec());
                             }
                             Event::Subscribed { refused } if refused > 0 => {
                                 tracing::error!(topic = %self.cfg.topic("config/set"),
@@ -253,7 +258,7 @@ impl Sink {
                 () = async { if let Some(b) = backoff.as_mut() { b.await } }, if backoff.is_some() => {
                     backoff = None;
                 }
-                () = async { if let Some(t) = deadline { tokio::time::sleep_until(t).await } }, if deadline.is_some() && backoff.is_none() => {
+                () = async { if let Some(t) = deadline { tokio::time::sleep(t).await } }, if deadline.is_some() && backoff.is_none() => {
                     if drain.is_some() {
                         break;
                     }

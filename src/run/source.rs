@@ -15,7 +15,7 @@ use super::events::{AckJob, Current, Inbound, StoreState};
 use super::registry::Registry;
 use crate::config::{Config, Endpoint, Probe, Protocol};
 use crate::model::Millis;
-use crate::sys::clock::Backoff;
+use crate::sys::clock::{Backoff, SystemClock};
 use crate::sys::link::{self, Client, Event, LinkError, LinkOptions, Loop};
 
 /// Sparkplug host STATE (topic, online, offline payloads): online published
@@ -120,45 +120,64 @@ pub struct Links {
 /// The proof of the path from the site broker (SPEC §5): when something last
 /// arrived, and the probes out since.
 struct Proof {
+    /// Monotonic clock.
+    clock: SystemClock,
     /// Tells this process's probes from another's on the same topic (a standby).
     nonce: u64,
     /// Probes sent (the next one's number).
     sent: u64,
     /// Something arrived (a message or one of our probes).
-    last: tokio::time::Instant,
+    last: Millis,
     /// The last probe went out.
-    last_probe: Option<tokio::time::Instant>,
+    last_probe: Option<Millis>,
     /// The oldest probe not answered by anything since.
-    unanswered_since: Option<tokio::time::Instant>,
+    unanswered_since: Option<Millis>,
     /// SUBACKs to come, in order: whether each is the probe topic's.
     subacks: std::collections::VecDeque<bool>,
     /// QoS 1 PUBACKs to come, in order: whether each is the start-up probe's.
     pubacks: std::collections::VecDeque<bool>,
+    /// The broker acknowledged a connection's first probe and nothing has arrived
+    /// since: not back within the timeout, the broker took it but will not deliver it.
+    first_acked: Option<Millis>,
+    /// When this connection's first probe went out; whether any probe came back on it.
+    first_sent: Option<Millis>,
+    probe_back: bool,
+    /// Connections in a row the broker closed right after their first probe, none
+    /// back (mosquitto closes a connection that publishes where its ACL says no).
+    closed_after_probe: u32,
 }
 
 impl Proof {
-    fn new(nonce: u64) -> Self {
+    fn new(nonce: u64, clock: SystemClock) -> Self {
         Self {
+            clock,
             nonce,
             sent: 0,
-            last: tokio::time::Instant::now(),
+            last: clock.mono(),
             last_probe: None,
             unanswered_since: None,
             subacks: std::collections::VecDeque::new(),
             pubacks: std::collections::VecDeque::new(),
+            first_acked: None,
+            first_sent: None,
+            probe_back: false,
+            closed_after_probe: 0,
         }
     }
 
     /// The path is proven now.
     fn proven(&mut self) {
-        self.last = tokio::time::Instant::now();
+        self.last = self.clock.mono();
         self.unanswered_since = None;
+        self.first_acked = None;
     }
 
     /// A fresh connection: proven by its CONNACK, nothing outstanding.
     fn reset(&mut self) {
         self.proven();
         self.last_probe = None;
+        self.first_sent = None;
+        self.probe_back = false;
         self.subacks.clear();
         self.pubacks.clear();
     }
@@ -182,41 +201,46 @@ enum ProbeStep {
     Wait,
     /// Send a probe.
     Send,
-    /// The oldest probe is not back in time: the path is down (silent for this long).
-    Down(Duration),
+    /// The oldest probe is not back in time: the path is down (silent for this long, ms).
+    Down(Millis),
 }
 
 impl Proof {
-    /// When [`Proof::step`] may next say something other than `Wait`.
-    fn next_look(&self, cfg: &Probe) -> tokio::time::Instant {
-        let after = Duration::from_millis(cfg.after_ms);
+    /// When [`Proof::step`] may next say something other than `Wait` (monotonic ms).
+    fn next_look(&self, cfg: &Probe) -> Millis {
+        let (after, timeout) = ms(cfg.after_ms, cfg.timeout_ms);
         let send = match self.last_probe {
-            Some(t) => (self.last + after).max(t + after),
-            None => self.last + after,
+            Some(t) => self.last.max(t).saturating_add(after),
+            None => self.last.saturating_add(after),
         };
-        match self.unanswered_since {
-            Some(since) => send.min(since + Duration::from_millis(cfg.timeout_ms)),
-            None => send,
-        }
+        [self.unanswered_since, self.first_acked]
+            .into_iter()
+            .flatten()
+            .map(|t| t.saturating_add(timeout))
+            .fold(send, std::cmp::Ord::min)
     }
 
-    fn step(&self, cfg: &Probe, now: tokio::time::Instant) -> ProbeStep {
+    fn step(&self, cfg: &Probe, now: Millis) -> ProbeStep {
+        let (after, timeout) = ms(cfg.after_ms, cfg.timeout_ms);
         if let Some(since) = self.unanswered_since
-            && now.duration_since(since) >= Duration::from_millis(cfg.timeout_ms)
+            && now - since >= timeout
         {
-            return ProbeStep::Down(now.duration_since(self.last));
+            return ProbeStep::Down(now - self.last);
         }
-        let after = Duration::from_millis(cfg.after_ms);
-        let quiet = now.duration_since(self.last) >= after;
-        let due = self
-            .last_probe
-            .is_none_or(|t| now.duration_since(t) >= after);
+        let quiet = now - self.last >= after;
+        let due = self.last_probe.is_none_or(|t| now - t >= after);
         if quiet && due {
             ProbeStep::Send
         } else {
             ProbeStep::Wait
         }
     }
+}
+
+/// Probe settings as milliseconds of the monotonic clock.
+fn ms(after: u64, timeout: u64) -> (Millis, Millis) {
+    let m = |v: u64| Millis::try_from(v).unwrap_or(Millis::MAX);
+    (m(after), m(timeout))
 }
 
 /// The source component.
@@ -243,7 +267,12 @@ const HANDOVER: Duration = Duration::from_secs(5);
 
 impl Source {
     /// A source on a built link.
-    pub fn new(cfg: SourceConfig, (client, lp): (Client, Loop), links: Links, seed: u64) -> Self {
+    pub fn new(
+        cfg: SourceConfig,
+        (client, lp): (Client, Loop),
+        links: Links,
+        (seed, clock): (u64, SystemClock),
+    ) -> Self {
         Self {
             cfg,
             client,
@@ -255,7 +284,7 @@ impl Source {
             received_since_connect: 0,
             forwarded: 0,
             unsubscribe: Vec::new(),
-            proof: Proof::new(seed.rotate_left(29) ^ 0x7469_6465_6d61_726b),
+            proof: Proof::new(seed.rotate_left(29) ^ 0x7469_6465_6d61_726b, clock),
         }
     }
 
@@ -297,7 +326,12 @@ impl Source {
                 .map(|p| self.proof.next_look(p));
             tokio::select! {
                 _ = look.tick() => {}
-                () = async { if let Some(t) = probe_at { tokio::time::sleep_until(t).await } }, if probe_at.is_some() => {
+                () = async {
+                    if let Some(t) = probe_at {
+                        let wait = t.saturating_sub(self.proof.clock.mono()).max(0);
+                        tokio::time::sleep(Duration::from_millis(wait.unsigned_abs())).await;
+                    }
+                }, if probe_at.is_some() => {
                     if !self.probe_look().await {
                         return;
                     }
@@ -380,6 +414,8 @@ impl Source {
                     // Probes are not readings: never forwarded, never counted (SPEC §5).
                     if self.proof.ours(&payload) {
                         self.proof.proven();
+                        self.proof.probe_back = true;
+                        self.proof.closed_after_probe = 0;
                         return self.links.core.send(Inbound::Proven).await.is_ok();
                     }
                     return true;
@@ -427,8 +463,11 @@ impl Source {
             }
             Ok(Event::PubAck { ok, .. }) => {
                 self.proof.proven();
-                if self.proof.pubacks.pop_front() == Some(true) && !ok {
-                    return self.probe_refused("publish to");
+                if self.proof.pubacks.pop_front() == Some(true) {
+                    if !ok {
+                        return self.probe_refused("publish to");
+                    }
+                    self.proof.first_acked = Some(self.proof.clock.mono());
                 }
                 true
             }
@@ -440,6 +479,19 @@ impl Source {
             Err(e) => {
                 if self.stopping && (*self.links.flushed.borrow() || !self.connected) {
                     return false;
+                }
+                if let Some(probe) = &self.cfg.probe
+                    && self.connected
+                    && !self.proof.probe_back
+                    && self
+                        .proof
+                        .first_sent
+                        .is_some_and(|t| self.proof.clock.mono() - t < ms(0, probe.timeout_ms).1)
+                {
+                    self.proof.closed_after_probe += 1;
+                    if self.proof.closed_after_probe >= 3 {
+                        return self.probe_refused("publish to");
+                    }
                 }
                 self.lost().await;
                 let delay = self.backoff.next_delay();
@@ -473,7 +525,9 @@ impl Source {
         };
         match self.client.subscribe(std::slice::from_ref(&probe.topic), 0) {
             Ok(()) => self.proof.subacks.push_back(true),
-            Err(e) => tracing::warn!(topic = %probe.topic, error = %e, "probe subscription not sent"),
+            Err(e) => {
+                tracing::warn!(topic = %probe.topic, error = %e, "probe subscription not sent")
+            }
         }
         // The filters' SUBACK follows it.
         if !self.cfg.topics.is_empty() {
@@ -481,13 +535,14 @@ impl Source {
         }
     }
 
-    /// The first probe of a connection: at once, and on MQTT 5 at QoS 1, so a
-    /// broker's ACL refusing the topic shows in its PUBACK.
+    /// The first probe of a connection: at once, and at QoS 1, so a broker's ACL
+    /// refusing the topic shows: in the PUBACK (MQTT 5), or as a probe the broker
+    /// acknowledged but never delivers.
     fn first_probe(&mut self) {
         let Some(probe) = &self.cfg.probe else {
             return;
         };
-        let qos = u8::from(self.cfg.v5);
+        let qos = 1;
         let n = self.proof.sent;
         if self
             .client
@@ -498,7 +553,8 @@ impl Source {
             if qos == 1 {
                 self.proof.pubacks.push_back(true);
             }
-            let now = tokio::time::Instant::now();
+            let now = self.proof.clock.mono();
+            self.proof.first_sent = Some(now);
             self.proof.last_probe = Some(now);
             self.proof.unanswered_since.get_or_insert(now);
         }
@@ -525,12 +581,20 @@ impl Source {
         if !self.connected || self.stopping {
             return true;
         }
-        let now = tokio::time::Instant::now();
+        let now = self.proof.clock.mono();
+        if let Some(acked) = self.proof.first_acked
+            && now - acked >= ms(0, probe.timeout_ms).1
+        {
+            return self.probe_refused("publish to or subscribe to");
+        }
         match self.proof.step(&probe, now) {
             ProbeStep::Wait => true,
             ProbeStep::Send => {
                 let n = self.proof.sent;
-                match self.client.publish(&probe.topic, self.proof.payload(n), 0, false) {
+                match self
+                    .client
+                    .publish(&probe.topic, self.proof.payload(n), 0, false)
+                {
                     Ok(()) => {
                         self.proof.sent += 1;
                         self.proof.last_probe = Some(now);
@@ -550,9 +614,9 @@ impl Source {
 
     /// No probe came back in time: the path is down. A disconnect (SPEC §5): the
     /// connection is dropped and made anew with backoff.
-    async fn path_down(&mut self, probe: &Probe, silent: Duration) -> bool {
+    async fn path_down(&mut self, probe: &Probe, silent: Millis) -> bool {
         self.links.registry.path_down[0].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        tracing::warn!(url = %self.cfg.url(), topic = %probe.topic, silent_ms = silent.as_millis() as u64,
+        tracing::warn!(url = %self.cfg.url(), topic = %probe.topic, silent_ms = silent,
             timeout_ms = probe.timeout_ms, "source_path_down: no probe came back in time; reconnecting");
         self.lost().await;
         match self.cfg.build() {
@@ -737,4 +801,96 @@ pub async fn acks(
         }
     }
     let _ = flushed.send(true);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn probe() -> Probe {
+        Probe {
+            after_ms: 1000,
+            timeout_ms: 3000,
+            topic: "tidemark/gw/probe".into(),
+        }
+    }
+
+    fn proof() -> Proof {
+        let mut p = Proof::new(7, SystemClock::new());
+        p.last = 0;
+        p
+    }
+
+    #[test]
+    fn a_busy_path_sends_no_probe() {
+        let mut p = proof();
+        for i in 0..50 {
+            // A message every 900 ms: never quiet for probe_after_ms.
+            assert!(matches!(p.step(&probe(), i * 900), ProbeStep::Wait));
+            p.last = i * 900;
+        }
+    }
+
+    #[test]
+    fn a_quiet_path_is_probed_every_period_and_a_returned_probe_keeps_it_up() {
+        let mut p = proof();
+        assert_eq!(p.next_look(&probe()), 1000);
+        assert!(matches!(p.step(&probe(), 999), ProbeStep::Wait));
+        assert!(matches!(p.step(&probe(), 1000), ProbeStep::Send));
+        p.last_probe = Some(1000);
+        p.unanswered_since = Some(1000);
+        // The next one a period later, even while the first is out.
+        assert_eq!(p.next_look(&probe()), 2000);
+        assert!(matches!(p.step(&probe(), 1500), ProbeStep::Wait));
+        assert!(matches!(p.step(&probe(), 2000), ProbeStep::Send));
+        // It came back: proven, nothing outstanding, quiet counts from the return.
+        p.last = 1200;
+        p.unanswered_since = None;
+        p.last_probe = Some(2000);
+        assert!(matches!(p.step(&probe(), 2999), ProbeStep::Wait));
+        assert!(matches!(p.step(&probe(), 3000), ProbeStep::Send));
+    }
+
+    #[test]
+    fn a_probe_not_back_in_time_takes_the_path_down_after_after_plus_timeout() {
+        let mut p = proof();
+        // Probes went at 1, 2 and 3 s; none came back.
+        p.unanswered_since = Some(1000);
+        p.last_probe = Some(3000);
+        assert_eq!(p.next_look(&probe()), 4000);
+        assert!(!matches!(p.step(&probe(), 3999), ProbeStep::Down(_)));
+        match p.step(&probe(), 4000) {
+            ProbeStep::Down(silent) => assert_eq!(silent, 4000),
+            _ => panic!("the path should be down"),
+        }
+        // Anything arriving before then clears it.
+        p.last = 3500;
+        p.unanswered_since = None;
+        assert!(!matches!(p.step(&probe(), 4000), ProbeStep::Down(_)));
+    }
+
+    #[test]
+    fn a_first_probe_acknowledged_but_never_delivered_is_looked_at_in_time() {
+        let mut p = proof();
+        p.first_acked = Some(10);
+        assert_eq!(p.next_look(&probe()), 1000);
+        p.last_probe = Some(10);
+        p.last = 10;
+        assert_eq!(p.next_look(&probe()), 1010);
+        // Probes every second meanwhile; the first one's verdict is due at 3.01 s.
+        p.last_probe = Some(2500);
+        assert_eq!(p.next_look(&probe()), 3010);
+    }
+
+    #[test]
+    fn only_this_processes_probes_count() {
+        let p = Proof::new(0xabc, SystemClock::new());
+        let q = Proof::new(0xabd, SystemClock::new());
+        assert!(p.ours(&p.payload(0)));
+        assert!(p.ours(&p.payload(123_456)));
+        assert!(!p.ours(&q.payload(0)));
+        assert!(!p.ours(b""));
+        assert!(!p.ours(b"{\"ts\": 1}"));
+        assert!(p.payload(99).len() <= 24);
+    }
 }

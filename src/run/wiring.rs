@@ -79,7 +79,7 @@ pub fn start(
         sink_rx,
         registry.clone(),
         (delivered_tx, documents_tx),
-        (seed.rotate_left(17), started_at),
+        (seed.rotate_left(17), started_at, clock),
     )?;
     let core = Core::new(
         restored.driver,
@@ -120,7 +120,7 @@ pub fn start(
             registry: registry.clone(),
             fatal: fatal_tx.clone(),
         },
-        seed,
+        (seed, clock),
     );
     let durable = restored.durable;
     let threads = vec![

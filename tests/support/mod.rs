@@ -73,6 +73,15 @@ impl Mosquitto {
         ))
     }
 
+    /// [`Mosquitto::start`] with more configuration lines (`{port}` is its port,
+    /// `{dir}` its own directory).
+    pub fn with_extra(persist: bool, extra: &str) -> Self {
+        Self::with_conf(&format!(
+            "persistence {persist}\nautosave_interval 1\nmax_queued_messages 0\n\
+             max_inflight_messages 0\nmessage_size_limit 0\n{extra}"
+        ))
+    }
+
     /// mosquitto with its defaults, as a site installs it: only a listener and anonymous
     /// access (max_inflight_messages 20, max_queued_messages 1000, no persistence).
     pub fn stock() -> Self {
@@ -94,7 +103,9 @@ impl Mosquitto {
             f,
             "listener {port} 127.0.0.1\nallow_anonymous true\npersistence_location {}/\n{}",
             dir.path().display(),
-            extra.replace("{port}", &port.to_string())
+            extra
+                .replace("{port}", &port.to_string())
+                .replace("{dir}", &dir.path().display().to_string())
         )
         .expect("write conf");
         let mut m = Self {
