@@ -331,6 +331,28 @@ impl Site {
         start.elapsed()
     }
 
+    /// Every group has a watermark and window results flow upstream.
+    fn warm_up(&self, what: &str) {
+        wait_or_explain(
+            Duration::from_secs(60),
+            || self.watermarks().len() == 3 && !self.up.on("/windows/").is_empty(),
+            || format!("{what}: no watermarks or results yet\n{}", self.log_text()),
+        );
+    }
+
+    /// Every group's watermark within a few seconds of the fleet's present again.
+    fn wait_caught_up(&self, what: &str) {
+        wait_or_explain(
+            Duration::from_secs(120),
+            || {
+                let w = self.watermarks();
+                let now = now_ms();
+                w.len() == 3 && w.values().all(|&w| w >= now - 6_000)
+            },
+            || format!("{what}: not caught up: {:?}", self.watermarks()),
+        );
+    }
+
     /// The group watermarks of the newest `P/metrics` (group -> W).
     fn watermarks(&self) -> BTreeMap<String, i64> {
         latest_metrics(&self.up.all())
@@ -461,13 +483,7 @@ fn source_blackhole(k: u8, keep_alive_s: u64, blind_s: u64) {
     let what = format!("source blackholed {blind_s} s, keep_alive_s {keep_alive_s}");
     let mut site = Site::start(k, &format!("keep_alive_s = {keep_alive_s}"));
     let mut fleet = Fleet::start(site.source.port);
-    // Warm up until every group has a watermark.
-    wait_or_explain(
-        Duration::from_secs(60),
-        || site.watermarks().len() == 3,
-        || format!("{what}: no watermarks yet\n{}", site.log_text()),
-    );
-    std::thread::sleep(Duration::from_secs(12));
+    site.warm_up(&what);
     let downs = site.log_text().matches("source_path_down").count();
     let blind_from = now_ms();
     site.net.blackhole(site.source.port);
@@ -481,15 +497,7 @@ fn source_blackhole(k: u8, keep_alive_s: u64, blind_s: u64) {
     let subscribed = site.log_text().matches("source subscribed").count();
     site.wait_log("source subscribed", subscribed, Duration::from_secs(60));
     // Caught up: every group's W within a window of the fleet's present.
-    wait_or_explain(
-        Duration::from_secs(120),
-        || {
-            let w = site.watermarks();
-            let now = now_ms();
-            w.len() == 3 && w.values().all(|&w| w >= now - 6_000)
-        },
-        || format!("{what}: not caught up: {:?}", site.watermarks()),
-    );
+    site.wait_caught_up(&what);
     eprintln!(
         "{what}: caught up {:.2} s after the link returned",
         healed.elapsed().as_secs_f64()
@@ -559,17 +567,7 @@ fn uplink_blackholed_45_s() {
     let what = "uplink blackholed 45 s";
     let mut site = Site::start(4, "");
     let mut fleet = Fleet::start(site.source.port);
-    wait_or_explain(
-        Duration::from_secs(60),
-        || site.watermarks().len() == 3,
-        || format!("{what}: no watermarks yet\n{}", site.log_text()),
-    );
-    // Until results flow upstream.
-    wait_or_explain(
-        Duration::from_secs(60),
-        || !site.up.on("/windows/").is_empty(),
-        || format!("{what}: no results yet\n{}", site.log_text()),
-    );
+    site.warm_up(what);
     let downs = site.log_text().matches("sink_path_down").count();
     site.net.blackhole(site.sink.port);
     let noticed = site.wait_log("sink_path_down", downs, Duration::from_secs(45));
@@ -608,11 +606,7 @@ fn both_links_flapping() {
     let what = "both links flapping";
     let mut site = Site::start(6, "");
     let mut fleet = Fleet::start(site.source.port);
-    wait_or_explain(
-        Duration::from_secs(60),
-        || site.watermarks().len() == 3,
-        || format!("{what}: no watermarks yet\n{}", site.log_text()),
-    );
+    site.warm_up(what);
     for (i, s) in [3u64, 8, 5, 4, 7].iter().enumerate() {
         site.net.blackhole(site.source.port);
         site.net.blackhole(site.sink.port);
@@ -620,15 +614,7 @@ fn both_links_flapping() {
         site.net.heal();
         let since = Instant::now();
         // Up again (both links) before the next flap, however long reconnecting takes.
-        wait_or_explain(
-            Duration::from_secs(60),
-            || {
-                let w = site.watermarks();
-                let now = now_ms();
-                w.len() == 3 && w.values().all(|&w| w >= now - 6_000)
-            },
-            || format!("{what}: flap {i} not caught up: {:?}", site.watermarks()),
-        );
+        site.wait_caught_up(&format!("{what}: flap {i}"));
         eprintln!(
             "{what}: flap {i} ({s} s) caught up {:.2} s after the link returned",
             since.elapsed().as_secs_f64()

@@ -93,15 +93,11 @@ struct SourceStatus {
     since: Millis,
     /// How long ago a message or a probe last proved the path (processing time stops there).
     proven_ago_ms: Millis,
-    /// Paths found dead by a probe not coming back, since start.
-    path_down: u64,
 }
 
 #[derive(Debug, Serialize)]
 struct SinkStatus {
     connected: bool,
-    /// Uplinks found dead by an unanswered publish or ping, since start.
-    path_down: u64,
     outbox_depth: u64,
     outbox_dropped: u64,
 }
@@ -247,11 +243,9 @@ fn status(engine: &Engine, now: Now, registry: &Registry, links: Links) -> Statu
             connected: links.source_up,
             since: links.source_since,
             proven_ago_ms: now.mono.saturating_sub(links.proven).max(0),
-            path_down: m.path_down.source,
         },
         sink: SinkStatus {
             connected: m.connected.sink,
-            path_down: m.path_down.sink,
             outbox_depth: m.counters.outbox_depth,
             outbox_dropped: m.counters.outbox_dropped,
         },

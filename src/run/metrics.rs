@@ -38,6 +38,10 @@ pub(super) struct Counters {
     pub(super) outbox_dropped: u64,
     /// Sparkplug metrics of types that are not aggregated.
     sparkplug_other: u64,
+    /// Source paths found dead (a probe not back in time) since the gateway started (SPEC §5).
+    pub(super) source_path_down: u64,
+    /// Uplinks found dead (a publish or ping unanswered in time) since the gateway started.
+    pub(super) sink_path_down: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -81,15 +85,6 @@ struct Reloads {
     rejected: u64,
 }
 
-/// Links found dead by the gateway's own checks since it started (SPEC §5).
-#[derive(Debug, Serialize)]
-pub(super) struct PathDown {
-    /// Source: a probe did not come back in time.
-    pub(super) source: u64,
-    /// Sink: a QoS 1 publish or a ping was not answered in time.
-    pub(super) sink: u64,
-}
-
 /// Gateway state at `now`.
 #[derive(Debug, Serialize)]
 pub struct Metrics {
@@ -101,7 +96,6 @@ pub struct Metrics {
     pub(super) counters: Counters,
     outbox_oldest_age_ms: Option<Millis>,
     pub(super) connected: Connections,
-    pub(super) path_down: PathDown,
     clock_held: bool,
     pub(super) gateway_clock: GatewayClockOut,
     store: StoreIo,
@@ -338,14 +332,25 @@ impl Metrics {
         );
         metric(
             &mut o,
-            "path_down_total",
+            "source_path_down_total",
             "counter",
-            "Links found dead by the gateway's own checks (source: a probe not back; sink: a publish or ping unanswered), since start.",
+            "Source paths found dead by a probe not back in time (SPEC §5), since start.",
         );
         let _ = writeln!(
             o,
-            "tidemark_path_down_total{{link=\"source\"}} {}\ntidemark_path_down_total{{link=\"sink\"}} {}",
-            self.path_down.source, self.path_down.sink
+            "tidemark_source_path_down_total {}",
+            self.counters.source_path_down
+        );
+        metric(
+            &mut o,
+            "sink_path_down_total",
+            "counter",
+            "Uplinks found dead by a publish or ping unanswered in time, since start.",
+        );
+        let _ = writeln!(
+            o,
+            "tidemark_sink_path_down_total {}",
+            self.counters.sink_path_down
         );
         metric(
             &mut o,
@@ -510,15 +515,13 @@ pub fn gather(engine: &Engine, now: Now, shared: &Registry, source_up: bool) -> 
             outbox_depth: shared.outbox_depth.load(Ordering::Relaxed),
             outbox_dropped: shared.outbox_dropped.load(Ordering::Relaxed),
             sparkplug_other: c.sparkplug_other,
+            source_path_down: shared.path_down[0].load(Ordering::Relaxed),
+            sink_path_down: shared.path_down[1].load(Ordering::Relaxed),
         },
         outbox_oldest_age_ms: (oldest > 0).then(|| now.wall.saturating_sub(oldest)),
         connected: Connections {
             source: source_up,
             sink: shared.sink_up.load(Ordering::Relaxed),
-        },
-        path_down: PathDown {
-            source: shared.path_down[0].load(Ordering::Relaxed),
-            sink: shared.path_down[1].load(Ordering::Relaxed),
         },
         clock_held: engine.clock_held(),
         gateway_clock: GatewayClockOut {

@@ -13,6 +13,7 @@
 //! the last batch → the store commits it → its acks go out → the source
 //! disconnects → the sink drains for a few seconds, publishes `offline`, exits.
 
+mod alarm;
 mod api;
 mod core;
 mod delivery;

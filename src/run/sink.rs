@@ -119,8 +119,10 @@ pub struct Sink {
     results: VecDeque<(String, crate::fleet::ConfigResult)>,
     /// Where `P/config/set` messages go (the reloader).
     documents: tokio::sync::mpsc::UnboundedSender<Vec<u8>>,
-    /// Since when the broker owes an answer (a PUBACK, a PINGRESP) and has sent nothing.
+    /// Since when the broker owes an answer (a PUBACK, a PINGRESP).
     waiting_since: Option<Millis>,
+    /// When the broker was last heard from (any packet).
+    heard: Millis,
     /// Monotonic clock.
     clock: crate::sys::clock::SystemClock,
     /// A PINGREQ is unanswered.
@@ -159,6 +161,7 @@ impl Sink {
             results: VecDeque::new(),
             documents,
             waiting_since: None,
+            heard: 0,
             clock,
             ping_pending: false,
         })
@@ -186,6 +189,7 @@ impl Sink {
         // Between reconnect attempts; a stop or a reload does not wait for it.
         let mut backoff: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
         let mut rx_open = true;
+        let mut alarm = super::alarm::Alarm::new(self.clock);
         loop {
             self.send_notices();
             fill(
@@ -204,16 +208,12 @@ impl Sink {
             } else if self.waiting_since.is_none() {
                 self.waiting_since = Some(self.clock.mono());
             }
-            let timeout = Millis::try_from(self.cfg.ack_timeout_ms).unwrap_or(Millis::MAX);
-            let deadline = self.waiting_since.map(|t| {
-                let left = t.saturating_add(timeout).saturating_sub(self.clock.mono());
-                Duration::from_millis(left.max(0).unsigned_abs())
-            });
+            alarm.want(self.answer_due().filter(|_| backoff.is_none()));
             tokio::select! {
                 ev = self.lp.poll(), if backoff.is_none() => match ev {
                     Ok(ev) if !matches!(ev, Event::PingSent | Event::Other) => {
                         // Anything from the broker: the path works; what is still owed waits anew.
-                        self.waiting_since = None;
+                        self.heard = self.clock.mono();
                         match ev {
                             Event::Connected { receive_max, .. } => {
                                 self.ping_pending = false;
@@ -258,11 +258,14 @@ impl Sink {
                 () = async { if let Some(b) = backoff.as_mut() { b.await } }, if backoff.is_some() => {
                     backoff = None;
                 }
-                () = async { if let Some(t) = deadline { tokio::time::sleep(t).await } }, if deadline.is_some() && backoff.is_none() => {
-                    if drain.is_some() {
-                        break;
+                () = alarm.fired(), if alarm.is_armed() => {
+                    // Looked at again: answers that came meanwhile moved the deadline on.
+                    if self.answer_due().is_some_and(|t| self.clock.mono() >= t) {
+                        if drain.is_some() {
+                            break;
+                        }
+                        backoff = Some(Box::pin(tokio::time::sleep(self.path_down())));
                     }
-                    backoff = Some(Box::pin(tokio::time::sleep(self.path_down())));
                 }
                 msg = self.rx.recv(), if rx_open => match msg {
                     Some(SinkMsg::Live(list)) => self.d.live(list),
@@ -302,6 +305,14 @@ impl Sink {
             }
         }
         self.offline().await;
+    }
+
+    /// When the uplink is down unless the broker says something first: `ack_timeout_ms`
+    /// after an answer became owed or the broker was last heard, whichever is later.
+    fn answer_due(&self) -> Option<Millis> {
+        let timeout = Millis::try_from(self.cfg.ack_timeout_ms).unwrap_or(Millis::MAX);
+        self.waiting_since
+            .map(|t| t.max(self.heard).saturating_add(timeout))
     }
 
     /// The broker has answered nothing for `ack_timeout_ms` while it owed an answer:

@@ -295,6 +295,7 @@ impl Source {
         // Looks at the store's state even when no message comes.
         let mut look = tokio::time::interval(Duration::from_millis(200));
         look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut alarm = super::alarm::Alarm::new(self.proof.clock);
         loop {
             // The state store cannot commit: stop taking messages (the broker keeps
             // them; a long pause drops the connection and they come again).
@@ -318,26 +319,24 @@ impl Source {
                 // Nothing is polled: silence proves nothing, and is no fault of the path.
                 self.proof.proven();
             }
-            let probe_at = self
-                .cfg
-                .probe
-                .as_ref()
-                .filter(|_| self.connected && !self.stopping && !paused)
-                .map(|p| self.proof.next_look(p));
+            // Looked at every pass, moved only when it comes earlier (no timer work per message).
+            alarm.want(
+                self.cfg
+                    .probe
+                    .as_ref()
+                    .filter(|_| self.connected && !self.stopping && !paused)
+                    .map(|p| self.proof.next_look(p)),
+            );
             tokio::select! {
-                _ = look.tick() => {}
-                () = async {
-                    if let Some(t) = probe_at {
-                        let wait = t.saturating_sub(self.proof.clock.mono()).max(0);
-                        tokio::time::sleep(Duration::from_millis(wait.unsigned_abs())).await;
-                    }
-                }, if probe_at.is_some() => {
-                    if !self.probe_look().await {
-                        return;
-                    }
+                // Control first, then input: a probe's verdict must not overtake what
+                // already arrived, and a busy link must not hold up a stop or a reload.
+                biased;
+                _ = self.links.stop.changed(), if !self.stopping => {
+                    self.stopping = true;
                 }
-                ev = self.lp.poll(), if !paused => {
-                    if !self.on_event(ev).await {
+                _ = self.links.flushed.changed() => {
+                    if *self.links.flushed.borrow() {
+                        self.close().await;
                         return;
                     }
                 }
@@ -348,15 +347,17 @@ impl Source {
                         return;
                     }
                 }
-                _ = self.links.stop.changed(), if !self.stopping => {
-                    self.stopping = true;
-                }
-                _ = self.links.flushed.changed() => {
-                    if *self.links.flushed.borrow() {
-                        self.close().await;
+                ev = self.lp.poll(), if !paused => {
+                    if !self.on_event(ev).await {
                         return;
                     }
                 }
+                () = alarm.fired(), if alarm.is_armed() => {
+                    if !self.probe_look().await {
+                        return;
+                    }
+                }
+                _ = look.tick() => {}
             }
         }
     }

@@ -35,6 +35,11 @@ impl SystemClock {
         }
     }
 
+    /// The instant of monotonic reading `mono` (for timers; reads no clock).
+    pub fn instant(&self, mono: Millis) -> Instant {
+        self.origin + std::time::Duration::from_millis(mono.max(0).unsigned_abs())
+    }
+
     /// Monotonic milliseconds since the clock was made.
     pub fn mono(&self) -> Millis {
         Millis::try_from(self.origin.elapsed().as_millis()).unwrap_or(Millis::MAX)

@@ -212,7 +212,7 @@ fn render(s: &Value, devices: &[Value], alerts: &Value, o: &StatusOptions) -> St
         link(s["source"]["connected"].as_bool().unwrap_or(false)),
         utc(&s["source"]["since"]),
         dur(&s["source"]["proven_ago_ms"]),
-        s["source"]["path_down"]
+        s["counters"]["source_path_down"]
     );
     let _ = writeln!(
         t,
@@ -220,7 +220,7 @@ fn render(s: &Value, devices: &[Value], alerts: &Value, o: &StatusOptions) -> St
         link(s["sink"]["connected"].as_bool().unwrap_or(false)),
         s["sink"]["outbox_depth"],
         s["sink"]["outbox_dropped"],
-        s["sink"]["path_down"]
+        s["counters"]["sink_path_down"]
     );
     let store = &s["store"];
     let _ = writeln!(
