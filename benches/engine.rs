@@ -50,7 +50,7 @@ fn workload(as_cbor: bool, rounds: usize) -> Vec<Msg> {
 
 fn engine() -> Engine {
     let cfg = config::load_str("[gateway]\nid = \"bench\"\n", &BTreeMap::new()).unwrap();
-    let mut e = Engine::new(&cfg.engine());
+    let mut e = Engine::new(&cfg.engine);
     e.restart_idleness(Now::at(T0));
     e
 }

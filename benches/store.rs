@@ -19,7 +19,7 @@ fn engine(extra: &str) -> Engine {
         &BTreeMap::new(),
     )
     .unwrap();
-    let mut e = Engine::new(&cfg.engine());
+    let mut e = Engine::new(&cfg.engine);
     e.restart_idleness(Now::at(T0));
     e
 }

@@ -5,6 +5,7 @@
 
 use crate::codec::{DecodeError, Decoded};
 use crate::config::Config;
+use crate::engine::EngineConfig;
 use crate::engine::{Engine, Now};
 use crate::journal::Journal;
 use crate::model::Millis;
@@ -64,8 +65,8 @@ pub struct Driver {
     first_durable: Option<Millis>,
     /// Monotonic time of the last batch.
     last_commit: Option<Millis>,
-    /// The engine settings in force (`Config::engine_doc`), recorded with each checkpoint.
-    rules_doc: Option<String>,
+    /// The engine settings in force (an [`EngineConfig::record`]), recorded with each checkpoint.
+    rules: Option<Vec<u8>>,
 }
 
 fn ms(v: u64) -> Millis {
@@ -82,17 +83,17 @@ impl Driver {
     ) -> Self {
         Self {
             engine,
-            tick_ms: ms(cfg.tick_interval_ms),
-            commit_ms: ms(cfg.commit_interval_ms),
+            tick_ms: ms(cfg.gateway.tick_interval_ms),
+            commit_ms: ms(cfg.gateway.commit_interval_ms),
             next_tick,
-            prefix: cfg.topic_prefix.clone(),
+            prefix: cfg.sink.prefix.clone(),
             format,
             outputs: Vec::new(),
             encoded: None,
             journal: None,
             first_durable: None,
             last_commit: None,
-            rules_doc: None,
+            rules: None,
         }
     }
 
@@ -224,27 +225,22 @@ impl Driver {
     /// journaled in order with the messages; tick, commit and output settings at once.
     pub fn reconfigure(&mut self, now: Now, cfg: &Config) {
         self.ticks_until(now);
-        let doc = cfg.engine_doc();
-        self.engine.reconfigure(&cfg.engine());
+        let record = cfg.engine.record();
+        self.engine.reconfigure(&cfg.engine);
         if let Some(j) = &mut self.journal {
-            j.reconfigure(&doc);
+            j.reconfigure(&record);
         }
-        self.rules_doc = Some(doc);
-        self.tick_ms = ms(cfg.tick_interval_ms);
-        self.commit_ms = ms(cfg.commit_interval_ms);
-        self.prefix.clone_from(&cfg.topic_prefix);
-        self.format = cfg.sink_format;
+        self.rules = Some(record);
+        self.tick_ms = ms(cfg.gateway.tick_interval_ms);
+        self.commit_ms = ms(cfg.gateway.commit_interval_ms);
+        self.prefix.clone_from(&cfg.sink.prefix);
+        self.format = cfg.sink.format;
         self.durable(now.mono);
     }
 
-    /// Records `doc` as the engine settings in force (restore).
-    pub fn set_rules_doc(&mut self, doc: String) {
-        self.rules_doc = Some(doc);
-    }
-
-    /// The engine settings in force, when known.
-    pub fn rules_doc(&self) -> Option<&str> {
-        self.rules_doc.as_deref()
+    /// Records `rules` as the engine settings in force (restore).
+    pub fn set_rules(&mut self, rules: &EngineConfig) {
+        self.rules = Some(rules.record());
     }
 
     /// Live clocks only: after a stall (a suspended board) run one tick at `now`
@@ -328,10 +324,10 @@ impl Driver {
             j.clear();
         }
         let mut batch = self.take_batch(now);
-        if let Some(doc) = &self.rules_doc {
+        if let Some(rules) = &self.rules {
             batch
                 .meta
-                .push((crate::store::schema::K_RULES, doc.as_bytes().to_vec()));
+                .push((crate::store::schema::K_RULES, rules.clone()));
         }
         batch
     }
@@ -391,7 +387,7 @@ mod tests {
             &std::collections::BTreeMap::new(),
         )
         .unwrap();
-        Driver::new(Engine::new(&cfg.engine()), &cfg, SinkFormat::Json, None).with_journal()
+        Driver::new(Engine::new(&cfg.engine), &cfg, SinkFormat::Json, None).with_journal()
     }
 
     fn reading(d: &mut Driver, at: Millis) {
@@ -459,8 +455,8 @@ mod tests {
             )
             .unwrap();
             let mut run =
-                Driver::new(Engine::new(&cfg.engine()), &cfg, format, None).with_journal();
-            let mut cut = Driver::new(Engine::new(&cfg.engine()), &cfg, format, None);
+                Driver::new(Engine::new(&cfg.engine), &cfg, format, None).with_journal();
+            let mut cut = Driver::new(Engine::new(&cfg.engine), &cfg, format, None);
             let (mut a, mut b) = (Vec::new(), Vec::new());
             for k in 0..60i64 {
                 let at = T0 + k * every;

@@ -124,7 +124,7 @@ pub fn sparkplug(data: &[u8]) {
         &BTreeMap::new(),
     )
     .expect("config");
-    let mut e = Engine::new(&cfg.engine());
+    let mut e = Engine::new(&cfg.engine);
     let mut out = Vec::new();
     let t0: Millis = 1_764_480_000_000;
     for (i, kind) in ["NBIRTH", "DBIRTH", "NDATA", "DDATA", "DDEATH", "NDEATH"]
@@ -176,7 +176,7 @@ impl Checkpoint {
     }
 
     fn restore(&self, cfg: &config::Config) -> Engine {
-        let mut e = Engine::new(&cfg.engine());
+        let mut e = Engine::new(&cfg.engine);
         e.restore(
             self.groups.values().cloned().collect(),
             self.devices.values().cloned().collect(),
@@ -201,8 +201,8 @@ pub fn engine(data: &[u8]) {
         &BTreeMap::new(),
     )
     .expect("config");
-    let mut a = Engine::new(&cfg.engine());
-    let mut b = Engine::new(&cfg.engine());
+    let mut a = Engine::new(&cfg.engine);
+    let mut b = Engine::new(&cfg.engine);
     let mut store = Checkpoint::default();
     let (mut out_a, mut out_b): (Vec<Output>, Vec<Output>) = (Vec::new(), Vec::new());
     let t0: Millis = 1_764_480_000_000;

@@ -20,8 +20,9 @@ use crate::model::Millis;
 use crate::output::Discard;
 
 /// `M` is a message while the kernel reports the clock synchronized, `U` one
-/// while it does not; `O` a new monotonic origin (a new process); `C` a reload's
-/// engine settings (a document of [`crate::config::Config::engine_doc`]).
+/// while it does not; `O` a new monotonic origin (a new process); `R` a reload's
+/// engine settings (an [`crate::engine::EngineConfig::record`]); `C` the same as a
+/// TOML document, as journals before 2026-12 hold it (read, never written).
 #[derive(Serialize)]
 enum OpRef<'a> {
     S(Millis, Millis),
@@ -39,7 +40,7 @@ enum OpRef<'a> {
         #[serde(with = "serde_bytes")] &'a [u8],
     ),
     O,
-    C(&'a str),
+    R(#[serde(with = "serde_bytes")] &'a [u8]),
 }
 
 #[derive(Deserialize)]
@@ -60,6 +61,7 @@ enum Op {
     ),
     O,
     C(String),
+    R(#[serde(with = "serde_bytes")] Vec<u8>),
 }
 
 /// The ops since the last cut, encoded.
@@ -105,8 +107,8 @@ impl Journal {
     }
 
     /// A reload's engine settings, in order with the messages around it.
-    pub fn reconfigure(&mut self, doc: &str) {
-        self.push(&OpRef::C(doc));
+    pub fn reconfigure(&mut self, record: &[u8]) {
+        self.push(&OpRef::R(record));
         self.tick_at = None;
     }
 
@@ -152,7 +154,7 @@ pub enum ReplayError {
 
 /// Hands the ops of one record to `engine` again; their outputs are dropped.
 /// Returns the engine settings of the record's last reload, if it has one.
-pub fn apply(engine: &mut Engine, mut ops: &[u8]) -> Result<Option<String>, ReplayError> {
+pub fn apply(engine: &mut Engine, mut ops: &[u8]) -> Result<Option<Vec<u8>>, ReplayError> {
     let mut reloaded = None;
     while !ops.is_empty() {
         let op: Op = ciborium::de::from_reader(&mut ops)?;
@@ -167,8 +169,13 @@ pub fn apply(engine: &mut Engine, mut ops: &[u8]) -> Result<Option<String>, Repl
             }
             Op::O => engine.new_clock_origin(),
             Op::C(doc) => {
-                engine.reconfigure(&crate::config::engine_from_doc(&doc)?);
-                reloaded = Some(doc);
+                let rules = crate::config::engine_from_record(doc.as_bytes())?;
+                engine.reconfigure(&rules);
+                reloaded = Some(rules.record());
+            }
+            Op::R(record) => {
+                engine.reconfigure(&crate::config::engine_from_record(&record)?);
+                reloaded = Some(record);
             }
         }
     }

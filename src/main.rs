@@ -496,7 +496,7 @@ fn status(
     };
     let url = url.unwrap_or_else(|| {
         cfg.as_ref()
-            .and_then(|c| c.metrics_listen)
+            .and_then(|c| c.metrics.listen)
             .map_or_else(|| "http://127.0.0.1:9464".into(), |a| format!("http://{a}"))
     });
     let token = match token_file {
@@ -507,7 +507,7 @@ fn status(
                 return ExitCode::from(2);
             }
         },
-        None => cfg.and_then(|c| c.metrics_token),
+        None => cfg.and_then(|c| c.metrics.token),
     };
     let o = tidemark::tools::status::StatusOptions {
         url,
@@ -628,12 +628,12 @@ fn init_logging(cfg: &Config, format: Option<LogFormat>) -> tidemark::run::LogCo
     let env_wins = from_env.is_some();
     let level = |l: &str| tracing_subscriber::EnvFilter::try_new(format!("{l},rumqttd=off"));
     let filter = from_env.unwrap_or_else(|| {
-        level(&cfg.log_level).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+        level(&cfg.log.level).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
     });
     let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let registry = tracing_subscriber::registry().with(filter);
-    match format.unwrap_or(cfg.log_format) {
+    match format.unwrap_or(cfg.log.format) {
         LogFormat::Text => registry
             .with(
                 tracing_subscriber::fmt::layer()

@@ -21,7 +21,7 @@ pub const REBIRTH: &str = "Node Control/Rebirth";
 pub const REBIRTH_EVERY_MS: Millis = 10_000;
 
 /// `[sparkplug]`, validated.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SparkplugConfig {
     /// Subscribe and decode Sparkplug B.
     pub enabled: bool,

@@ -10,8 +10,10 @@ enum Segment {
     Kind,
 }
 
-/// A parsed `topic_pattern` such as `sensors/{group}/{device}/{kind}`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A parsed `topic_pattern` such as `sensors/{group}/{device}/{kind}`; as a
+/// serde value, the pattern as written.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct TopicPattern {
     segments: Vec<Segment>,
 }
@@ -51,6 +53,29 @@ impl std::fmt::Display for TopicError {
             TopicError::BadDevice => "device must be 1..64 chars of [A-Za-z0-9_.:-]",
             TopicError::BadKind => "kind must be reading or heartbeat",
         })
+    }
+}
+
+impl TryFrom<String> for TopicPattern {
+    type Error = String;
+    fn try_from(p: String) -> Result<Self, String> {
+        Self::parse(&p)
+    }
+}
+
+impl From<TopicPattern> for String {
+    fn from(p: TopicPattern) -> String {
+        let levels: Vec<&str> = p
+            .segments
+            .iter()
+            .map(|s| match s {
+                Segment::Literal(l) => l.as_str(),
+                Segment::Group => "{group}",
+                Segment::Device => "{device}",
+                Segment::Kind => "{kind}",
+            })
+            .collect();
+        levels.join("/")
     }
 }
 

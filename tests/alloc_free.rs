@@ -34,7 +34,7 @@ const T0: i64 = 1_764_480_000_000;
 #[test]
 fn steady_state_messages_and_ticks_allocate_nothing() {
     let cfg = config::load_str("[gateway]\nid = \"gw\"\n", &BTreeMap::new()).unwrap();
-    let mut e = Engine::new(&cfg.engine());
+    let mut e = Engine::new(&cfg.engine);
     e.restart_idleness(Now::at(T0));
     let mut out = Vec::with_capacity(1024);
     let msgs: Vec<(String, Vec<u8>, i64)> = (0..6_000i64)

@@ -110,7 +110,7 @@ fn run(case: &Case, seed: u64) -> Outcome {
         case.mode
     );
     let cfg = config::load_str(&toml, &BTreeMap::new()).expect("valid config");
-    let mut driver = Driver::new(Engine::new(&cfg.engine()), &cfg, SinkFormat::Json, None);
+    let mut driver = Driver::new(Engine::new(&cfg.engine), &cfg, SinkFormat::Json, None);
     let mut rng = Rng(seed);
     let every = (1000.0 / case.hz) as i64;
     // (arrival, device index, true send time)
@@ -332,7 +332,7 @@ proptest! {
     ) {
         let toml = "[gateway]\nid = \"gw\"\n";
         let cfg = config::load_str(toml, &BTreeMap::new()).unwrap();
-        let mut driver = Driver::new(Engine::new(&cfg.engine()), &cfg, SinkFormat::Json, None);
+        let mut driver = Driver::new(Engine::new(&cfg.engine), &cfg, SinkFormat::Json, None);
         let mut rng = Rng(seed);
         let mut steps = steps;
         steps.push((0, initial));
@@ -443,7 +443,7 @@ fn replay_reproduces_a_sites_clock_step_from_the_captured_clocks() {
 #[test]
 fn once_a_device_agrees_with_an_unsynchronized_gateway_a_skewed_one_is_distrusted_at_once() {
     let cfg = config::load_str("[gateway]\nid = \"gw\"\n", &BTreeMap::new()).unwrap();
-    let mut driver = Driver::new(Engine::new(&cfg.engine()), &cfg, SinkFormat::Json, None);
+    let mut driver = Driver::new(Engine::new(&cfg.engine), &cfg, SinkFormat::Json, None);
     let now = |t: i64| Now {
         wall: t,
         mono: t - T0,

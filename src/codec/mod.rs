@@ -40,7 +40,7 @@ pub enum TimestampUnit {
 }
 
 /// Payload decoding settings.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 pub struct PayloadConfig {
     /// Encoding.
     pub format: PayloadFormat,

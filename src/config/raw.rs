@@ -382,6 +382,42 @@ pub struct RawFleet {
     pub confirm_s: u64,
 }
 
+/// The connection keys `[source]` and `[sink]` share, as written.
+pub(crate) struct LinkKeys<'a> {
+    pub url: &'a str,
+    pub client_id: &'a str,
+    pub username: &'a str,
+    pub password_file: &'a str,
+    pub ca_file: &'a str,
+    pub cert_file: &'a str,
+    pub key_file: &'a str,
+    pub keep_alive_s: u64,
+    pub qos: u8,
+}
+
+macro_rules! link_keys {
+    ($t:ty) => {
+        impl $t {
+            /// The connection keys.
+            pub(crate) fn link(&self) -> LinkKeys<'_> {
+                LinkKeys {
+                    url: &self.url,
+                    client_id: &self.client_id,
+                    username: &self.username,
+                    password_file: &self.password_file,
+                    ca_file: &self.ca_file,
+                    cert_file: &self.cert_file,
+                    key_file: &self.key_file,
+                    keep_alive_s: self.keep_alive_s,
+                    qos: self.qos,
+                }
+            }
+        }
+    };
+}
+link_keys!(RawSource);
+link_keys!(RawSink);
+
 /// MQTT protocol version of the source connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]

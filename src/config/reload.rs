@@ -6,19 +6,6 @@ use std::collections::BTreeMap;
 
 use super::{Config, ConfigError, EngineConfig};
 
-/// Keys (and key prefixes ending in `.`) that only a restart can change.
-pub const RESTART_ONLY: [&str; 3] = ["gateway.id", "gateway.state_dir", "broker."];
-
-/// Sections of the effective config the engine is built from.
-const ENGINE_KEYS: [&str; 6] = [
-    "source.topic_pattern",
-    "payload.",
-    "time.",
-    "group_defaults.",
-    "groups.",
-    "sparkplug.",
-];
-
 impl Config {
     /// First 16 hex digits of the SHA-256 of the effective config as `check` prints it.
     pub fn hash(&self) -> String {
@@ -32,7 +19,10 @@ impl Config {
         if let Ok(t) = toml::from_str::<toml::Table>(&self.effective_toml()) {
             flatten(&mut out, "", &t);
         }
-        for (label, ep) in [("source", &self.source), ("sink", &self.sink)] {
+        for (label, ep) in [
+            ("source", &self.source.endpoint),
+            ("sink", &self.sink.endpoint),
+        ] {
             if let Some(p) = &ep.password {
                 let d = ring::digest::digest(&ring::digest::SHA256, p.as_bytes());
                 out.insert(
@@ -58,49 +48,23 @@ impl Config {
         keys
     }
 
-    /// The engine's part of the effective config as a TOML document (no secrets,
-    /// no file names): what the journal records of a reload and the store of a checkpoint.
-    pub fn engine_doc(&self) -> String {
-        let mut leaves = BTreeMap::new();
-        if let Ok(t) = toml::from_str::<toml::Table>(&self.effective_toml()) {
-            flatten_values(&mut leaves, "", &t);
-        }
-        let mut doc = toml::Table::new();
-        let mut gw = toml::Table::new();
-        gw.insert(
-            "id".into(),
-            toml::Value::String(self.gateway_id.to_string()),
-        );
-        doc.insert("gateway".into(), toml::Value::Table(gw));
-        for (key, value) in leaves {
-            if !ENGINE_KEYS
-                .iter()
-                .any(|p| key == *p || (p.ends_with('.') && key.starts_with(p)))
-            {
-                continue;
-            }
-            insert_dotted(&mut doc, &key, value);
-        }
-        toml::to_string(&doc).unwrap_or_default()
+    /// Keys of this config that `new` changes and only a restart can (SPEC §11).
+    pub fn needs_restart(&self, new: &Config) -> Vec<&'static str> {
+        let mut keys = self.gateway.needs_restart(&new.gateway);
+        keys.extend(self.broker.needs_restart(&new.broker));
+        keys
     }
 }
 
-/// Keys of `changed` that need a restart.
-pub fn needs_restart(changed: &[String]) -> Vec<String> {
-    changed
-        .iter()
-        .filter(|k| {
-            RESTART_ONLY
-                .iter()
-                .any(|p| *k == p || (p.ends_with('.') && k.starts_with(p)))
-        })
-        .cloned()
-        .collect()
-}
-
-/// The engine settings of a document written by [`Config::engine_doc`].
-pub fn engine_from_doc(doc: &str) -> Result<EngineConfig, ConfigError> {
-    super::load_str(doc, &BTreeMap::new()).map(|c| c.engine())
+/// The engine settings of a record: [`EngineConfig::record`]'s, or a TOML
+/// document of the earlier layout (journals and checkpoints before 2026-12).
+pub fn engine_from_record(bytes: &[u8]) -> Result<EngineConfig, ConfigError> {
+    if let Some(rules) = EngineConfig::from_record(bytes) {
+        return Ok(rules);
+    }
+    let doc = std::str::from_utf8(bytes)
+        .map_err(|_| ConfigError::one("engine rules: neither a record nor a TOML document".into()))?;
+    super::load_str(doc, &BTreeMap::new()).map(|c| c.engine)
 }
 
 fn flatten(out: &mut BTreeMap<String, String>, prefix: &str, t: &toml::Table) {
@@ -127,29 +91,6 @@ fn flatten_values(out: &mut BTreeMap<String, toml::Value>, prefix: &str, t: &tom
 /// `window` is one setting although it is written as a table.
 fn is_leaf_table(key: &str) -> bool {
     key.ends_with(".window")
-}
-
-fn insert_dotted(doc: &mut toml::Table, key: &str, value: toml::Value) {
-    let mut parts: Vec<&str> = Vec::new();
-    // Group names may hold dots: `groups.NAME.key` splits at the first and the last.
-    if let Some(rest) = key.strip_prefix("groups.")
-        && let Some((name, leaf)) = rest.rsplit_once('.')
-    {
-        parts.extend(["groups", name, leaf]);
-    } else {
-        parts.extend(key.split('.'));
-    }
-    let mut t = doc;
-    for p in &parts[..parts.len() - 1] {
-        t = match t
-            .entry((*p).to_owned())
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()))
-        {
-            toml::Value::Table(inner) => inner,
-            _ => return,
-        };
-    }
-    t.insert(parts[parts.len() - 1].to_owned(), value);
 }
 
 #[cfg(test)]
@@ -184,24 +125,38 @@ mod tests {
             keys,
             vec!["broker.embedded", "groups.hvac.window", "source.topics"]
         );
-        assert_eq!(needs_restart(&keys), vec!["broker.embedded"]);
+        assert_eq!(a.needs_restart(&b), vec!["broker.embedded"]);
         assert_ne!(a.hash(), b.hash());
     }
 
     #[test]
-    fn the_engine_doc_rebuilds_the_same_engine_settings() {
+    fn a_record_rebuilds_the_same_engine_settings_and_a_toml_one_still_reads() {
         let a = cfg(
             "[groups.\"a.b\"]\nwindow = { kind = \"session\", gap_ms = 4000 }\n[time]\nmax_skew_ms = 1000\n\
              [payload]\nseq_field = \"n\"\n[source]\ntopic_pattern = \"x/{group}/{device}/{kind}\"\n",
         );
-        let doc = a.engine_doc();
-        assert!(!doc.contains("state_dir"), "{doc}");
-        let e = engine_from_doc(&doc).unwrap();
-        let want = a.engine();
-        assert_eq!(e.groups.of("a.b"), want.groups.of("a.b"));
-        assert_eq!(e.groups.defaults, want.groups.defaults);
-        assert_eq!(e.time.max_skew_ms, 1000);
-        assert_eq!(format!("{:?}", e.payload), format!("{:?}", want.payload));
-        assert_eq!(format!("{:?}", e.pattern), format!("{:?}", want.pattern));
+        let record = a.engine.record();
+        assert_eq!(engine_from_record(&record).unwrap(), a.engine);
+        // The layout before 2026-12: the engine's keys as a TOML document.
+        let legacy = "[gateway]\nid = \"gw\"\n[groups.\"a.b\"]\nwindow = { kind = \"session\", gap_ms = 4000 }\n\
+                      [time]\nmax_skew_ms = 1000\n[payload]\nseq_field = \"n\"\n\
+                      [source]\ntopic_pattern = \"x/{group}/{device}/{kind}\"\n";
+        assert_eq!(engine_from_record(legacy.as_bytes()).unwrap(), a.engine);
+        assert!(engine_from_record(b"\xff\x00").is_err());
+    }
+
+    #[test]
+    fn only_the_gateway_identity_and_the_embedded_broker_need_a_restart() {
+        let a = cfg("[broker]\nembedded = true\n");
+        let moved = cfg("[broker]\nembedded = true\nlisten = \"127.0.0.1:1999\"\n");
+        assert_eq!(a.needs_restart(&moved), vec!["broker.listen"]);
+        let off = cfg("[broker]\nlisten = \"127.0.0.1:1999\"\n");
+        assert!(cfg("").needs_restart(&off).is_empty());
+        let dir = super::super::load_str(
+            "[gateway]\nid = \"gw\"\nstate_dir = \"/tmp/x\"\n",
+            &BTreeMap::new(),
+        )
+        .unwrap();
+        assert_eq!(cfg("").needs_restart(&dir), vec!["gateway.state_dir"]);
     }
 }

@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use serde::{Deserialize, Serialize};
+
 use crate::codec::PayloadConfig;
 use crate::model::Id;
 use crate::sparkplug::SparkplugConfig;
@@ -11,7 +13,7 @@ use crate::time::window::WindowSpec;
 use crate::topic::TopicPattern;
 
 /// Everything the engine needs to know, and nothing about sockets or files.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EngineConfig {
     /// Gateway id (in window results).
     pub gateway: Id,
@@ -28,7 +30,7 @@ pub struct EngineConfig {
 }
 
 /// Watermark and window settings of one group.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupConfig {
     /// Tolerated disorder.
     pub out_of_orderness_ms: i64,
@@ -43,7 +45,7 @@ pub struct GroupConfig {
 }
 
 /// Settings of groups without an override, and the overrides (merged).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupRules {
     /// `[group_defaults]`.
     pub defaults: GroupConfig,
@@ -55,5 +57,30 @@ impl GroupRules {
     /// Settings of `group`: its override if any, else the defaults.
     pub fn of(&self, group: &str) -> &GroupConfig {
         self.overrides.get(group).unwrap_or(&self.defaults)
+    }
+}
+
+/// The engine's rules as the journal and a checkpoint record them: a versioned
+/// serde value, so a later layout reads an earlier one by its tag.
+#[derive(Serialize, Deserialize)]
+enum Recorded<'a> {
+    /// Since 2026-12 (earlier records are TOML documents, read by `config`).
+    V2(std::borrow::Cow<'a, EngineConfig>),
+}
+
+impl EngineConfig {
+    /// These rules as a record (CBOR).
+    pub fn record(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        // Writing CBOR into a Vec fails only on allocation failure.
+        let _ = ciborium::ser::into_writer(&Recorded::V2(std::borrow::Cow::Borrowed(self)), &mut out);
+        out
+    }
+
+    /// The rules of a record written by [`EngineConfig::record`]; None: not one.
+    pub fn from_record(bytes: &[u8]) -> Option<Self> {
+        match ciborium::de::from_reader::<Recorded<'static>, _>(bytes).ok()? {
+            Recorded::V2(c) => Some(c.into_owned()),
+        }
     }
 }

@@ -312,7 +312,7 @@ mod tests {
             (1_500, 3, 1),
             (3, 32, 40),
         ] {
-            let mut e = Engine::new(&cfg.engine());
+            let mut e = Engine::new(&cfg.engine);
             let mut out = Vec::new();
             let t = 1_764_480_000_000i64;
             for k in 0..readings {
@@ -364,7 +364,7 @@ mod tests {
     fn device_records_stop_at_the_first_error() {
         let mut r = DeviceRecords::default();
         let cfg = crate::config::load_str("[gateway]\nid = \"gw\"\n", &Default::default()).unwrap();
-        let mut e = Engine::new(&cfg.engine());
+        let mut e = Engine::new(&cfg.engine);
         let mut out = Vec::new();
         for i in 0..5 {
             e.on_message(

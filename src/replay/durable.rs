@@ -139,8 +139,8 @@ pub(super) fn run_durable(
     drain_ms: Millis,
     flush: bool,
 ) -> Result<(Engine, Summary), ReplayError> {
-    let (mut store, snap) = Store::open(dir, cfg.outbox_max_messages)?;
-    store.set_max_bytes(cfg.outbox_max_bytes);
+    let (mut store, snap) = Store::open(dir, cfg.sink.outbox.messages)?;
+    store.set_max_bytes(cfg.sink.outbox.bytes);
     let pos: Position = match snap.meta.get(K_REPLAY) {
         Some(b) => ciborium::de::from_reader(&b[..]).map_err(|e| StoreError::Corrupt {
             path: store.path().to_path_buf(),
@@ -149,7 +149,7 @@ pub(super) fn run_durable(
         })?,
         None => Position::default(),
     };
-    let mut engine = Engine::new(&cfg.engine());
+    let mut engine = Engine::new(&cfg.engine);
     engine.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
     engine.restore_clock(snap.gateway_clock);
     engine.restore_sparkplug(snap.sparkplug);
@@ -172,7 +172,7 @@ pub(super) fn run_durable(
         pos,
         delivered: None,
         summary: Summary::default(),
-        commit_ms: Millis::try_from(cfg.commit_interval_ms).unwrap_or(1),
+        commit_ms: Millis::try_from(cfg.gateway.commit_interval_ms).unwrap_or(1),
     };
     // Outputs committed before a crash but not yet in the file.
     d.deliver()?;

@@ -413,7 +413,7 @@ pub fn run_memory_with<R: BufRead + Send, W: Write + Send>(
     drain_ms: Millis,
     flush: bool,
 ) -> Result<(Engine, Summary), ReplayError> {
-    let mut rp = Driver::new(Engine::new(&cfg.engine()), cfg, SinkFormat::Json, None);
+    let mut rp = Driver::new(Engine::new(&cfg.engine), cfg, SinkFormat::Json, None);
     let decoder = rp.engine().decoder().clone();
     let input = Input {
         r: input,
@@ -424,7 +424,7 @@ pub fn run_memory_with<R: BufRead + Send, W: Write + Send>(
     };
     let mut records = 0;
     let mut last: Option<Now> = None;
-    let prefix = cfg.topic_prefix.as_str();
+    let prefix = cfg.sink.prefix.as_str();
     let outputs = std::thread::scope(|s| {
         // Three stages on their own threads, in input order: the capture read,
         // parsed and its payloads decoded a batch ahead; the engine; its outputs
@@ -542,7 +542,7 @@ mod tests {
     /// The engine fed one record at a time on one thread, outputs rendered as
     /// the pipeline renders them: what [`run_memory_with`] must equal.
     fn sequential(cfg: &Config, capture: &str, flush: bool) -> Vec<u8> {
-        let mut rp = Driver::new(Engine::new(&cfg.engine()), cfg, SinkFormat::Json, None);
+        let mut rp = Driver::new(Engine::new(&cfg.engine), cfg, SinkFormat::Json, None);
         let mut input = Input {
             r: capture.as_bytes(),
             line: String::new(),
@@ -580,7 +580,7 @@ mod tests {
         }
         drop(tx);
         let mut out = Vec::new();
-        write_outputs(&cfg.topic_prefix, &rx, &mut out).unwrap();
+        write_outputs(&cfg.sink.prefix, &rx, &mut out).unwrap();
         out
     }
 

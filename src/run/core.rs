@@ -15,7 +15,7 @@ use super::metrics;
 use super::plan::{self, Cadence, Commit, Pending};
 use super::registry::Registry;
 use super::sink::SinkMsg;
-use crate::config::{Config, Protocol};
+use crate::config::Config;
 use crate::driver::Driver;
 use crate::engine::Engine;
 use crate::model::Millis;
@@ -42,11 +42,10 @@ impl CoreConfig {
     /// The core's settings in `cfg`.
     pub fn of(cfg: &Config) -> Self {
         Self {
-            metrics_every_ms: i64::try_from(cfg.metrics_interval_s.saturating_mul(1000))
-                .unwrap_or(i64::MAX),
-            cadence: Cadence::of(cfg.source_protocol == Protocol::V5),
-            prometheus: cfg.metrics_listen.is_some(),
-            probing: cfg.probe.is_some(),
+            metrics_every_ms: cfg.metrics.interval_ms(),
+            cadence: Cadence::of(cfg.source.v5),
+            prometheus: cfg.metrics.listen.is_some(),
+            probing: cfg.source.probe.is_some(),
         }
     }
 }
@@ -228,7 +227,7 @@ impl Core {
                 driver.reconfigure(now, &cfg);
                 self.cfg = CoreConfig::of(&cfg);
                 st.next_metrics = now.mono.saturating_add(self.cfg.metrics_every_ms);
-                st.bounds = Some(OutboxBounds::of(&cfg));
+                st.bounds = Some(cfg.sink.outbox);
                 tracing::debug!("reload applied to the engine");
             }
             Inbound::Proven => st.proven = self.clock.mono(),
@@ -341,11 +340,6 @@ fn credited(now: crate::engine::Now, proven: Millis) -> crate::engine::Now {
         mono: proven,
         synced: now.synced,
     }
-}
-
-/// The core's wake-up period: the tick or commit interval, whichever is shorter.
-pub fn wake_every(cfg: &Config) -> u64 {
-    cfg.tick_interval_ms.min(cfg.commit_interval_ms).max(1)
 }
 
 /// Wakes the core every `every` ms (a reload may change it).

@@ -54,22 +54,7 @@ pub enum AckJob {
 }
 
 /// Outbox bounds a reload hands to the store thread with the next batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OutboxBounds {
-    /// `sink.outbox_max_messages`.
-    pub messages: u64,
-    /// `sink.outbox_max_mb` in bytes (0: none).
-    pub bytes: u64,
-}
-
-impl OutboxBounds {
-    pub fn of(cfg: &Config) -> Self {
-        Self {
-            messages: cfg.outbox_max_messages,
-            bytes: cfg.outbox_max_bytes,
-        }
-    }
-}
+pub use crate::config::OutboxBounds;
 
 /// A batch for the store thread and the acks it releases.
 pub struct StoreJob {

@@ -33,7 +33,7 @@ mod wiring;
 
 use tokio::sync::mpsc;
 
-use crate::config::{Config, Protocol};
+use crate::config::Config;
 use crate::sys::broker;
 use crate::sys::clock::SystemClock;
 pub use error::RunError;
@@ -76,18 +76,18 @@ pub async fn serve(
 ) -> Result<(), RunError> {
     let owned = cfg.clone();
     let restored = tokio::task::spawn_blocking(move || restore(&owned, clock)).await??;
-    if cfg.source_protocol == Protocol::V311 && cfg.embedded_broker.is_none() {
+    if !cfg.source.v5 && cfg.broker.embedded.is_none() {
         tracing::warn!(
             "source protocol v3.1.1: the site broker sends at most its in-flight window of QoS 1 messages \
              (mosquitto max_inflight_messages, default 20) before their acks, and drops queued ones past \
              max_queued_messages (default 1000); raise both on the broker (README: The site broker) or use v5"
         );
     }
-    if let Some(addr) = cfg.embedded_broker {
+    if let Some(addr) = cfg.broker.embedded {
         broker::start(addr)?;
         tracing::info!(listen = %addr, "embedded broker (MQTT 3.1.1, in memory) started");
     }
-    let listener = match cfg.metrics_listen {
+    let listener = match cfg.metrics.listen {
         Some(addr) => Some(
             Http::bind(addr)
                 .await
@@ -96,10 +96,10 @@ pub async fn serve(
         None => None,
     };
     let mut gw = wiring::start(cfg, opts, restored, listener, clock)?;
-    tracing::info!(gateway = %cfg.gateway_id, source = %cfg.source.url(),
-        sink = %cfg.sink.url(), config_hash = %cfg.hash(), "tidemark running");
+    tracing::info!(gateway = %cfg.gateway.id, source = %cfg.source.endpoint.url(),
+        sink = %cfg.sink.endpoint.url(), config_hash = %cfg.hash(), "tidemark running");
     // State is restored and the source is connecting (or retrying): systemd may go on.
-    health::notify_ready(&format!("running; source {}", cfg.source.url()));
+    health::notify_ready(&format!("running; source {}", cfg.source.endpoint.url()));
     tokio::pin!(shutdown);
     let mut confirm = tokio::time::interval(std::time::Duration::from_millis(100));
     confirm.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

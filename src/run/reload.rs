@@ -15,7 +15,7 @@ use tokio::task::JoinHandle;
 use super::events::{Inbound, Notice};
 use super::http;
 use super::registry::Registry;
-use super::sink::{SinkConfig, SinkMsg};
+use super::sink::SinkMsg;
 use super::source::SourceConfig;
 use crate::config::{self, Config};
 use crate::fleet::{ConfigResult, Document, Outcome, Remote};
@@ -50,10 +50,10 @@ impl Http {
         tokio::net::TcpListener::bind(addr).await
     }
 
-    /// Serves on `listener`, if any, with `cfg`'s `[metrics]` settings.
+    /// Serves on `listener`, if any, with the `[metrics]` settings `cfg`.
     pub fn start(
         listener: Option<tokio::net::TcpListener>,
-        cfg: &Config,
+        cfg: &config::Metrics,
         (registry, core): (Arc<Registry>, Sender<Inbound>),
         stop: watch::Receiver<bool>,
     ) -> Self {
@@ -67,7 +67,7 @@ impl Http {
         h
     }
 
-    fn serve(&mut self, listener: Option<tokio::net::TcpListener>, cfg: &Config) {
+    fn serve(&mut self, listener: Option<tokio::net::TcpListener>, cfg: &config::Metrics) {
         if let Some(old) = self.task.take() {
             old.abort();
         }
@@ -76,7 +76,7 @@ impl Http {
                 registry: self.registry.clone(),
                 core: self.core.clone(),
                 limit_ms: cfg.health_timeout_ms,
-                token: cfg.metrics_token.clone(),
+                token: cfg.token.clone(),
             };
             tokio::spawn(http::serve(l, api, self.stop.clone()))
         });
@@ -111,7 +111,6 @@ pub struct Reloader {
     targets: Targets,
     registry: Arc<Registry>,
     clock: SystemClock,
-    started_at: Millis,
     /// The remote layer in force (SPEC §12).
     remote: Remote,
     /// A remote document applied and waiting for both connections.
@@ -139,7 +138,7 @@ impl Reloader {
         current: Config,
         targets: Targets,
         registry: Arc<Registry>,
-        (clock, started_at): (SystemClock, Millis),
+        clock: SystemClock,
     ) -> Self {
         let remote = opts.remote.clone().unwrap_or_default();
         Self {
@@ -148,7 +147,6 @@ impl Reloader {
             targets,
             registry,
             clock,
-            started_at,
             remote,
             pending: None,
         }
@@ -183,7 +181,7 @@ impl Reloader {
     /// Applies `new` in place, or names why not (then nothing changed).
     async fn apply(&mut self, new: Config) -> Result<String, Vec<String>> {
         let changed = self.current.changed_keys(&new);
-        let restart = config::needs_restart(&changed);
+        let restart = self.current.needs_restart(&new);
         if !restart.is_empty() {
             return Err(restart
                 .iter()
@@ -191,10 +189,11 @@ impl Reloader {
                 .collect());
         }
         // What can still fail comes first: nothing is applied unless all of it works.
-        let rebind = new.metrics_listen != self.current.metrics_listen
-            || new.health_timeout_ms != self.current.health_timeout_ms
-            || new.metrics_token != self.current.metrics_token;
-        let listener = match (rebind, new.metrics_listen) {
+        let (m, was) = (&new.metrics, &self.current.metrics);
+        let rebind = m.listen != was.listen
+            || m.health_timeout_ms != was.health_timeout_ms
+            || m.token != was.token;
+        let listener = match (rebind, m.listen) {
             (true, Some(addr)) => match Http::bind(addr).await {
                 Ok(l) => Some(l),
                 Err(e) => return Err(vec![format!("metrics.listen {addr}: {e}")]),
@@ -202,8 +201,8 @@ impl Reloader {
             _ => None,
         };
         if let Some(log) = &self.opts.log
-            && changed.iter().any(|k| k == "log.level")
-            && let Err(e) = log(&new.log_level)
+            && new.log.level != self.current.log.level
+            && let Err(e) = log(&new.log.level)
         {
             return Err(vec![format!("log.level: {e}")]);
         }
@@ -220,16 +219,16 @@ impl Reloader {
         let _ = self
             .targets
             .source
-            .send(SourceConfig::of(&new, self.started_at));
+            .send(new.source.clone());
         self.registry.reloaded(Some(&hash));
-        let _ = self.targets.sink.send(SinkMsg::Apply(SinkConfig::of(&new)));
+        let _ = self.targets.sink.send(SinkMsg::Apply(new.sink.clone()));
         if rebind {
-            self.targets.http.serve(listener, &new);
+            self.targets.http.serve(listener, &new.metrics);
         }
         self.targets
             .wake
-            .send_replace(super::core::wake_every(&new));
-        if changed.iter().any(|k| k == "log.format") {
+            .send_replace(new.gateway.wake_every_ms());
+        if new.log.format != self.current.log.format {
             tracing::warn!("log.format takes effect at the next start");
         }
         tracing::info!(hash = %hash, changed = ?changed, "config applied");
@@ -270,7 +269,7 @@ impl Reloader {
 
     /// `P/config/result` under the prefix in force (a document may change it).
     fn result_topic(&self) -> String {
-        format!("{}/config/result", self.current.topic_prefix)
+        self.current.sink.topic("config/result")
     }
 
     fn result(&self, id: Option<u64>, result: Outcome, hash: Option<String>, errors: Vec<String>) {
@@ -346,7 +345,7 @@ impl Reloader {
                 return self.result(id, Outcome::Rejected, None, errors);
             }
         };
-        let restart = config::needs_restart(&self.current.changed_keys(&new));
+        let restart = self.current.needs_restart(&new);
         if !restart.is_empty() {
             let errors = restart
                 .iter()
@@ -356,9 +355,8 @@ impl Reloader {
         }
         let previous = self.current.clone();
         let topic = self.result_topic();
-        let source_moves = !SourceConfig::of(&previous, self.started_at)
-            .same_link(&SourceConfig::of(&new, self.started_at));
-        let sink_moves = SinkConfig::of(&previous) != SinkConfig::of(&new);
+        let source_moves = !previous.source.same_link(&new.source);
+        let sink_moves = previous.sink != new.sink;
         let made = |i: usize| self.registry.links_made[i].load(Ordering::Relaxed);
         let (source_from, sink_from) = (source_moves.then(|| made(0)), sink_moves.then(|| made(1)));
         if let Err(errors) = self.apply(new).await {
@@ -411,7 +409,7 @@ impl Reloader {
         };
         if source_ok && sink_ok {
             let hash = self.current.hash();
-            return match self.remote.write(&self.current.state_dir) {
+            return match self.remote.write(&self.current.gateway.state_dir) {
                 Ok(()) => self.result_to(
                     p.topic,
                     Some(p.id),
@@ -443,7 +441,7 @@ impl Reloader {
             ..p.previous_remote
         };
         // Its id stays taken: a replay of it is refused.
-        if let Err(e) = self.remote.write(&self.current.state_dir) {
+        if let Err(e) = self.remote.write(&self.current.gateway.state_dir) {
             tracing::error!(error = %e, "cannot keep the remote layer's last id in remote.toml");
         }
         let hash = match self.apply(*p.previous).await {

@@ -25,18 +25,19 @@ pub struct Restored {
 /// under the rules each journaled message arrived with; then `cfg`'s rules, if
 /// they differ, as a reload would apply them.
 pub fn restore(cfg: &Config, clock: SystemClock) -> Result<Restored, RunError> {
-    let (mut store, snap) = Store::open_streaming(&cfg.state_dir, cfg.outbox_max_messages)?;
-    store.set_max_bytes(cfg.outbox_max_bytes);
+    let (mut store, snap) =
+        Store::open_streaming(&cfg.gateway.state_dir, cfg.sink.outbox.messages)?;
+    store.set_max_bytes(cfg.sink.outbox.bytes);
     let (groups, devices) = (snap.groups.len(), snap.device_count);
     let doc = crate::store::schema::rules_doc(&snap.meta);
-    let at_checkpoint = doc.as_deref().map(crate::config::engine_from_doc);
+    let at_checkpoint = doc.as_deref().map(crate::config::engine_from_record);
     let mut engine = match at_checkpoint {
         Some(Ok(rules)) => Engine::new(&rules),
         Some(Err(e)) => {
             tracing::warn!(error = %e, "the rules recorded with the state do not validate; starting with the configured ones");
-            Engine::new(&cfg.engine())
+            Engine::new(&cfg.engine)
         }
-        None => Engine::new(&cfg.engine()),
+        None => Engine::new(&cfg.engine),
     };
     engine.restore_groups(
         snap.groups,
@@ -49,9 +50,14 @@ pub fn restore(cfg: &Config, clock: SystemClock) -> Result<Restored, RunError> {
     engine.restore_clock(snap.gateway_clock);
     engine.restore_sparkplug(snap.sparkplug);
     // What the journal holds since the last checkpoint goes into the engine and the state file.
-    let configured = cfg.engine_doc();
-    let (durable, replayed, in_force) =
-        storer::Durable::recover(store, &cfg.state_dir, &snap.meta, &mut engine, &configured)?;
+    let configured = cfg.engine.record();
+    let (durable, replayed, in_force) = storer::Durable::recover(
+        store,
+        &cfg.gateway.state_dir,
+        &snap.meta,
+        &mut engine,
+        &configured,
+    )?;
     let outbox_depth = durable.store().outbox_depth()?;
     let outbox_dropped = durable.store().outbox_dropped();
     tracing::info!(
@@ -62,17 +68,22 @@ pub fn restore(cfg: &Config, clock: SystemClock) -> Result<Restored, RunError> {
         outbox_depth,
         "state restored"
     );
-    let mut driver = Driver::new(engine, cfg, cfg.sink_format, None).with_journal();
+    let mut driver = Driver::new(engine, cfg, cfg.sink.format, None).with_journal();
     // This process's monotonic clock starts afresh: the last reference of wall − mono is void.
     driver.new_clock_origin();
     // Rebirth requests recomputed from the journal were sent (or not) by the last process.
     driver.engine_mut().take_commands();
-    if in_force == configured {
-        driver.set_rules_doc(configured);
-    } else {
-        tracing::info!("the rules changed since the state was written: applied as a reload");
-        driver.set_rules_doc(in_force);
-        driver.reconfigure(clock.now(), cfg);
+    match crate::config::engine_from_record(&in_force) {
+        Ok(rules) if rules == cfg.engine => driver.set_rules(&rules),
+        Ok(rules) => {
+            tracing::info!("the rules changed since the state was written: applied as a reload");
+            driver.set_rules(&rules);
+            driver.reconfigure(clock.now(), cfg);
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "the rules in force after the journal do not validate; the configured ones apply");
+            driver.reconfigure(clock.now(), cfg);
+        }
     }
     Ok(Restored {
         durable,

@@ -16,7 +16,6 @@ use super::delivery::{Acked, Delivery, Next};
 use super::events::Notice;
 use super::metrics::Metrics;
 use super::registry::Registry;
-use crate::config::{Config, Endpoint, Protocol, SinkFormat};
 use crate::model::Millis;
 use crate::store::{OutboxEntry, OutboxReader};
 use crate::sys::clock::Backoff;
@@ -49,48 +48,8 @@ const BACKLOG_READ: usize = 512;
 /// Time given to the uplink to drain at shutdown.
 const DRAIN: Duration = Duration::from_secs(3);
 
-/// The sink's slice of the config.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SinkConfig {
-    /// The upstream broker.
-    pub endpoint: Endpoint,
-    /// MQTT 5.
-    pub v5: bool,
-    /// In-flight publishes at most (`sink.max_inflight`).
-    pub window: u16,
-    /// Output prefix P.
-    pub prefix: String,
-    /// Encoding of status, notices and metrics.
-    pub format: SinkFormat,
-    /// Subscribe to `P/config/set` (`[fleet] enabled`).
-    pub fleet: bool,
-    /// A QoS 1 publish or a ping unanswered this long: the uplink is down.
-    pub ack_timeout_ms: u64,
-}
-
-impl SinkConfig {
-    /// The sink's settings in `cfg`.
-    pub fn of(cfg: &Config) -> Self {
-        Self {
-            endpoint: cfg.sink.clone(),
-            v5: cfg.sink_protocol == Protocol::V5,
-            window: cfg.sink_max_inflight,
-            prefix: cfg.topic_prefix.clone(),
-            format: cfg.sink_format,
-            fleet: cfg.fleet.enabled,
-            ack_timeout_ms: cfg.sink_ack_timeout_ms,
-        }
-    }
-
-    fn topic(&self, leaf: &str) -> String {
-        format!("{}/{leaf}", self.prefix)
-    }
-
-    /// For logs.
-    pub fn url(&self) -> String {
-        self.endpoint.url()
-    }
-}
+/// The sink's section of the config.
+pub type SinkConfig = crate::config::Sink;
 
 /// `P/status` (SPEC §8, §12).
 #[derive(Serialize)]
@@ -222,7 +181,7 @@ impl Sink {
                             Event::PubAck { ok, reason } => self.on_puback(ok, &reason),
                             // A retained document would come again at every connect.
                             Event::Message { topic, payload, retained, .. }
-                                if self.cfg.fleet && !retained && topic == self.cfg.topic("config/set") =>
+                                if self.cfg.documents && !retained && topic == self.cfg.topic("config/set") =>
                             {
                                 let _ = self.documents.send(payload.to_vec());
                             }
@@ -248,7 +207,7 @@ impl Sink {
                         }
                         let delay = self.backoff.next_delay();
                         tracing::warn!(
-                            url = %self.cfg.url(), cause = %e, retry_in_ms = delay.as_millis() as u64,
+                            url = %self.cfg.endpoint.url(), cause = %e, retry_in_ms = delay.as_millis() as u64,
                             outbox_depth = self.registry.outbox_depth.load(Ordering::Relaxed),
                             "sink disconnected; outputs kept in the outbox"
                         );
@@ -330,7 +289,7 @@ impl Sink {
         }
         let delay = self.backoff.next_delay();
         tracing::warn!(
-            url = %self.cfg.url(), ack_timeout_ms = self.cfg.ack_timeout_ms, retry_in_ms = delay.as_millis() as u64,
+            url = %self.cfg.endpoint.url(), ack_timeout_ms = self.cfg.ack_timeout_ms, retry_in_ms = delay.as_millis() as u64,
             outbox_depth = self.registry.outbox_depth.load(Ordering::Relaxed),
             "sink_path_down: the upstream broker answered nothing in time; reconnecting, outputs kept in the outbox"
         );
@@ -365,13 +324,13 @@ impl Sink {
         self.d.connected(receive_max);
         self.registry.sink_up.store(true, Ordering::Relaxed);
         self.registry.links_made[1].fetch_add(1, Ordering::Relaxed);
-        if self.cfg.fleet {
+        if self.cfg.documents {
             let _ = self.client.subscribe(&[self.cfg.topic("config/set")], 1);
         }
         let depth = self.registry.outbox_depth.load(Ordering::Relaxed);
         // What bounds the uplink's rate over a long round trip: the smaller of the two.
         let broker_max = receive_max.unwrap_or(u16::MAX);
-        tracing::info!(url = %self.cfg.url(), outbox_depth = depth, max_inflight = self.cfg.window,
+        tracing::info!(url = %self.cfg.endpoint.url(), outbox_depth = depth, max_inflight = self.cfg.window,
             broker_receive_maximum = broker_max, "sink connected");
         if broker_max < self.cfg.window {
             tracing::info!(
@@ -422,7 +381,7 @@ impl Sink {
                 return;
             }
         };
-        tracing::info!(from = %self.cfg.url(), to = %new.url(), "sink reconnecting for a reload");
+        tracing::info!(from = %self.cfg.endpoint.url(), to = %new.endpoint.url(), "sink reconnecting for a reload");
         self.send_notices();
         self.offline().await;
         self.d.disconnected();

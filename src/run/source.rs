@@ -13,86 +13,28 @@ use tokio::sync::watch;
 use super::error::RunError;
 use super::events::{AckJob, Current, Inbound, StoreState};
 use super::registry::Registry;
-use crate::config::{Config, Endpoint, Probe, Protocol};
+use crate::config::Probe;
 use crate::model::Millis;
 use crate::sys::clock::{Backoff, SystemClock};
 use crate::sys::link::{self, Client, Event, LinkError, LinkOptions, Loop};
 
-/// Sparkplug host STATE (topic, online, offline payloads): online published
-/// retained on every connect, offline before a clean disconnect (the will covers the rest).
-pub type HostState = (String, Vec<u8>, Vec<u8>);
+/// The source's section of the config.
+pub type SourceConfig = crate::config::Source;
 
-/// The source's slice of the config.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SourceConfig {
-    /// The site broker.
-    pub endpoint: Endpoint,
-    /// MQTT 5.
-    pub v5: bool,
-    /// v5 session expiry, seconds.
-    pub session_expiry_s: u32,
-    /// Topic filters (plain and Sparkplug).
-    pub topics: Vec<String>,
-    /// Sparkplug Primary Host Application STATE, if `host_id` is set.
-    pub host_state: Option<HostState>,
-    /// Probes of the path (SPEC §5); None: off.
-    pub probe: Option<Probe>,
-}
-
-impl SourceConfig {
-    /// The source's settings in `cfg`; `started_at` stamps the host STATE (birth and
-    /// death share it, as Sparkplug 3.0 pairs them).
-    pub fn of(cfg: &Config, started_at: Millis) -> Self {
-        let host_state = cfg.sparkplug.host_id.as_ref().map(|host| {
-            let topic = format!("{}/STATE/{host}", crate::sparkplug::NAMESPACE);
-            let state = |online: bool| {
-                serde_json::to_vec(&serde_json::json!({"online": online, "timestamp": started_at}))
-                    .unwrap_or_default()
-            };
-            (topic, state(true), state(false))
-        });
-        let mut topics = cfg.topics.clone();
-        if cfg.sparkplug.enabled {
-            topics.extend(crate::sparkplug::filters(&cfg.sparkplug.group_ids));
-        }
-        Self {
-            endpoint: cfg.source.clone(),
-            v5: cfg.source_protocol == Protocol::V5,
-            session_expiry_s: cfg.session_expiry_s,
-            topics,
-            host_state,
-            probe: cfg.probe.clone(),
-        }
-    }
-
-    /// The link these settings describe (nothing connects until it is polled).
-    pub fn build(&self) -> Result<(Client, Loop), LinkError> {
-        link::build(&LinkOptions {
-            endpoint: &self.endpoint,
-            v5: self.v5,
-            persistent: true,
-            session_expiry_s: self.session_expiry_s,
-            manual_acks: true,
-            will: self
-                .host_state
-                .as_ref()
-                .map(|(t, _, dead)| (t.clone(), dead.clone())),
-            inflight: 100,
-        })
-    }
-
-    /// Whether `other` needs another connection (anything but the filters).
-    pub fn same_link(&self, other: &Self) -> bool {
-        self.endpoint == other.endpoint
-            && self.v5 == other.v5
-            && self.session_expiry_s == other.session_expiry_s
-            && self.host_state == other.host_state
-    }
-
-    /// For logs.
-    pub fn url(&self) -> String {
-        self.endpoint.url()
-    }
+/// The link `cfg` describes (nothing connects until it is polled); `started_at`
+/// stamps the Sparkplug host STATE of its will.
+pub fn build(cfg: &SourceConfig, started_at: Millis) -> Result<(Client, Loop), LinkError> {
+    link::build(&LinkOptions {
+        endpoint: &cfg.endpoint,
+        v5: cfg.v5,
+        persistent: true,
+        session_expiry_s: cfg.session_expiry_s,
+        manual_acks: true,
+        will: cfg
+            .host_state(started_at)
+            .map(|(t, _, dead)| (t, dead)),
+        inflight: 100,
+    })
 }
 
 /// What the source task is wired to.
@@ -260,6 +202,8 @@ pub struct Source {
     unsubscribe: Vec<String>,
     /// The path's proof (probes).
     proof: Proof,
+    /// Stamps the Sparkplug host STATE.
+    started_at: Millis,
 }
 
 /// How long a reload's reconnect waits for the acks of what the core has.
@@ -271,7 +215,7 @@ impl Source {
         cfg: SourceConfig,
         (client, lp): (Client, Loop),
         links: Links,
-        (seed, clock): (u64, SystemClock),
+        (seed, started_at, clock): (u64, Millis, SystemClock),
     ) -> Self {
         Self {
             cfg,
@@ -285,6 +229,7 @@ impl Source {
             forwarded: 0,
             unsubscribe: Vec::new(),
             proof: Proof::new(seed.rotate_left(29) ^ 0x7469_6465_6d61_726b, clock),
+            started_at,
         }
     }
 
@@ -305,10 +250,10 @@ impl Source {
                 // To the core a pause is a disconnect: the broker's backlog grows,
                 // so processing time must not advance anything meanwhile (SPEC §5).
                 let ev = if paused {
-                    tracing::warn!(url = %self.cfg.url(), "source paused: the state store cannot commit");
+                    tracing::warn!(url = %self.cfg.endpoint.url(), "source paused: the state store cannot commit");
                     Inbound::Disconnected
                 } else {
-                    tracing::info!(url = %self.cfg.url(), "source resumed");
+                    tracing::info!(url = %self.cfg.endpoint.url(), "source resumed");
                     Inbound::Connected
                 };
                 if self.connected && self.links.core.send(ev).await.is_err() {
@@ -376,7 +321,7 @@ impl Source {
                 self.received_since_connect = 0;
                 self.backoff.reset();
                 self.proof.reset();
-                let url = self.cfg.url();
+                let url = self.cfg.endpoint.url();
                 if session_present {
                     tracing::info!(%url, generation, "source connected, session resumed");
                 } else {
@@ -394,7 +339,7 @@ impl Source {
                 }
                 self.subscribe_probe();
                 self.subscribe(self.cfg.topics.clone());
-                if let Some((topic, online, _)) = &self.cfg.host_state {
+                if let Some((topic, online, _)) = &self.cfg.host_state(self.started_at) {
                     match self.client.publish(topic, online.clone(), 1, true) {
                         Ok(()) => self.proof.pubacks.push_back(false),
                         Err(e) => tracing::warn!(error = %e, "Sparkplug host STATE not published"),
@@ -496,7 +441,7 @@ impl Source {
                 }
                 self.lost().await;
                 let delay = self.backoff.next_delay();
-                tracing::warn!(url = %self.cfg.url(), cause = %e, retry_in_ms = delay.as_millis() as u64, "source disconnected");
+                tracing::warn!(url = %self.cfg.endpoint.url(), cause = %e, retry_in_ms = delay.as_millis() as u64, "source disconnected");
                 tokio::select! {
                     () = tokio::time::sleep(delay) => {}
                     _ = self.links.stop.changed(), if !self.stopping => { self.stopping = true; }
@@ -617,10 +562,10 @@ impl Source {
     /// connection is dropped and made anew with backoff.
     async fn path_down(&mut self, probe: &Probe, silent: Millis) -> bool {
         self.links.registry.path_down[0].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        tracing::warn!(url = %self.cfg.url(), topic = %probe.topic, silent_ms = silent,
+        tracing::warn!(url = %self.cfg.endpoint.url(), topic = %probe.topic, silent_ms = silent,
             timeout_ms = probe.timeout_ms, "source_path_down: no probe came back in time; reconnecting");
         self.lost().await;
-        match self.cfg.build() {
+        match build(&self.cfg, self.started_at) {
             // The old connection is dropped with its loop (no packet gets through it anyway).
             Ok(link) => (self.client, self.lp) = link,
             Err(e) => tracing::error!(error = %e, "the source link cannot be built again"),
@@ -708,7 +653,7 @@ impl Source {
     /// has go out on the old one first (bounded by [`HANDOVER`]); messages that
     /// arrive meanwhile are left unacknowledged for the broker to redeliver.
     async fn reconnect(&mut self, new: SourceConfig) -> bool {
-        let link = match new.build() {
+        let link = match build(&new, self.started_at) {
             Ok(l) => l,
             Err(e) => {
                 // Validated as `check` does; TLS material unreadable now: keep the old link.
@@ -716,7 +661,7 @@ impl Source {
                 return true;
             }
         };
-        tracing::info!(from = %self.cfg.url(), to = %new.url(), "source reconnecting for a reload");
+        tracing::info!(from = %self.cfg.endpoint.url(), to = %new.endpoint.url(), "source reconnecting for a reload");
         if self.connected {
             let target = self.forwarded;
             let deadline = tokio::time::sleep(HANDOVER);
@@ -731,7 +676,7 @@ impl Source {
                     }
                 }
             }
-            if let Some((topic, _, offline)) = &self.cfg.host_state {
+            if let Some((topic, _, offline)) = &self.cfg.host_state(self.started_at) {
                 let _ = self.client.publish(topic, offline.clone(), 1, true);
             }
             let _ = self.client.disconnect();
@@ -754,7 +699,7 @@ impl Source {
         if !self.connected {
             return;
         }
-        if let Some((topic, _, offline)) = &self.cfg.host_state {
+        if let Some((topic, _, offline)) = &self.cfg.host_state(self.started_at) {
             let _ = self.client.publish(topic, offline.clone(), 1, true);
         }
         let _ = self.client.disconnect();

@@ -17,8 +17,8 @@ use super::health::{self, Health};
 use super::registry::Registry;
 use super::reload::{Http, ReloadOptions, Reloader, Targets};
 use super::restore::Restored;
-use super::sink::{Sink, SinkConfig};
-use super::source::{self, Source, SourceConfig};
+use super::sink::Sink;
+use super::source::{self, Source};
 use super::storer;
 use crate::config::Config;
 use crate::sys::clock::SystemClock;
@@ -54,8 +54,7 @@ pub fn start(
         restored.outbox_dropped,
         cfg.hash(),
     ));
-    let source_cfg = SourceConfig::of(cfg, started_at);
-    let source_link = source_cfg.build()?;
+    let source_link = source::build(&cfg.source, started_at)?;
 
     let (core_tx, core_rx) = mpsc::channel::<Inbound>(8192);
     let (store_tx, store_rx) = std::sync::mpsc::sync_channel::<StoreJob>(1);
@@ -70,11 +69,11 @@ pub fn start(
     let (delivered_tx, delivered_rx) = watch::channel(0u64);
     let (current_tx, current_rx) = watch::channel((0u64, source_link.0.clone()));
     let (acked_tx, acked_rx) = watch::channel(0u64);
-    let (wake_tx, wake_rx) = watch::channel(core::wake_every(cfg));
+    let (wake_tx, wake_rx) = watch::channel(cfg.gateway.wake_every_ms());
     let (documents_tx, documents) = mpsc::unbounded_channel();
 
     let sink = Sink::new(
-        SinkConfig::of(cfg),
+        cfg.sink.clone(),
         restored.durable.store().reader(),
         sink_rx,
         registry.clone(),
@@ -107,7 +106,7 @@ pub fn start(
         registry: registry.clone(),
     };
     let source = Source::new(
-        source_cfg,
+        cfg.source.clone(),
         source_link,
         source::Links {
             core: core_tx.clone(),
@@ -120,7 +119,7 @@ pub fn start(
             registry: registry.clone(),
             fatal: fatal_tx.clone(),
         },
-        (seed, clock),
+        (seed, started_at, clock),
     );
     let durable = restored.durable;
     let threads = vec![
@@ -143,7 +142,7 @@ pub fn start(
         tokio::spawn(source.run()),
         tokio::spawn(sink.run()),
     ];
-    let http = Http::start(listener, cfg, (registry.clone(), core_tx.clone()), stop_rx);
+    let http = Http::start(listener, &cfg.metrics, (registry.clone(), core_tx.clone()), stop_rx);
     let reloader = Reloader::new(
         opts,
         cfg.clone(),
@@ -155,7 +154,7 @@ pub fn start(
             http,
         },
         registry.clone(),
-        (clock, started_at),
+        clock,
     );
     Ok(Running {
         fatal,

@@ -30,8 +30,9 @@ pub const K_CLOCK: &str = "gateway_clock";
 pub const K_SPARKPLUG: &str = "sparkplug/";
 /// `META` key of the outbox cursor and drop count.
 pub const K_OUTBOX: &str = "outbox";
-/// `META` key of the engine settings in force at the checkpoint (a TOML document of
-/// `Config::engine_doc`; added later, compatible: absent = the configured ones).
+/// `META` key of the engine settings in force at the checkpoint (an
+/// `EngineConfig::record`, or before 2026-12 a TOML document; added later,
+/// compatible: absent = the configured ones).
 pub const K_RULES: &str = "engine_rules";
 /// `META` key of the write-ahead journal generation its records must carry (u64, big-endian).
 pub const K_WAL: &str = "wal_generation";
@@ -47,9 +48,8 @@ pub fn version_bytes() -> [u8; 4] {
 }
 
 /// The engine settings in force at the last checkpoint, if recorded.
-pub fn rules_doc(meta: &std::collections::BTreeMap<String, Vec<u8>>) -> Option<String> {
-    meta.get(K_RULES)
-        .and_then(|b| String::from_utf8(b.clone()).ok())
+pub fn rules_doc(meta: &std::collections::BTreeMap<String, Vec<u8>>) -> Option<Vec<u8>> {
+    meta.get(K_RULES).cloned()
 }
 
 /// The journal generation named by the last checkpoint (0: none yet).

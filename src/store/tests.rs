@@ -28,7 +28,7 @@ fn entry(i: u64) -> OutboxEntry {
 /// A new engine on what `store` holds (as a restart reads it).
 fn reopened(store: &Store, cfg: &crate::config::Config) -> Engine {
     let snap = read_snapshot(&*store.db.get().unwrap(), store.path(), true).unwrap();
-    let mut b = Engine::new(&cfg.engine());
+    let mut b = Engine::new(&cfg.engine);
     b.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
     b.restore_clock(snap.gateway_clock);
     b.restore_sparkplug(snap.sparkplug);
@@ -56,7 +56,7 @@ fn restored_engine_continues_exactly_like_the_original() {
     let cfg = build_config();
     let (mut store, snap) = Store::in_memory(1000).unwrap();
     assert!(snap.devices.is_empty());
-    let mut a = Engine::new(&cfg.engine());
+    let mut a = Engine::new(&cfg.engine);
     a.restart_idleness(Now::at(T0));
     let mut out = Vec::new();
     feed(&mut a, 0, 90, &mut out);
@@ -65,7 +65,7 @@ fn restored_engine_continues_exactly_like_the_original() {
     let snap = read_snapshot(&*store.db.get().unwrap(), store.path(), true).unwrap();
     assert_eq!(snap.devices.len(), 4);
     assert_eq!(snap.counters, *a.counters());
-    let mut b = Engine::new(&cfg.engine());
+    let mut b = Engine::new(&cfg.engine);
     b.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
     b.restore_clock(snap.gateway_clock);
     b.restore_sparkplug(snap.sparkplug);
@@ -97,7 +97,7 @@ fn feed_day_ahead(e: &mut Engine, from: i64, to: i64, out: &mut Vec<Output>) {
 fn readings_waiting_for_the_gateway_clock_verdict_survive_a_checkpoint() {
     let cfg = build_config();
     let (mut store, _) = Store::in_memory(1000).unwrap();
-    let mut a = Engine::new(&cfg.engine());
+    let mut a = Engine::new(&cfg.engine);
     let mut out = Vec::new();
     // The first readings arrive in doubt: they wait, nothing is output for them.
     let p = format!(r#"{{"ts": {T0}, "temp": 1}}"#);
@@ -131,7 +131,7 @@ fn readings_waiting_for_the_gateway_clock_verdict_survive_a_checkpoint() {
 fn revision_pending_at_commit_is_emitted_after_restore_without_watermark_advance() {
     let cfg = build_config();
     let (mut store, _) = Store::in_memory(1000).unwrap();
-    let mut a = Engine::new(&cfg.engine());
+    let mut a = Engine::new(&cfg.engine);
     a.restart_idleness(Now::at(T0));
     let mut out = Vec::new();
     feed(&mut a, 0, 70, &mut out);
@@ -160,7 +160,7 @@ fn revision_pending_at_commit_is_emitted_after_restore_without_watermark_advance
 #[test]
 fn outbox_is_fifo_bounded_and_counts_what_it_drops() {
     let cfg = build_config();
-    let mut e = Engine::new(&cfg.engine());
+    let mut e = Engine::new(&cfg.engine);
     let (mut store, _) = Store::in_memory(5).unwrap();
     let batch: Vec<_> = (0..8).map(entry).collect();
     let stats = store
@@ -200,7 +200,7 @@ fn outbox_is_fifo_bounded_and_counts_what_it_drops() {
 #[test]
 fn outbox_byte_bound_drops_oldest_and_its_count_survives_restarts() {
     let cfg = build_config();
-    let mut e = Engine::new(&cfg.engine());
+    let mut e = Engine::new(&cfg.engine);
     let dir = tempfile::tempdir().unwrap();
     let big = |i: u64| OutboxEntry {
         topic: format!("t/{i:03}"),

@@ -33,7 +33,7 @@ pub enum InvalidPolicy {
 }
 
 /// Event-time settings.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 pub struct TimeConfig {
     /// Event-time source.
     pub policy: TimePolicy,

@@ -22,7 +22,7 @@ impl Sim {
     pub fn new(toml: &str, start: i64) -> Self {
         let text = format!("[gateway]\nid = \"gw\"\n{toml}");
         let cfg = config::load_str(&text, &BTreeMap::new()).expect("valid test config");
-        let mut driver = Driver::new(Engine::new(&cfg.engine()), &cfg, SinkFormat::Json, None);
+        let mut driver = Driver::new(Engine::new(&cfg.engine), &cfg, SinkFormat::Json, None);
         driver.start(Now::at(start));
         Self { driver, now: start }
     }

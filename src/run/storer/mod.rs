@@ -62,10 +62,10 @@ impl Durable {
         state_dir: &std::path::Path,
         meta: &std::collections::BTreeMap<String, Vec<u8>>,
         engine: &mut Engine,
-        configured: &str,
-    ) -> Result<(Self, usize, String), StoreError> {
+        configured: &[u8],
+    ) -> Result<(Self, usize, Vec<u8>), StoreError> {
         let generation = wal_generation(meta);
-        let mut in_force = rules_doc(meta).unwrap_or_else(|| configured.to_owned());
+        let mut in_force = rules_doc(meta).unwrap_or_else(|| configured.to_vec());
         let path = Wal::file(state_dir);
         let (wal, records) = Wal::open(state_dir, generation).map_err(wal_err(&path))?;
         let replayed = records.len();
@@ -81,8 +81,8 @@ impl Durable {
                 table: "journal",
                 source: e.into(),
             })?;
-            if let Some(doc) = reloaded {
-                in_force = doc;
+            if let Some(record) = reloaded {
+                in_force = record;
             }
             batch.folded.extend(r.outputs);
             batch.delivered = batch.delivered.max(r.delivered);
@@ -97,7 +97,7 @@ impl Durable {
         };
         if replayed > 0 || generation == 0 {
             batch.changes = engine.take_changes();
-            batch.meta.push((K_RULES, in_force.as_bytes().to_vec()));
+            batch.meta.push((K_RULES, in_force.clone()));
             match d.checkpoint(&mut batch) {
                 Ok(_) => {}
                 Err(e) if e.is_io() && generation != 0 => {

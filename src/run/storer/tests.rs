@@ -40,11 +40,11 @@ fn cfg() -> crate::config::Config {
 
 fn open(dir: &std::path::Path, cfg: &crate::config::Config) -> (Durable, Driver, usize) {
     let (store, snap) = Store::open(dir, 1000).unwrap();
-    let mut e = Engine::new(&cfg.engine());
+    let mut e = Engine::new(&cfg.engine);
     e.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
     e.restore_clock(snap.gateway_clock);
     e.restore_sparkplug(snap.sparkplug);
-    let (d, n, _) = Durable::recover(store, dir, &snap.meta, &mut e, &cfg.engine_doc()).unwrap();
+    let (d, n, _) = Durable::recover(store, dir, &snap.meta, &mut e, &cfg.engine.record()).unwrap();
     (
         d,
         Driver::new(e, cfg, SinkFormat::Json, None).with_journal(),
