@@ -454,8 +454,7 @@ mod tests {
                 &std::collections::BTreeMap::new(),
             )
             .unwrap();
-            let mut run =
-                Driver::new(Engine::new(&cfg.engine), &cfg, format, None).with_journal();
+            let mut run = Driver::new(Engine::new(&cfg.engine), &cfg, format, None).with_journal();
             let mut cut = Driver::new(Engine::new(&cfg.engine), &cfg, format, None);
             let (mut a, mut b) = (Vec::new(), Vec::new());
             for k in 0..60i64 {

@@ -20,60 +20,105 @@ pub enum SimFormat {
     Mixed,
 }
 
-/// The fleet and its misbehaviour.
-#[derive(Debug, Clone)]
+/// The fleet and its misbehaviour (also `tidemark simulate`'s arguments).
+#[derive(Debug, Clone, clap::Args)]
 pub struct SimConfig {
-    /// Seed of every random choice.
+    /// Seed of every random choice: the same seed makes the same fleet.
+    #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Devices in all.
+    #[arg(long, default_value_t = 20)]
     pub devices: u32,
-    /// Group names; devices are spread over them round-robin.
+    /// Group names (comma-separated); devices are spread over them.
+    #[arg(long, value_delimiter = ',', default_value = "hall,lab")]
     pub groups: Vec<String>,
-    /// Topic prefix: `{prefix}/{group}/{device}/{kind}`.
+    /// Topic prefix: `{prefix}/{group}/{device}/reading`.
+    #[arg(long, default_value = "sensors")]
     pub prefix: String,
     /// Payload encoding.
+    #[arg(long, value_enum, default_value = "json")]
     pub format: SimFormat,
-    /// Device clock offsets are uniform in ±this.
+    /// Device clock offsets are uniform in +-this (ms).
+    #[arg(long, default_value_t = 0)]
     pub skew_ms: Millis,
-    /// The first device's clock is this far ahead (e.g. 17 minutes).
+    /// The first device's clock is this far ahead (ms; e.g. 1020000 = 17 min).
+    #[arg(long)]
     pub fast_clock_ms: Option<Millis>,
-    /// Further fixed clock offsets: (device index, offset).
+    /// A fixed clock offset for one device, `INDEX:MS` (repeatable; e.g. `2:7200000`).
+    #[arg(long = "clock-offset", value_parser = clock_offset)]
     pub clock_offsets: Vec<(u32, Millis)>,
-    /// Network delay: a reading is stamped up to this long before it is sent.
+    /// Network delay: readings are stamped up to this long before they are sent (ms).
+    #[arg(long, default_value_t = 50)]
     pub delay_ms: Millis,
-    /// Fraction of readings stamped up to `disorder_ms` earlier (out of order).
+    /// Fraction of readings stamped up to --disorder-ms earlier.
+    #[arg(long, default_value_t = 0.0)]
     pub out_of_order: f64,
-    /// How far out of order.
+    /// How far out of order (ms).
+    #[arg(long, default_value_t = 1000)]
     pub disorder_ms: Millis,
-    /// Fraction of readings stamped `late_by_ms` in the past (late).
+    /// Fraction of readings stamped --late-by-ms in the past.
+    #[arg(long, default_value_t = 0.0)]
     pub late: f64,
-    /// How late.
+    /// How late (ms).
+    #[arg(long, default_value_t = 600_000)]
     pub late_by_ms: Millis,
     /// Fraction of readings sent twice (a QoS 1 redelivery: same seq, same bytes).
+    #[arg(long, default_value_t = 0.0)]
     pub duplicates: f64,
-    /// Fraction of messages that are malformed (bad payload or bad topic).
+    /// Fraction of messages that are malformed (bad payload or topic).
+    #[arg(long, default_value_t = 0.0)]
     pub malformed: f64,
-    /// A heartbeat after every this many readings of a device (0: none).
+    /// A heartbeat after every N readings of a device (0: none).
+    #[arg(long, default_value_t = 0)]
     pub heartbeat_every: u32,
-    /// The last this many devices fall silent at `silence_at_ms` for `silence_ms`.
+    /// The last this many devices fall silent at --silence-at-s for --silence-s.
+    #[arg(long, default_value_t = 0)]
     pub silent: u32,
-    /// Every device of this group stops for good at `silence_at_ms`.
+    /// Every device of this group stops for good at --silence-at-s.
+    #[arg(long)]
     pub silent_group: Option<String>,
-    /// When the silent devices stop (ms since the start).
+    /// When the silent devices stop (s since the start).
+    #[arg(long = "silence-at-s", default_value = "10", value_parser = seconds)]
     pub silence_at_ms: Millis,
-    /// How long they stay silent.
+    /// How long they stay silent (s).
+    #[arg(long = "silence-s", default_value = "60", value_parser = seconds)]
     pub silence_ms: Millis,
-    /// The second device's clock steps by `step_ms` at this time since the start.
+    /// The second device's clock steps by --step-ms at this time (s since the start).
+    #[arg(long = "step-at-s", value_parser = seconds)]
     pub step_at_ms: Option<Millis>,
-    /// Size of the clock step.
+    /// Size of the clock step (ms).
+    #[arg(long, default_value_t = 120_000)]
     pub step_ms: Millis,
-    /// From this time since the start, the fleet's uplink is down for `outage_ms`:
+    /// The fleet's uplink goes down at this time (s since the start) for --outage-s;
     /// readings are kept and sent in one burst when it returns.
+    #[arg(long = "outage-at-s", value_parser = seconds)]
     pub outage_at_ms: Option<Millis>,
-    /// Length of the outage.
+    /// Length of the outage (s).
+    #[arg(long = "outage-s", default_value = "30", value_parser = seconds)]
     pub outage_ms: Millis,
-    /// Publish as Sparkplug B edge nodes (4 devices each) instead of plain topics.
+    /// Publish as Sparkplug B edge nodes (4 devices each, sharing a clock; births,
+    /// metrics by alias with their own timestamps, a DDEATH when a device falls silent).
+    #[arg(long)]
     pub sparkplug: bool,
+}
+
+/// `INDEX:MS`.
+fn clock_offset(s: &str) -> Result<(u32, Millis), String> {
+    let (i, ms) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?}: want INDEX:MS"))?;
+    let i = i.parse().map_err(|e| format!("{s:?}: device index: {e}"))?;
+    let ms = ms.parse().map_err(|e| format!("{s:?}: offset ms: {e}"))?;
+    Ok((i, ms))
+}
+
+/// Seconds (fractions allowed) as ms.
+fn seconds(s: &str) -> Result<Millis, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
+    if !v.is_finite() || !(0.0..=1e9).contains(&v) {
+        return Err(format!("{s:?}: seconds from 0 to 1e9"));
+    }
+    Ok((v * 1000.0).round() as Millis)
 }
 
 impl Default for SimConfig {

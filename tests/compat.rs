@@ -69,7 +69,11 @@ idle_timeout_ms = 1500
     assert!(text.contains("applied as a reload"), "{text}");
     for d in ["d1", "d2"] {
         let w = up.on(&format!("/windows/hvac/{d}"))[0].json();
-        assert_eq!(w["end"].as_i64().unwrap() - w["start"].as_i64().unwrap(), 20_000, "{w}");
+        assert_eq!(
+            w["end"].as_i64().unwrap() - w["start"].as_i64().unwrap(),
+            20_000,
+            "{w}"
+        );
         assert_eq!(w["count"], 16, "{w}");
         assert_eq!(w["revision"], 0, "{w}");
     }
@@ -79,7 +83,11 @@ idle_timeout_ms = 1500
         || format!("no line result:\n{}", gw.log_text()),
     );
     let w = up.on("/windows/line/d3")[0].json();
-    assert_eq!(w["end"].as_i64().unwrap() - w["start"].as_i64().unwrap(), 10_000, "{w}");
+    assert_eq!(
+        w["end"].as_i64().unwrap() - w["start"].as_i64().unwrap(),
+        10_000,
+        "{w}"
+    );
     assert_eq!(w["count"], 6, "{w}");
     let (code, _) = gw.terminate();
     assert_eq!(code, Some(0));

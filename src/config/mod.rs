@@ -174,4 +174,3 @@ impl ConfigError {
         Self { problems: vec![p] }
     }
 }
-

@@ -62,8 +62,9 @@ pub fn engine_from_record(bytes: &[u8]) -> Result<EngineConfig, ConfigError> {
     if let Some(rules) = EngineConfig::from_record(bytes) {
         return Ok(rules);
     }
-    let doc = std::str::from_utf8(bytes)
-        .map_err(|_| ConfigError::one("engine rules: neither a record nor a TOML document".into()))?;
+    let doc = std::str::from_utf8(bytes).map_err(|_| {
+        ConfigError::one("engine rules: neither a record nor a TOML document".into())
+    })?;
     super::load_str(doc, &BTreeMap::new()).map(|c| c.engine)
 }
 

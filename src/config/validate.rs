@@ -389,7 +389,10 @@ fn tls_files(p: &mut Problems, section: &str, k: &LinkKeys<'_>, is_tls: bool, ur
             continue;
         }
         if let Err(e) = std::fs::metadata(f) {
-            p.add(&format!("{section}.{name}"), format!("cannot read {f:?}: {e}"));
+            p.add(
+                &format!("{section}.{name}"),
+                format!("cannot read {f:?}: {e}"),
+            );
         } else if !is_tls && url_ok {
             p.add(&format!("{section}.{name}"), "set, but url is not mqtts://");
         }

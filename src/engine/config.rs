@@ -73,7 +73,8 @@ impl EngineConfig {
     pub fn record(&self) -> Vec<u8> {
         let mut out = Vec::new();
         // Writing CBOR into a Vec fails only on allocation failure.
-        let _ = ciborium::ser::into_writer(&Recorded::V2(std::borrow::Cow::Borrowed(self)), &mut out);
+        let _ =
+            ciborium::ser::into_writer(&Recorded::V2(std::borrow::Cow::Borrowed(self)), &mut out);
         out
     }
 

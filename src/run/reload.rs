@@ -216,18 +216,13 @@ impl Reloader {
         {
             return Err(vec!["the gateway is stopping".into()]);
         }
-        let _ = self
-            .targets
-            .source
-            .send(new.source.clone());
+        let _ = self.targets.source.send(new.source.clone());
         self.registry.reloaded(Some(&hash));
         let _ = self.targets.sink.send(SinkMsg::Apply(new.sink.clone()));
         if rebind {
             self.targets.http.serve(listener, &new.metrics);
         }
-        self.targets
-            .wake
-            .send_replace(new.gateway.wake_every_ms());
+        self.targets.wake.send_replace(new.gateway.wake_every_ms());
         if new.log.format != self.current.log.format {
             tracing::warn!("log.format takes effect at the next start");
         }

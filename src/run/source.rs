@@ -30,9 +30,7 @@ pub fn build(cfg: &SourceConfig, started_at: Millis) -> Result<(Client, Loop), L
         persistent: true,
         session_expiry_s: cfg.session_expiry_s,
         manual_acks: true,
-        will: cfg
-            .host_state(started_at)
-            .map(|(t, _, dead)| (t, dead)),
+        will: cfg.host_state(started_at).map(|(t, _, dead)| (t, dead)),
         inflight: 100,
     })
 }

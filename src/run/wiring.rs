@@ -142,7 +142,12 @@ pub fn start(
         tokio::spawn(source.run()),
         tokio::spawn(sink.run()),
     ];
-    let http = Http::start(listener, &cfg.metrics, (registry.clone(), core_tx.clone()), stop_rx);
+    let http = Http::start(
+        listener,
+        &cfg.metrics,
+        (registry.clone(), core_tx.clone()),
+        stop_rx,
+    );
     let reloader = Reloader::new(
         opts,
         cfg.clone(),

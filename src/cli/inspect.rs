@@ -2,11 +2,12 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::ExitCode;
 
 use serde_json::json;
 use tidemark::model::Reason;
 use tidemark::store;
+
+use super::Failure;
 
 /// Counters with rejections by reason.
 fn counters_json(c: &tidemark::engine::Counters) -> serde_json::Value {
@@ -34,46 +35,65 @@ fn when(t: Option<i64>) -> String {
     t.map_or_else(|| "-".into(), |t| format!("{} ({t})", &utc(t)[..19]))
 }
 
-// The one place `inspect` reads the clock: to age the oldest outbox entry.
-#[allow(clippy::disallowed_methods)]
-fn wall_now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+/// What both renderings need, computed once.
+struct Seen<'a> {
+    state_dir: &'a Path,
+    view: &'a store::Inspect,
+    clock: tidemark::time::gateway::GatewayClock,
+    oldest_age: Option<i64>,
+    windows_per_group: BTreeMap<&'a str, usize>,
+    missing_per_group: BTreeMap<&'a str, u64>,
 }
 
-pub fn run(state_dir: &Path, as_json: bool) -> ExitCode {
+impl Seen<'_> {
+    /// A device's offset against the corrected gateway clock, as the engine judges it.
+    fn offset(&self, d: &tidemark::engine::Device) -> Option<i64> {
+        d.skew.estimate().map(|e| e - self.clock.error)
+    }
+}
+
+pub fn run(state_dir: &Path, as_json: bool) -> Result<(), Failure> {
     let view = match store::inspect(state_dir) {
         Ok(v) => v,
         Err(store::StoreError::Open {
             source: redb::DatabaseError::DatabaseAlreadyOpen,
             path,
         }) => {
-            eprintln!(
-                "error: a running gateway holds {}: see its live state with `tidemark status` \
+            return Err(Failure::Error(format!(
+                "a running gateway holds {}: see its live state with `tidemark status` \
                  (or stop it, then inspect)",
                 path.display()
-            );
-            return ExitCode::from(1);
+            )));
         }
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(1);
-        }
+        Err(e) => return Err(Failure::Error(e.to_string())),
     };
     let s = &view.snapshot;
-    let now = wall_now_ms();
-    let clock = s.gateway_clock.clone().unwrap_or_default();
-    // Device offsets against the corrected gateway clock, as the engine judges them.
-    let offset = |d: &tidemark::engine::Device| d.skew.estimate().map(|e| e - clock.error);
-    let oldest_age = view.oldest.as_ref().map(|e| now - e.at);
-    let mut windows_per_group: BTreeMap<&str, usize> = BTreeMap::new();
-    let mut missing_per_group: BTreeMap<&str, u64> = BTreeMap::new();
+    // The oldest outbox entry's age is the one reading of the wall clock.
+    let now = tidemark::sys::clock::SystemClock::new().now().wall;
+    let mut seen = Seen {
+        state_dir,
+        view: &view,
+        clock: s.gateway_clock.clone().unwrap_or_default(),
+        oldest_age: view.oldest.as_ref().map(|e| now - e.at),
+        windows_per_group: BTreeMap::new(),
+        missing_per_group: BTreeMap::new(),
+    };
     for d in &s.devices {
-        *windows_per_group.entry(d.group.as_str()).or_default() += d.windows.len();
-        *missing_per_group.entry(d.group.as_str()).or_default() += d.missing;
+        *seen.windows_per_group.entry(d.group.as_str()).or_default() += d.windows.len();
+        *seen.missing_per_group.entry(d.group.as_str()).or_default() += d.missing;
     }
     if as_json {
+        json_doc(&seen);
+    } else {
+        text(&seen);
+    }
+    Ok(())
+}
+
+fn json_doc(seen: &Seen<'_>) {
+    let (s, clock) = (&seen.view.snapshot, &seen.clock);
+    let (windows_per_group, missing_per_group) = (&seen.windows_per_group, &seen.missing_per_group);
+    {
         let groups: Vec<_> = s
             .groups
             .iter()
@@ -96,7 +116,7 @@ pub fn run(state_dir: &Path, as_json: bool) -> ExitCode {
                 json!({
                     "group": d.group.as_str(),
                     "device": d.id.as_str(),
-                    "clock_offset_ms": offset(d),
+                    "clock_offset_ms": seen.offset(d),
                     "clock_distrusted": d.distrusted,
                     "last_seen": d.max_event,
                     "last_seen_utc": utc_opt(d.max_event),
@@ -111,18 +131,25 @@ pub fn run(state_dir: &Path, as_json: bool) -> ExitCode {
             })
             .collect();
         let doc = json!({
-            "state_file": store::Store::file(state_dir).display().to_string(),
+            "state_file": store::Store::file(seen.state_dir).display().to_string(),
             "groups": groups,
             "devices": devices,
             "counters": counters_json(&s.counters),
             "gateway_clock": {"error_ms": clock.error, "verdict": clock.verdict},
-            "outbox": {"depth": s.outbox_depth, "dropped": s.outbox_dropped, "oldest_age_ms": oldest_age},
-            "journal_records": view.journal_records,
+            "outbox": {"depth": s.outbox_depth, "dropped": s.outbox_dropped, "oldest_age_ms": seen.oldest_age},
+            "journal_records": seen.view.journal_records,
         });
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
-        return ExitCode::SUCCESS;
     }
-    println!("state file: {}", store::Store::file(state_dir).display());
+}
+
+fn text(seen: &Seen<'_>) {
+    let (s, clock) = (&seen.view.snapshot, &seen.clock);
+    let (windows_per_group, missing_per_group) = (&seen.windows_per_group, &seen.missing_per_group);
+    println!(
+        "state file: {}",
+        store::Store::file(seen.state_dir).display()
+    );
     println!();
     println!(
         "{:<24} {:<35} {:<35} {:>12} {:>8}",
@@ -145,7 +172,7 @@ pub fn run(state_dir: &Path, as_json: bool) -> ExitCode {
         "GROUP", "DEVICE", "OFFSET MS", "LAST SEEN (UTC, ms)", "STATUS", "WINDOWS", "MISSING"
     );
     for d in &s.devices {
-        let offset = match (offset(d), d.distrusted) {
+        let offset = match (seen.offset(d), d.distrusted) {
             (Some(o), true) => format!("{o}!"),
             (o, _) => fmt_ms(o),
         };
@@ -194,13 +221,13 @@ pub fn run(state_dir: &Path, as_json: bool) -> ExitCode {
         "outbox: {} entries, {} dropped, oldest {}",
         s.outbox_depth,
         s.outbox_dropped,
-        oldest_age.map_or_else(|| "-".into(), |a| format!("{a} ms old"))
+        seen.oldest_age
+            .map_or_else(|| "-".into(), |a| format!("{a} ms old"))
     );
-    if view.journal_records > 0 {
+    if seen.view.journal_records > 0 {
         println!(
             "journal: {} group commits since this checkpoint (the state above is older; the gateway folds them in at its next start)",
-            view.journal_records
+            seen.view.journal_records
         );
     }
-    ExitCode::SUCCESS
 }

@@ -1,0 +1,255 @@
+//! The command line as clap types; each subcommand's arguments are one struct
+//! its body in [`super::commands`] takes.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use tidemark::config::{LogFormat, Protocol};
+
+#[derive(Parser)]
+#[command(
+    name = "tidemark",
+    version,
+    about = "Event-time edge gateway for MQTT sensor fleets"
+)]
+pub struct Cli {
+    /// Log line format (overrides `[log] format`).
+    #[arg(long, global = true, value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Configuration file: `tidemark --config FILE` runs the gateway (repeatable, later wins).
+    #[arg(long)]
+    pub config: Vec<PathBuf>,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Run the gateway until SIGTERM/SIGINT, then flush state and exit 0.
+    Run(RunArgs),
+    /// Validate a config and print the effective configuration (secrets masked).
+    Check(CheckArgs),
+    /// Run the engine on a recorded capture (JSON lines) with a virtual clock.
+    Replay(ReplayArgs),
+    /// Record live traffic as a replay input (JSON lines), until Ctrl-C.
+    Capture(CaptureArgs),
+    /// Embedded broker + simulated fleet + gateway, with a live view; Ctrl-C stops it.
+    Demo(DemoArgs),
+    /// Publish a synthetic fleet (seeded): skewed clocks, delays, disorder, late,
+    /// duplicates, malformed messages, silent devices, an outage's backlog burst.
+    Simulate(Box<SimulateArgs>),
+    /// A running gateway's live status from its HTTP endpoint: groups, devices that
+    /// need a look (offline, idle, distrusted clocks), links, outbox, recent alerts.
+    Status(StatusArgs),
+    /// Gateways on an upstream broker: list them, sign and push config (SPEC §12).
+    Fleet(FleetArgs),
+    /// Read-only dump of persisted state (run while the gateway is stopped).
+    Inspect(InspectArgs),
+}
+
+/// Run the gateway until SIGTERM/SIGINT, then flush state and exit 0.
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Configuration file (TOML); repeat to layer a site file over a base (later wins).
+    #[arg(long, required = true)]
+    pub config: Vec<PathBuf>,
+}
+
+/// Validate a config and print the effective configuration (secrets masked).
+#[derive(clap::Args)]
+pub struct CheckArgs {
+    /// Configuration file (TOML); repeat to layer a site file over a base (later wins).
+    #[arg(long, required = true)]
+    pub config: Vec<PathBuf>,
+}
+
+/// Run the engine on a recorded capture (JSON lines) with a virtual clock.
+#[derive(clap::Args)]
+pub struct ReplayArgs {
+    /// Configuration file (TOML); repeat to layer a site file over a base (later wins).
+    #[arg(long, required = true)]
+    pub config: Vec<PathBuf>,
+    /// Capture: one `{"arrival": ms, "topic": ..., "payload": {...}}` per line.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Output JSON lines (default: standard output).
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+    /// Keep the virtual clock ticking this long past the last record.
+    #[arg(long, default_value_t = 0)]
+    pub drain_ms: u64,
+    /// Use the durable store in this directory (resumable after a crash; needs --output).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// At the end of the input, emit every open window (a final watermark at +infinity).
+    #[arg(long)]
+    pub flush: bool,
+}
+
+/// Record live traffic as a replay input (JSON lines), until Ctrl-C.
+#[derive(clap::Args)]
+pub struct CaptureArgs {
+    /// Broker, `mqtt://host[:port]` or `mqtts://host[:port]`.
+    #[arg(long)]
+    pub url: String,
+    /// Topic filter to record (repeatable).
+    #[arg(long = "topic", required = true)]
+    pub topics: Vec<String>,
+    /// Output file, appended to (default: standard output).
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+    /// Stop after this many messages.
+    #[arg(long)]
+    pub count: Option<u64>,
+    /// Stop after this many seconds.
+    #[arg(long)]
+    pub duration_s: Option<u64>,
+}
+
+/// Embedded broker + simulated fleet + gateway, with a live view; Ctrl-C stops it.
+#[derive(clap::Args)]
+pub struct DemoArgs {
+    /// Stop by itself after this many seconds.
+    #[arg(long, alias = "duration-s")]
+    pub duration: Option<f64>,
+    /// Scrolling lines even on a terminal.
+    #[arg(long)]
+    pub plain: bool,
+}
+
+/// A running gateway's live status from its HTTP endpoint: groups, devices that
+/// need a look (offline, idle, distrusted clocks), links, outbox, recent alerts.
+#[derive(clap::Args)]
+pub struct StatusArgs {
+    /// The gateway's endpoint (default: `[metrics] listen` of --config, else
+    /// http://127.0.0.1:9464).
+    #[arg(long)]
+    pub url: Option<String>,
+    /// The gateway's config: its `metrics.listen` and `metrics.token_file` are used.
+    #[arg(long)]
+    pub config: Vec<PathBuf>,
+    /// A file holding the endpoint's bearer token (`metrics.token_file`).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// One JSON document: status, devices, alerts as the API gives them.
+    #[arg(long)]
+    pub json: bool,
+    /// Only devices of this group.
+    #[arg(long)]
+    pub group: Option<String>,
+    /// Only devices in this state.
+    #[arg(long, value_parser = ["active", "idle", "offline"])]
+    pub state: Option<String>,
+}
+
+/// Gateways on an upstream broker: list them, sign and push config (SPEC §12).
+#[derive(clap::Args)]
+pub struct FleetArgs {
+    #[command(subcommand)]
+    pub command: FleetCommand,
+}
+
+/// Read-only dump of persisted state (run while the gateway is stopped).
+#[derive(clap::Args)]
+pub struct InspectArgs {
+    /// State directory (holds tidemark.redb).
+    #[arg(long)]
+    pub state_dir: PathBuf,
+    /// Machine-readable JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Subcommand)]
+pub enum FleetCommand {
+    /// Every gateway on the broker from its retained status and latest metrics.
+    Ls(LsArgs),
+    /// A new Ed25519 signing key: FILE (mode 0600) and FILE.pub, PEM as OpenSSL writes them.
+    Keygen(KeygenArgs),
+    /// Signs CONFIG for one gateway, publishes it, waits for the result; exit 0 if applied.
+    Push(PushArgs),
+}
+
+/// Every gateway on the broker from its retained status and latest metrics.
+#[derive(clap::Args)]
+pub struct LsArgs {
+    /// The upstream broker, `mqtt://host[:port]` or `mqtts://host[:port]`.
+    #[arg(long)]
+    pub url: String,
+    /// Topic filter of the gateways' output prefixes.
+    #[arg(long, default_value = "tidemark/+")]
+    pub prefix_filter: String,
+    /// JSON for a machine.
+    #[arg(long)]
+    pub json: bool,
+    /// Keep the table live until Ctrl-C.
+    #[arg(long)]
+    pub watch: bool,
+    /// Longest wait for the metrics of the gateways that are online, seconds.
+    #[arg(long, default_value_t = 12)]
+    pub wait_s: u64,
+}
+
+/// A new Ed25519 signing key: FILE (mode 0600) and FILE.pub, PEM as OpenSSL writes them.
+#[derive(clap::Args)]
+pub struct KeygenArgs {
+    /// Where the private key goes (it must not exist).
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+/// Signs CONFIG for one gateway, publishes it, waits for the result; exit 0 if applied.
+#[derive(clap::Args)]
+pub struct PushArgs {
+    /// The upstream broker (the gateway's sink).
+    #[arg(long)]
+    pub url: String,
+    /// The private key (PEM, PKCS#8).
+    #[arg(long)]
+    pub key: PathBuf,
+    /// The gateway's id.
+    #[arg(long)]
+    pub gateway: String,
+    /// The document id: above the last one the gateway applied.
+    #[arg(long)]
+    pub id: u64,
+    /// The gateway's `sink.topic_prefix`.
+    #[arg(long, default_value = "tidemark/{gateway}")]
+    pub prefix: String,
+    /// How long to wait for the result.
+    #[arg(long, default_value_t = 120)]
+    pub timeout_s: u64,
+    /// The TOML document (the remote layer).
+    pub config: PathBuf,
+}
+
+#[derive(clap::Args)]
+pub struct SimulateArgs {
+    /// Broker, `mqtt://host[:port]`.
+    #[arg(long)]
+    pub url: String,
+    /// Messages per second in all; 0 = as fast as the broker takes them.
+    #[arg(long, default_value_t = 100.0)]
+    pub rate: f64,
+    /// Stop after this many messages.
+    #[arg(long)]
+    pub count: Option<u64>,
+    /// Stop after this many seconds.
+    #[arg(long)]
+    pub duration_s: Option<f64>,
+    /// QoS of every publish (0 or 1).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
+    pub qos: u8,
+    /// Connections to publish over (devices are spread over them).
+    #[arg(long, default_value_t = 1)]
+    pub connections: u32,
+    /// MQTT version.
+    #[arg(long, value_enum, default_value = "v5")]
+    pub protocol: Protocol,
+    /// No progress lines.
+    #[arg(long)]
+    pub quiet: bool,
+    /// The fleet and its misbehaviour.
+    #[command(flatten)]
+    pub fleet: tidemark::sim::SimConfig,
+}

@@ -1,0 +1,214 @@
+//! One body per command, each returning what became of it as a [`Failure`].
+
+use std::time::Duration;
+
+use tidemark::config;
+use tidemark::replay;
+use tidemark::tools::{capture, demo, fleet, simulate, status};
+
+use super::args::*;
+use super::logging::{init_logging, init_plain_logging};
+use super::{Failure, load, load_gateway};
+use tidemark::config::LogFormat;
+
+/// Runs `command`.
+pub fn dispatch(command: Command, log_format: Option<LogFormat>) -> Result<(), Failure> {
+    match command {
+        Command::Run(a) => run(&a, log_format),
+        Command::Check(a) => check(&a),
+        Command::Replay(a) => replay(&a, log_format),
+        Command::Inspect(a) => super::inspect::run(&a.state_dir, a.json),
+        Command::Status(a) => status(a),
+        Command::Fleet(a) => fleet(a.command),
+        Command::Demo(a) => {
+            init_plain_logging(log_format);
+            demo(&a)
+        }
+        Command::Simulate(a) => {
+            init_plain_logging(log_format);
+            simulate(*a)
+        }
+        Command::Capture(a) => {
+            init_plain_logging(log_format);
+            capture(&a)
+        }
+    }
+}
+
+fn run(a: &RunArgs, log_format: Option<LogFormat>) -> Result<(), Failure> {
+    let (cfg, remote) = load_gateway(&a.config)?;
+    let log = init_logging(&cfg, log_format);
+    if let Some(r) = remote.as_ref().filter(|r| r.id > 0) {
+        tracing::info!(
+            document = r.id,
+            "remote config layer from the state directory in force"
+        );
+    }
+    let opts = tidemark::run::ReloadOptions {
+        paths: a.config.clone(),
+        log: Some(log),
+        remote,
+    };
+    tidemark::run::run(&cfg, opts).map_err(|e| Failure::Failed(format!("tidemark stopped: {e}")))
+}
+
+fn check(a: &CheckArgs) -> Result<(), Failure> {
+    let cfg = load(&a.config)?;
+    print!(
+        "{}",
+        config::annotate_sources(&cfg.effective_toml(), &cfg.sources)
+    );
+    Ok(())
+}
+
+fn replay(a: &ReplayArgs, log_format: Option<LogFormat>) -> Result<(), Failure> {
+    let cfg = load(&a.config)?;
+    let _ = init_logging(&cfg, log_format);
+    let opts = replay::Options {
+        input: &a.input,
+        output: a.output.as_deref(),
+        drain_ms: i64::try_from(a.drain_ms).unwrap_or(i64::MAX),
+        state_dir: a.state_dir.as_deref(),
+        flush: a.flush,
+    };
+    let (engine, s) =
+        replay::run(&cfg, &opts).map_err(|e| Failure::Failed(format!("replay failed: {e}")))?;
+    let c = engine.counters();
+    tracing::info!(
+        records = s.records,
+        outputs = s.outputs,
+        commits = s.commits,
+        accepted = c.accepted,
+        late = c.late,
+        duplicates = c.duplicates,
+        windows = c.windows_emitted,
+        "replay finished"
+    );
+    Ok(())
+}
+
+fn status(a: StatusArgs) -> Result<(), Failure> {
+    let cfg = if a.config.is_empty() {
+        None
+    } else {
+        Some(load(&a.config)?)
+    };
+    let url = a.url.unwrap_or_else(|| {
+        cfg.as_ref()
+            .and_then(|c| c.metrics.listen)
+            .map_or_else(|| "http://127.0.0.1:9464".into(), |a| format!("http://{a}"))
+    });
+    let token = match a.token_file {
+        Some(f) => Some(
+            std::fs::read_to_string(&f)
+                .map_err(|e| Failure::Usage(format!("--token-file {}: {e}", f.display())))?
+                .trim()
+                .to_owned(),
+        ),
+        None => cfg.and_then(|c| c.metrics.token),
+    };
+    let o = status::StatusOptions {
+        url,
+        token,
+        json: a.json,
+        group: a.group,
+        state: a.state,
+    };
+    match status::run(&o) {
+        Ok(text) => {
+            print!("{text}");
+            Ok(())
+        }
+        Err(e @ status::StatusError::Url(_)) => Err(Failure::Usage(e.to_string())),
+        Err(e) => Err(Failure::Error(e.to_string())),
+    }
+}
+
+fn fleet(command: FleetCommand) -> Result<(), Failure> {
+    let done = match command {
+        FleetCommand::Ls(a) => fleet::ls(&fleet::LsOptions {
+            url: &a.url,
+            prefix_filter: &a.prefix_filter,
+            json: a.json,
+            watch: a.watch,
+            wait: Duration::from_secs(a.wait_s),
+        })
+        .map(|_| Ok(())),
+        FleetCommand::Keygen(a) => fleet::keygen(&a.out).map(|public| {
+            println!("private key: {} (mode 0600)", a.out.display());
+            println!(
+                "public key:  {} (list it in [fleet] trusted_keys)",
+                public.display()
+            );
+            Ok(())
+        }),
+        FleetCommand::Push(a) => fleet::push(&fleet::PushOptions {
+            url: &a.url,
+            key: &a.key,
+            gateway: &a.gateway,
+            prefix: &a.prefix,
+            id: a.id,
+            config: &a.config,
+            timeout: Duration::from_secs(a.timeout_s),
+        })
+        .map(|r| {
+            println!("{}", serde_json::to_string(&r).unwrap_or_default());
+            if fleet::applied(&r) {
+                Ok(())
+            } else {
+                Err(Failure::NotDone)
+            }
+        }),
+    };
+    match done {
+        Ok(result) => result,
+        Err(fleet::FleetError::Usage(e)) => Err(Failure::Usage(e)),
+        Err(fleet::FleetError::Failed(e)) => Err(Failure::Error(e)),
+    }
+}
+
+fn demo(a: &DemoArgs) -> Result<(), Failure> {
+    let o = demo::DemoOptions {
+        duration_s: a.duration,
+        screen: !a.plain && std::io::IsTerminal::is_terminal(&std::io::stdout()),
+    };
+    demo::run(&o).map_err(|e| Failure::Failed(format!("demo failed: {e}")))
+}
+
+fn simulate(a: SimulateArgs) -> Result<(), Failure> {
+    let o = simulate::SimulateOptions {
+        url: a.url,
+        rate: a.rate,
+        count: a.count,
+        duration_s: a.duration_s,
+        qos: a.qos,
+        connections: a.connections,
+        v5: a.protocol == config::Protocol::V5,
+        progress: !a.quiet,
+    };
+    match simulate::run(&o, a.fleet) {
+        Ok(summary) => {
+            println!("{}", serde_json::to_string(&summary).unwrap_or_default());
+            Ok(())
+        }
+        Err(e @ simulate::SimulateError::Url(_)) => Err(Failure::Usage(e.to_string())),
+        Err(e) => Err(Failure::Failed(format!("simulate failed: {e}"))),
+    }
+}
+
+fn capture(a: &CaptureArgs) -> Result<(), Failure> {
+    let o = capture::CaptureOptions {
+        url: &a.url,
+        topics: &a.topics,
+        output: a.output.as_deref(),
+        count: a.count,
+        duration_s: a.duration_s,
+    };
+    match capture::run(&o) {
+        Ok(_) => Ok(()),
+        Err(e @ (capture::CaptureError::Url(_) | capture::CaptureError::Topic(_))) => {
+            Err(Failure::Usage(e.to_string()))
+        }
+        Err(e) => Err(Failure::Failed(format!("capture failed: {e}"))),
+    }
+}
