@@ -5,9 +5,10 @@
 
 use std::sync::atomic::Ordering;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::metrics;
+pub use super::metrics::Counters;
 use super::registry::Registry;
 use crate::engine::{Device, Engine, Liveness, Now};
 use crate::model::Millis;
@@ -71,67 +72,101 @@ pub struct Links {
     pub proven: Millis,
 }
 
-/// `/api/v1/status`.
-#[derive(Debug, Serialize)]
+/// `/api/v1/status` (SPEC §11); `tidemark status` reads it as this type.
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Status {
-    gateway: String,
-    version: &'static str,
-    config_hash: String,
-    uptime_s: u64,
-    at: Millis,
-    source: SourceStatus,
-    sink: SinkStatus,
-    store: StoreStatus,
-    gateway_clock: ClockStatus,
-    counters: serde_json::Value,
-    groups: Vec<GroupStatus>,
+    /// `gateway.id`.
+    pub gateway: String,
+    /// The binary's version.
+    pub version: String,
+    /// The config in force (`check`'s hash).
+    pub config_hash: String,
+    /// Since the process started.
+    pub uptime_s: u64,
+    /// Wall time of the answer.
+    pub at: Millis,
+    /// The site broker link.
+    pub source: SourceStatus,
+    /// The upstream link and the outbox.
+    pub sink: SinkStatus,
+    /// The state store.
+    pub store: StoreStatus,
+    /// The gateway's own clock (SPEC §4).
+    pub gateway_clock: ClockStatus,
+    /// Counters since the start.
+    pub counters: metrics::Counters,
+    /// Every group.
+    pub groups: Vec<GroupStatus>,
 }
 
-#[derive(Debug, Serialize)]
-struct SourceStatus {
-    connected: bool,
-    since: Millis,
+/// The source link.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SourceStatus {
+    /// Connected and subscribed.
+    pub connected: bool,
+    /// Wall time of the last connect or disconnect.
+    pub since: Millis,
     /// How long ago a message or a probe last proved the path (processing time stops there).
-    proven_ago_ms: Millis,
+    pub proven_ago_ms: Millis,
 }
 
-#[derive(Debug, Serialize)]
-struct SinkStatus {
-    connected: bool,
-    outbox_depth: u64,
-    outbox_dropped: u64,
+/// The uplink.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SinkStatus {
+    /// Connected.
+    pub connected: bool,
+    /// Outputs waiting.
+    pub outbox_depth: u64,
+    /// Outputs the outbox bound dropped.
+    pub outbox_dropped: u64,
 }
 
-#[derive(Debug, Serialize)]
-struct StoreStatus {
-    healthy: bool,
+/// The state store.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct StoreStatus {
+    /// Commits succeed.
+    pub healthy: bool,
+    /// Why not, when they do not.
     #[serde(skip_serializing_if = "Option::is_none")]
-    detail: Option<String>,
-    last_commit_at: Option<Millis>,
+    pub detail: Option<String>,
+    /// Wall time of the last durable commit.
+    pub last_commit_at: Option<Millis>,
 }
 
-#[derive(Debug, Serialize)]
-struct ClockStatus {
-    error_ms: Millis,
-    verdict: Verdict,
-    kernel_synced: bool,
+/// The gateway's clock as judged by the devices.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ClockStatus {
+    /// Estimated error (wall − true).
+    pub error_ms: Millis,
+    /// Who is believed.
+    pub verdict: Verdict,
+    /// The kernel reports the clock synchronized.
+    pub kernel_synced: bool,
 }
 
-#[derive(Debug, Serialize)]
-struct GroupStatus {
-    group: String,
-    watermark: Option<Millis>,
-    lag_ms: Option<Millis>,
-    devices_active: u64,
-    devices_idle: u64,
-    devices_offline: u64,
-    open_windows: u64,
+/// One group.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct GroupStatus {
+    /// Group id.
+    pub group: String,
+    /// Its watermark.
+    pub watermark: Option<Millis>,
+    /// How far the watermark is behind the corrected gateway clock.
+    pub lag_ms: Option<Millis>,
+    /// Devices by liveness.
+    pub devices_active: u64,
+    /// Idle devices (no longer holding the watermark back).
+    pub devices_idle: u64,
+    /// Offline devices.
+    pub devices_offline: u64,
+    /// Windows open in the group.
+    pub open_windows: u64,
 }
 
 /// A device's clock as the status shows it.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-enum ClockState {
+pub enum ClockState {
     /// No offset estimate yet.
     Calibrating,
     /// Timed by its own clock and the estimate.
@@ -141,43 +176,61 @@ enum ClockState {
 }
 
 /// One device of `/api/v1/devices`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct DeviceRow {
-    group: String,
-    device: String,
-    state: Liveness,
-    last_seen: Option<Millis>,
-    last_arrival: Millis,
-    offset_ms: Option<Millis>,
-    clock: ClockState,
-    accepted: u64,
-    late: u64,
-    duplicates: u64,
-    readings_missing: u64,
+    /// Group id.
+    pub group: String,
+    /// Device id.
+    pub device: String,
+    /// Active, idle or offline.
+    pub state: Liveness,
+    /// Its latest event time.
+    pub last_seen: Option<Millis>,
+    /// Wall time its last message arrived.
+    pub last_arrival: Millis,
+    /// Estimated clock offset against the corrected gateway clock.
+    pub offset_ms: Option<Millis>,
+    /// How its clock is used.
+    pub clock: ClockState,
+    /// Readings counted.
+    pub accepted: u64,
+    /// Readings past their window's lateness.
+    pub late: u64,
+    /// Duplicates dropped.
+    pub duplicates: u64,
+    /// Readings a sequence gap says never arrived.
+    pub readings_missing: u64,
 }
 
 /// `/api/v1/devices`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct DevicePage {
-    devices: Vec<DeviceRow>,
+    /// This page.
+    pub devices: Vec<DeviceRow>,
+    /// The paging key of the next page, if there is one.
     #[serde(skip_serializing_if = "Option::is_none")]
-    next: Option<String>,
+    pub next: Option<String>,
 }
 
 /// An open window of `/api/v1/devices/{group}/{device}`.
-#[derive(Debug, Serialize)]
-struct OpenWindow {
-    start: Millis,
-    end: Millis,
-    count: u64,
+#[derive(Debug, Serialize, Deserialize)]
+pub struct OpenWindow {
+    /// Window start (event time).
+    pub start: Millis,
+    /// Window end.
+    pub end: Millis,
+    /// Readings in it.
+    pub count: u64,
 }
 
 /// `/api/v1/devices/{group}/{device}`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct DeviceDetail {
+    /// As in the list.
     #[serde(flatten)]
-    row: DeviceRow,
-    open_windows: Vec<OpenWindow>,
+    pub row: DeviceRow,
+    /// Its open windows.
+    pub open_windows: Vec<OpenWindow>,
 }
 
 /// The paging key of a device: `group/device` (ids never hold a `/`: they are topic levels).
@@ -235,7 +288,7 @@ fn status(engine: &Engine, now: Now, registry: &Registry, links: Links) -> Statu
         .collect();
     Status {
         gateway: engine.gateway_id().to_owned(),
-        version: env!("CARGO_PKG_VERSION"),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
         config_hash: m.config_hash.clone(),
         uptime_s: m.uptime_s,
         at: m.at,
@@ -259,7 +312,7 @@ fn status(engine: &Engine, now: Now, registry: &Registry, links: Links) -> Statu
             verdict: m.gateway_clock.verdict,
             kernel_synced: m.gateway_clock.kernel_synced,
         },
-        counters: serde_json::to_value(&m.counters).unwrap_or_default(),
+        counters: m.counters.clone(),
         groups,
     }
 }

@@ -23,25 +23,37 @@ pub(super) struct Group {
     pub(super) open_windows: u64,
 }
 
-#[derive(Debug, Serialize)]
-pub(super) struct Counters {
-    received: u64,
-    accepted: u64,
-    late: u64,
-    duplicates: u64,
-    readings_missing: u64,
-    timestamps_invalid: u64,
-    rejected: BTreeMap<&'static str, u64>,
-    windows_emitted: u64,
-    alerts: u64,
-    pub(super) outbox_depth: u64,
-    pub(super) outbox_dropped: u64,
+/// Counters since the gateway started (`P/metrics`, the status API).
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
+pub struct Counters {
+    /// Messages taken from the source.
+    pub received: u64,
+    /// Readings and heartbeats counted in a window.
+    pub accepted: u64,
+    /// Readings past their window's lateness (`P/late`).
+    pub late: u64,
+    /// Redeliveries and repeated sequence numbers dropped.
+    pub duplicates: u64,
+    /// Readings a sequence gap says never arrived.
+    pub readings_missing: u64,
+    /// Readings timed by arrival (bad device timestamp).
+    pub timestamps_invalid: u64,
+    /// Rejections by reason (`P/rejected`).
+    pub rejected: BTreeMap<String, u64>,
+    /// Window results published.
+    pub windows_emitted: u64,
+    /// Device alerts published.
+    pub alerts: u64,
+    /// Outputs waiting in the outbox.
+    pub outbox_depth: u64,
+    /// Outputs the outbox bound dropped.
+    pub outbox_dropped: u64,
     /// Sparkplug metrics of types that are not aggregated.
-    sparkplug_other: u64,
+    pub sparkplug_other: u64,
     /// Source paths found dead (a probe not back in time) since the gateway started (SPEC §5).
-    pub(super) source_path_down: u64,
+    pub source_path_down: u64,
     /// Uplinks found dead (a publish or ping unanswered in time) since the gateway started.
-    pub(super) sink_path_down: u64,
+    pub sink_path_down: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -508,7 +520,7 @@ pub fn gather(engine: &Engine, now: Now, shared: &Registry, source_up: bool) -> 
             timestamps_invalid: c.timestamps_invalid,
             rejected: Reason::ALL
                 .iter()
-                .map(|r| (r.as_str(), c.rejected(*r)))
+                .map(|r| (r.as_str().to_owned(), c.rejected(*r)))
                 .collect(),
             windows_emitted: c.windows_emitted,
             alerts: c.alerts,

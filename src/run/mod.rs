@@ -14,7 +14,7 @@
 //! disconnects → the sink drains for a few seconds, publishes `offline`, exits.
 
 mod alarm;
-mod api;
+pub mod api;
 mod core;
 mod delivery;
 mod error;

@@ -8,6 +8,11 @@ use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use serde_json::Value;
 
+use crate::engine::Liveness;
+use crate::model::Millis;
+use crate::run::api::{ClockState, DevicePage, DeviceRow, Status};
+use crate::time::gateway::Verdict;
+
 /// What to show, from where.
 #[derive(Debug, Clone)]
 pub struct StatusOptions {
@@ -121,12 +126,30 @@ impl Client {
         }
         Ok(doc)
     }
+
+    /// `path` as the API's own type: a field renamed on one side is an error
+    /// naming it, not a blank in the table.
+    async fn typed<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, StatusError> {
+        let doc = self.get(path).await?;
+        serde_path_to_error::deserialize(doc).map_err(|e| {
+            StatusError::Wire(format!(
+                "{path}: the gateway answers in another layout (a different version?): {e}"
+            ))
+        })
+    }
 }
 
 /// Everything shown: the status, the devices asked for (every page), the latest alerts.
-async fn fetch(c: &Client, o: &StatusOptions) -> Result<(Value, Vec<Value>, Value), StatusError> {
-    let status = c.get("/api/v1/status").await?;
-    let alerts = c.get("/api/v1/alerts?limit=20").await?;
+struct Shown {
+    status: Status,
+    devices: Vec<DeviceRow>,
+    /// `P/alerts` payloads, newest first.
+    alerts: Vec<Value>,
+}
+
+async fn fetch(c: &Client, o: &StatusOptions) -> Result<Shown, StatusError> {
+    let status = c.typed("/api/v1/status").await?;
+    let alerts = c.typed("/api/v1/alerts?limit=20").await?;
     let mut devices = Vec::new();
     let mut after: Option<String> = None;
     loop {
@@ -141,16 +164,18 @@ async fn fetch(c: &Client, o: &StatusOptions) -> Result<(Value, Vec<Value>, Valu
         if let Some(a) = &after {
             q.append_pair("after", a);
         }
-        let page = c.get(&format!("/api/v1/devices?{}", q.finish())).await?;
-        if let Some(list) = page["devices"].as_array() {
-            devices.extend(list.iter().cloned());
-        }
-        match page["next"].as_str() {
-            Some(n) => after = Some(n.to_owned()),
+        let page: DevicePage = c.typed(&format!("/api/v1/devices?{}", q.finish())).await?;
+        devices.extend(page.devices);
+        match page.next {
+            Some(n) => after = Some(n),
             None => break,
         }
     }
-    Ok((status, devices, alerts))
+    Ok(Shown {
+        status,
+        devices,
+        alerts,
+    })
 }
 
 /// Shows the status; the text (or JSON) to print.
@@ -164,23 +189,32 @@ pub fn run(o: &StatusOptions) -> Result<String, StatusError> {
         .enable_all()
         .build()
         .map_err(|e| StatusError::Wire(e.to_string()))?;
-    let (status, devices, alerts) = rt.block_on(fetch(&c, o))?;
+    let shown = rt.block_on(fetch(&c, o))?;
     if o.json {
-        let doc = serde_json::json!({ "status": status, "devices": devices, "alerts": alerts });
+        let doc = serde_json::json!({
+            "status": shown.status,
+            "devices": shown.devices,
+            "alerts": shown.alerts,
+        });
         return Ok(serde_json::to_string_pretty(&doc).unwrap_or_default() + "\n");
     }
-    Ok(render(&status, &devices, &alerts, o))
+    let mut t = String::new();
+    header(&mut t, &shown.status);
+    groups(&mut t, &shown.status);
+    devices(&mut t, &shown.devices, o);
+    alerts(&mut t, &shown.alerts);
+    Ok(t)
 }
 
-fn utc(v: &Value) -> String {
-    v.as_i64().map_or_else(
+fn utc(t: Option<Millis>) -> String {
+    t.map_or_else(
         || "-".into(),
         |t| crate::time::utc(t)[..19].replace('T', " "),
     )
 }
 
-fn dur(v: &Value) -> String {
-    let Some(ms) = v.as_i64() else {
+fn dur(ms: Option<Millis>) -> String {
+    let Some(ms) = ms else {
         return "-".into();
     };
     let a = ms.unsigned_abs();
@@ -193,103 +227,105 @@ fn dur(v: &Value) -> String {
     }
 }
 
-fn render(s: &Value, devices: &[Value], alerts: &Value, o: &StatusOptions) -> String {
-    let mut t = String::new();
-    let up = s["uptime_s"].as_i64().map(|u| u * 1000);
+/// The gateway, its links, store, clock and counters.
+fn header(t: &mut String, s: &Status) {
+    let up = i64::try_from(s.uptime_s.saturating_mul(1000)).ok();
     let _ = writeln!(
         t,
         "gateway {}  version {}  config {}  up {}  (as of {} UTC)",
-        s["gateway"].as_str().unwrap_or("?"),
-        s["version"].as_str().unwrap_or("?"),
-        s["config_hash"].as_str().unwrap_or("?"),
-        dur(&up.into()),
-        utc(&s["at"])
+        s.gateway,
+        s.version,
+        s.config_hash,
+        dur(up),
+        utc(Some(s.at))
     );
     let link = |up: bool| if up { "connected" } else { "DOWN" };
+    let c = &s.counters;
     let _ = writeln!(
         t,
         "source  {} since {} UTC  path proven {} ago, found dead {} times",
-        link(s["source"]["connected"].as_bool().unwrap_or(false)),
-        utc(&s["source"]["since"]),
-        dur(&s["source"]["proven_ago_ms"]),
-        s["counters"]["source_path_down"]
+        link(s.source.connected),
+        utc(Some(s.source.since)),
+        dur(Some(s.source.proven_ago_ms)),
+        c.source_path_down
     );
     let _ = writeln!(
         t,
         "sink    {}  outbox {} waiting, {} dropped  found dead {} times",
-        link(s["sink"]["connected"].as_bool().unwrap_or(false)),
-        s["sink"]["outbox_depth"],
-        s["sink"]["outbox_dropped"],
-        s["counters"]["sink_path_down"]
+        link(s.sink.connected),
+        s.sink.outbox_depth,
+        s.sink.outbox_dropped,
+        c.sink_path_down
     );
-    let store = &s["store"];
     let _ = writeln!(
         t,
         "store   {}  last commit {} UTC",
-        if store["healthy"].as_bool().unwrap_or(false) {
+        if s.store.healthy {
             "ok".to_owned()
         } else {
-            format!("FAILING: {}", store["detail"].as_str().unwrap_or("?"))
+            format!("FAILING: {}", s.store.detail.as_deref().unwrap_or("?"))
         },
-        utc(&store["last_commit_at"])
+        utc(s.store.last_commit_at)
     );
-    let gc = &s["gateway_clock"];
+    let gc = &s.gateway_clock;
     let _ = writeln!(
         t,
         "clock   {}{}",
-        match gc["verdict"].as_str() {
-            Some("wrong") => format!(
+        match gc.verdict {
+            Verdict::Wrong => format!(
                 "WRONG by {} (event times follow the devices)",
-                dur(&gc["error_ms"])
+                dur(Some(gc.error_ms))
             ),
-            Some("trusted") => "trusted".into(),
-            _ => "not judged yet".into(),
+            Verdict::Trusted => "trusted".into(),
+            Verdict::Unsure => "not judged yet".into(),
         },
-        if gc["kernel_synced"].as_bool().unwrap_or(false) {
+        if gc.kernel_synced {
             ""
         } else {
             " (kernel reports it unsynchronized)"
         }
     );
-    let c = &s["counters"];
-    let rejected: u64 = c["rejected"]
-        .as_object()
-        .map_or(0, |m| m.values().filter_map(Value::as_u64).sum());
     let _ = writeln!(
         t,
         "counts  received {} accepted {} late {} rejected {} duplicates {} missing {} windows {}",
-        c["received"],
-        c["accepted"],
-        c["late"],
-        rejected,
-        c["duplicates"],
-        c["readings_missing"],
-        c["windows_emitted"]
+        c.received,
+        c.accepted,
+        c.late,
+        c.rejected.values().sum::<u64>(),
+        c.duplicates,
+        c.readings_missing,
+        c.windows_emitted
     );
+}
+
+fn groups(t: &mut String, s: &Status) {
     let _ = writeln!(
         t,
         "\n{:<20} {:<20} {:>10} {:>7} {:>6} {:>8} {:>13}",
         "GROUP", "WATERMARK (UTC)", "LAG", "ACTIVE", "IDLE", "OFFLINE", "OPEN WINDOWS"
     );
-    for g in s["groups"].as_array().into_iter().flatten() {
+    for g in &s.groups {
         let _ = writeln!(
             t,
             "{:<20} {:<20} {:>10} {:>7} {:>6} {:>8} {:>13}",
-            g["group"].as_str().unwrap_or("?"),
-            utc(&g["watermark"]),
-            dur(&g["lag_ms"]),
-            g["devices_active"].to_string(),
-            g["devices_idle"].to_string(),
-            g["devices_offline"].to_string(),
-            g["open_windows"].to_string()
+            g.group,
+            utc(g.watermark),
+            dur(g.lag_ms),
+            g.devices_active,
+            g.devices_idle,
+            g.devices_offline,
+            g.open_windows
         );
     }
+}
+
+fn devices(t: &mut String, devices: &[DeviceRow], o: &StatusOptions) {
     // Asked for nothing in particular: the devices that need a look.
     let filtered = o.group.is_some() || o.state.is_some();
-    let attention = |d: &&Value| {
-        d["state"] != "active" || d["clock"] == "distrusted" || d["late"].as_u64() > Some(0)
+    let attention = |d: &&DeviceRow| {
+        d.state != Liveness::Active || d.clock == ClockState::Distrusted || d.late > 0
     };
-    let shown: Vec<&Value> = if filtered {
+    let shown: Vec<&DeviceRow> = if filtered {
         devices.iter().collect()
     } else {
         devices.iter().filter(attention).collect()
@@ -312,18 +348,16 @@ fn render(s: &Value, devices: &[Value], alerts: &Value, o: &StatusOptions) -> St
         let _ = writeln!(
             t,
             "{:<20} {:<24} {:<8} {:<12} {:>10} {:<20} {:>9} {:>6} {:>6} {:>8}",
-            d["group"].as_str().unwrap_or("?"),
-            d["device"].as_str().unwrap_or("?"),
-            d["state"].as_str().unwrap_or("?"),
-            d["clock"].as_str().unwrap_or("?"),
-            d["offset_ms"]
-                .as_i64()
-                .map_or_else(|| "-".into(), |v| v.to_string()),
-            utc(&d["last_seen"]),
-            d["accepted"].to_string(),
-            d["late"].to_string(),
-            d["duplicates"].to_string(),
-            d["readings_missing"].to_string()
+            d.group,
+            d.device,
+            word(&d.state),
+            word(&d.clock),
+            d.offset_ms.map_or_else(|| "-".into(), |v| v.to_string()),
+            utc(d.last_seen),
+            d.accepted,
+            d.late,
+            d.duplicates,
+            d.readings_missing
         );
     }
     if !filtered {
@@ -335,8 +369,18 @@ fn render(s: &Value, devices: &[Value], alerts: &Value, o: &StatusOptions) -> St
             devices.len()
         );
     }
+}
+
+/// An enum as the API spells it.
+fn word(v: &impl serde::Serialize) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+fn alerts(t: &mut String, list: &[Value]) {
     let _ = writeln!(t, "\nRECENT ALERTS (newest first)");
-    let list = alerts.as_array().map_or(&[][..], Vec::as_slice);
     if list.is_empty() {
         let _ = writeln!(t, "none");
     }
@@ -348,12 +392,11 @@ fn render(s: &Value, devices: &[Value], alerts: &Value, o: &StatusOptions) -> St
         let _ = writeln!(
             t,
             "{}  {:<16} {}",
-            utc(&a["at"]),
+            utc(a["at"].as_i64()),
             a["type"].as_str().unwrap_or("?"),
             who
         );
     }
-    t
 }
 
 #[cfg(test)]
@@ -374,10 +417,10 @@ mod tests {
 
     #[test]
     fn durations_read_at_a_glance() {
-        assert_eq!(dur(&Value::from(250)), "250 ms");
-        assert_eq!(dur(&Value::from(-15_000)), "-15.0 s");
-        assert_eq!(dur(&Value::from(600_000)), "10 min");
-        assert_eq!(dur(&Value::from(86_400_000)), "24.0 h");
-        assert_eq!(dur(&Value::Null), "-");
+        assert_eq!(dur(Some(250)), "250 ms");
+        assert_eq!(dur(Some(-15_000)), "-15.0 s");
+        assert_eq!(dur(Some(600_000)), "10 min");
+        assert_eq!(dur(Some(86_400_000)), "24.0 h");
+        assert_eq!(dur(None), "-");
     }
 }
