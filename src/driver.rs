@@ -52,9 +52,9 @@ pub struct Driver {
     next_tick: Option<Millis>,
     prefix: String,
     format: SinkFormat,
-    /// Outputs since the last batch, in emission order; with [`Driver::with_journal`]
+    /// Outputs not yet taken, in emission order; with [`Driver::with_journal`]
     /// only the alerts (for the log and the API): all of them are in `encoded`.
-    pub outputs: Vec<Output>,
+    outputs: Vec<Output>,
     /// `run`: outputs since the last batch encoded for the outbox as they are
     /// emitted (under the topic prefix and format in force then), so a tick that
     /// closes every window holds its burst once.
@@ -74,19 +74,22 @@ fn ms(v: u64) -> Millis {
 }
 
 impl Driver {
-    /// A driver for `engine`; `next_tick` resumes a virtual clock (replay), None starts fresh.
+    /// A driver for `engine` ticking and committing at `gateway`'s intervals, its
+    /// outputs under `prefix` in `format`; `next_tick` resumes a virtual clock
+    /// (replay), None starts fresh.
     pub fn new(
         engine: Engine,
-        cfg: &Config,
+        gateway: &crate::config::Gateway,
+        prefix: &str,
         format: SinkFormat,
         next_tick: Option<Millis>,
     ) -> Self {
         Self {
             engine,
-            tick_ms: ms(cfg.gateway.tick_interval_ms),
-            commit_ms: ms(cfg.gateway.commit_interval_ms),
+            tick_ms: ms(gateway.tick_interval_ms),
+            commit_ms: ms(gateway.commit_interval_ms),
             next_tick,
-            prefix: cfg.sink.prefix.clone(),
+            prefix: prefix.to_owned(),
             format,
             outputs: Vec::new(),
             encoded: None,
@@ -358,6 +361,17 @@ impl Driver {
         }
     }
 
+    /// What the engine produced since the last take (or batch): every output,
+    /// or with [`Driver::with_journal`] the alerts (the rest is encoded for the batch).
+    pub fn take_outputs(&mut self) -> Vec<Output> {
+        std::mem::take(&mut self.outputs)
+    }
+
+    /// The outputs not yet taken.
+    pub fn outputs(&self) -> &[Output] {
+        &self.outputs
+    }
+
     /// The engine.
     pub fn engine(&self) -> &Engine {
         &self.engine
@@ -387,7 +401,14 @@ mod tests {
             &std::collections::BTreeMap::new(),
         )
         .unwrap();
-        Driver::new(Engine::new(&cfg.engine), &cfg, SinkFormat::Json, None).with_journal()
+        Driver::new(
+            Engine::new(&cfg.engine),
+            &cfg.gateway,
+            &cfg.sink.prefix,
+            SinkFormat::Json,
+            None,
+        )
+        .with_journal()
     }
 
     fn reading(d: &mut Driver, at: Millis) {
@@ -421,7 +442,7 @@ mod tests {
         d.ticks_until(Now::at(century));
         assert!(d.engine().settled());
         // The window closed and the device went offline on the way, as tick by tick.
-        assert!(d.outputs.iter().any(|o| matches!(o, Output::Alert(_))));
+        assert!(d.outputs().iter().any(|o| matches!(o, Output::Alert(_))));
         let topics: Vec<_> = d
             .take_journal(Now::at(century))
             .outputs
@@ -454,8 +475,21 @@ mod tests {
                 &std::collections::BTreeMap::new(),
             )
             .unwrap();
-            let mut run = Driver::new(Engine::new(&cfg.engine), &cfg, format, None).with_journal();
-            let mut cut = Driver::new(Engine::new(&cfg.engine), &cfg, format, None);
+            let mut run = Driver::new(
+                Engine::new(&cfg.engine),
+                &cfg.gateway,
+                &cfg.sink.prefix,
+                format,
+                None,
+            )
+            .with_journal();
+            let mut cut = Driver::new(
+                Engine::new(&cfg.engine),
+                &cfg.gateway,
+                &cfg.sink.prefix,
+                format,
+                None,
+            );
             let (mut a, mut b) = (Vec::new(), Vec::new());
             for k in 0..60i64 {
                 let at = T0 + k * every;
@@ -502,7 +536,7 @@ mod tests {
         let first = wm(&d);
         d.ticks_until(Now::at(T0 + 4000));
         assert!(wm(&d) > first, "the idle group's watermark moves");
-        assert!(d.outputs.is_empty());
+        assert!(d.outputs().is_empty());
         assert!(!d.has_durable());
         assert!(!d.commit_due(T0 + 4000));
         // The journal keeps one collapsed tick, not one per tick.

@@ -1,12 +1,12 @@
 //! `tidemark check`: the binary a user runs, on good and broken configs.
 
-mod cli;
+mod support;
 
 use std::path::Path;
 use std::process::Output;
 
 fn tidemark(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = cli::tidemark();
+    let mut cmd = support::tidemark();
     cmd.args(args);
     for (k, _) in std::env::vars() {
         if k.starts_with("TIDEMARK__") {

@@ -7,7 +7,7 @@
 mod support;
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use support::*;
@@ -64,7 +64,7 @@ fn off_then_stepped(offset: &str, expect_ms: i64) {
         ),
     );
     let log = dir.path().join("gateway.log");
-    let child = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+    let child = support::tidemark()
         .args(["run", "--config"])
         .arg(&cfg)
         .env("RUST_LOG", "info")

@@ -3,13 +3,15 @@
 //! on a terminal (a pseudo-terminal here) and as plain lines, and stops
 //! cleanly on Ctrl-C or by itself.
 
+mod support;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 fn demo() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_tidemark"));
+    let mut c = support::tidemark();
     c.arg("demo").env_remove("RUST_LOG");
     c
 }
@@ -21,7 +23,7 @@ fn a_terminal_gets_a_live_screen() {
         .args(["-qefc"])
         .arg(format!(
             "{} demo --duration 20",
-            env!("CARGO_BIN_EXE_tidemark")
+            support::tidemark_argv().join(" ")
         ))
         .arg("/dev/null")
         .stdin(Stdio::null())

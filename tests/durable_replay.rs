@@ -1,9 +1,7 @@
 //! The durable store through `tidemark replay --state-dir`: crash at random
 //! moments with SIGKILL, resume, and compare with an uncrashed in-memory run.
 
-mod cli;
-
-mod common;
+mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -13,7 +11,7 @@ use std::time::Duration;
 const CONFIG: &str = "[gateway]\nid = \"gw\"\ncommit_interval_ms = 200\n";
 
 fn tidemark() -> Command {
-    let mut c = cli::tidemark();
+    let mut c = support::tidemark();
     c.env("RUST_LOG", "warn");
     c
 }
@@ -38,7 +36,7 @@ fn setup(devices: usize, seconds: i64) -> tempfile::TempDir {
     std::fs::write(dir.path().join("c.toml"), CONFIG).unwrap();
     std::fs::write(
         dir.path().join("capture.jsonl"),
-        common::synthetic_capture(devices, seconds),
+        support::engine::synthetic_capture(devices, seconds),
     )
     .unwrap();
     dir
@@ -250,7 +248,7 @@ fn inspect_shows_watermarks_devices_and_outbox() {
         .map(|g| g["group"].as_str().unwrap())
         .collect();
     assert_eq!(groups.len(), 3, "{groups:?}");
-    assert!(v["groups"][0]["watermark"].as_i64().unwrap() > common::T0);
+    assert!(v["groups"][0]["watermark"].as_i64().unwrap() > support::engine::T0);
     assert_eq!(v["devices"].as_array().unwrap().len(), 6);
     let fast = v["devices"]
         .as_array()

@@ -1,10 +1,10 @@
 //! Hostile input never panics the engine and never vanishes: every message is
 //! accepted, late, a duplicate, or rejected — and counted.
 
-mod common;
+mod support;
 
-use common::{Sim, T0};
 use proptest::prelude::*;
+use support::engine::{Sim, T0};
 use tidemark::engine::Now;
 
 fn topic() -> impl Strategy<Value = String> {

@@ -1,12 +1,12 @@
 //! The engine against a brute-force reference model on random multi-device
 //! streams with disorder, lateness, idleness and garbage.
 
-mod common;
+mod support;
 
 use std::collections::BTreeMap;
 
-use common::{Sim, T0};
 use proptest::prelude::*;
+use support::engine::{Sim, T0};
 use tidemark::output::Output;
 
 #[derive(Debug, Clone)]

@@ -1,8 +1,8 @@
 //! One scenario per rule of SPEC §4–§7, driving the engine with a manual clock.
 
-mod common;
+mod support;
 
-use common::{Sim, T0};
+use support::engine::{Sim, T0};
 use tidemark::engine::Now;
 use tidemark::model::Reason;
 use tidemark::output::AlertType;
@@ -474,7 +474,7 @@ fn devices_beyond_the_limit_are_rejected_visibly_and_known_ones_keep_working() {
         sim.driver
             .message(Now::at(T0 + 1), &format!("sensors/g/d{d}/reading"), payload);
     }
-    sim.driver.outputs.clear();
+    sim.driver.take_outputs();
     sim.driver
         .message(Now::at(T0 + 2), "sensors/g/one-too-many/reading", payload);
     sim.driver

@@ -143,7 +143,7 @@ fn readings_a_stock_broker_dropped_are_counted_as_missing() {
     );
     let (code, _) = gw.terminate();
     assert_eq!(code, Some(0));
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"))
+    let out = support::tidemark()
         .args(["inspect", "--json", "--state-dir"])
         .arg(dir.path().join("state"))
         .output()

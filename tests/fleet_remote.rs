@@ -19,10 +19,7 @@ use support::*;
 const CONFIRM_S: u64 = 4;
 
 fn tidemark(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_tidemark"))
-        .args(args)
-        .output()
-        .expect("tidemark")
+    support::tidemark().args(args).output().expect("tidemark")
 }
 
 fn text(o: &std::process::Output) -> String {
@@ -48,18 +45,15 @@ impl Gw {
             .iter()
             .map(|k| format!("{:?}", k.display().to_string()))
             .collect();
-        let text = format!(
-            "[gateway]\nid = \"{id}\"\nstate_dir = \"{state}\"\ncommit_interval_ms = 100\n\
-             [source]\nurl = \"{src}\"\nclient_id = \"{id}-in\"\n\
-             [sink]\nurl = \"{snk}\"\nclient_id = \"{id}-out\"\n\
-             [metrics]\ninterval_s = 1\n\
-             [fleet]\nenabled = true\ntrusted_keys = [{keys}]\nconfirm_s = {CONFIRM_S}\n{FLEET}",
-            state = dir.join(format!("{id}-state")).display(),
-            src = site.url(),
-            snk = up.url(),
-            keys = keys.join(", "),
-        );
-        std::fs::write(&config, text).expect("config");
+        support::GatewayConfig::new(id, &dir.join(format!("{id}-state")), site, up)
+            .set("gateway", "commit_interval_ms = 100")
+            .set("source", &format!("client_id = \"{id}-in\""))
+            .set("sink", &format!("client_id = \"{id}-out\""))
+            .set("fleet", "enabled = true")
+            .set("fleet", &format!("trusted_keys = [{}]", keys.join(", ")))
+            .set("fleet", &format!("confirm_s = {CONFIRM_S}"))
+            .merge("fleet", FLEET)
+            .write(&config);
         let log = dir.join(format!("{id}.log"));
         let proc = Some(Gateway::start(&config, &log));
         Self {

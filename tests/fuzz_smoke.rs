@@ -3,11 +3,11 @@
 //! deterministic mutations of them go through the same entry points that
 //! `scripts/fuzz.sh` fuzzes for minutes.
 
-mod common;
+mod support;
 
 use std::path::Path;
 
-use common::Rng;
+use support::engine::Rng;
 use tidemark::fuzzing::TARGETS;
 
 /// Flips, inserts, deletes, duplicates a run or splices in an interesting byte.

@@ -250,7 +250,7 @@ fn local_config_with_the_embedded_broker_turns_a_reading_into_a_window_result() 
     let log = dir.path().join("gw.log");
     let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/local.toml");
     let f = std::fs::File::create(&log).expect("log");
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"))
+    let child = support::tidemark()
         .args(["run", "--config"])
         .arg(&config)
         .env("RUST_LOG", "info")
@@ -404,7 +404,7 @@ fn mutual_tls_with_password_file_on_source_and_sink() {
             .map(|m| String::from_utf8_lossy(&m.payload).into_owned()),
     );
     for json in [false, true] {
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"));
+        let mut cmd = support::tidemark();
         cmd.args(["inspect", "--state-dir"]).arg(d.join("state"));
         if json {
             cmd.arg("--json");
@@ -437,7 +437,7 @@ fn unusable_state_file_stops_run_with_exit_1_naming_the_file_and_leaves_it_alone
         ),
     )
     .expect("config");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"))
+    let out = support::tidemark()
         .arg("--config")
         .arg(&config)
         .env_remove("RUST_LOG")
@@ -480,7 +480,7 @@ fn systemd_notify_watchdog_and_the_local_http_endpoint() {
     sock.set_read_timeout(Some(Duration::from_millis(200)))
         .unwrap();
     let f = std::fs::File::create(&log).unwrap();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"))
+    let child = support::tidemark()
         .args(["run", "--config"])
         .arg(&config)
         .env("RUST_LOG", "info")

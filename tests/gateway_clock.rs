@@ -4,18 +4,18 @@
 //! the real `Driver`, over errors × device rates, with network jitter and a few
 //! devices whose own clocks are off (one beyond `max_skew_ms`). Prints the table.
 
-mod common;
+mod support;
 
 use std::collections::{BTreeMap, HashMap};
 
-use common::Rng;
 use proptest::prelude::*;
+use support::engine::Rng;
 use tidemark::config;
 use tidemark::driver::Driver;
 use tidemark::engine::{Engine, Now};
 use tidemark::output::{AlertType, GatewayAlert, Output, SinkFormat};
 
-use common::T0;
+use support::engine::T0;
 const MIN: i64 = 60_000;
 const HOUR: i64 = 60 * MIN;
 const RUN_MS: i64 = 10 * MIN;
@@ -110,7 +110,13 @@ fn run(case: &Case, seed: u64) -> Outcome {
         case.mode
     );
     let cfg = config::load_str(&toml, &BTreeMap::new()).expect("valid config");
-    let mut driver = Driver::new(Engine::new(&cfg.engine), &cfg, SinkFormat::Json, None);
+    let mut driver = Driver::new(
+        Engine::new(&cfg.engine),
+        &cfg.gateway,
+        &cfg.sink.prefix,
+        SinkFormat::Json,
+        None,
+    );
     let mut rng = Rng(seed);
     let every = (1000.0 / case.hz) as i64;
     // (arrival, device index, true send time)
@@ -143,7 +149,7 @@ fn run(case: &Case, seed: u64) -> Outcome {
             &format!("sensors/g/{name}/reading"),
             payload.as_bytes(),
         );
-        outputs.append(&mut driver.outputs);
+        outputs.append(&mut driver.take_outputs());
         if name.starts_with('c') {
             out.readings += 1;
             *expected
@@ -152,7 +158,7 @@ fn run(case: &Case, seed: u64) -> Outcome {
         }
     }
     driver.flush();
-    outputs.append(&mut driver.outputs);
+    outputs.append(&mut driver.take_outputs());
     // Final revision of every window.
     let mut got: HashMap<(String, i64), (u32, u64)> = HashMap::new();
     for o in &outputs {
@@ -332,7 +338,7 @@ proptest! {
     ) {
         let toml = "[gateway]\nid = \"gw\"\n";
         let cfg = config::load_str(toml, &BTreeMap::new()).unwrap();
-        let mut driver = Driver::new(Engine::new(&cfg.engine), &cfg, SinkFormat::Json, None);
+        let mut driver = Driver::new(Engine::new(&cfg.engine), &cfg.gateway, &cfg.sink.prefix, SinkFormat::Json, None);
         let mut rng = Rng(seed);
         let mut steps = steps;
         steps.push((0, initial));
@@ -354,7 +360,7 @@ proptest! {
             let now = Now { wall: arrival + error, mono: arrival - T0 + UPTIME, synced: false };
             let payload = format!(r#"{{"ts": {sent}, "temp": 1}}"#);
             driver.message(now, &format!("sensors/g/d{di}/reading"), payload.as_bytes());
-            for o in driver.outputs.drain(..) {
+            for o in driver.take_outputs() {
                 match o {
                     Output::Late(_) => late += 1,
                     Output::Alert(_) => alerts += 1,
@@ -414,7 +420,7 @@ fn replay_reproduces_a_sites_clock_step_from_the_captured_clocks() {
     let replay = |with_clocks: bool| {
         let input = dir.path().join("capture.jsonl");
         std::fs::write(&input, stepped_capture(with_clocks)).unwrap();
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        let out = support::tidemark()
             .args(["replay", "--config"])
             .arg(&config)
             .arg("--input")
@@ -443,7 +449,13 @@ fn replay_reproduces_a_sites_clock_step_from_the_captured_clocks() {
 #[test]
 fn once_a_device_agrees_with_an_unsynchronized_gateway_a_skewed_one_is_distrusted_at_once() {
     let cfg = config::load_str("[gateway]\nid = \"gw\"\n", &BTreeMap::new()).unwrap();
-    let mut driver = Driver::new(Engine::new(&cfg.engine), &cfg, SinkFormat::Json, None);
+    let mut driver = Driver::new(
+        Engine::new(&cfg.engine),
+        &cfg.gateway,
+        &cfg.sink.prefix,
+        SinkFormat::Json,
+        None,
+    );
     let now = |t: i64| Now {
         wall: t,
         mono: t - T0,
@@ -457,7 +469,7 @@ fn once_a_device_agrees_with_an_unsynchronized_gateway_a_skewed_one_is_distruste
     // Ten minutes behind: on a trusted gateway, distrusted and timed by arrival.
     send(&mut driver, T0 + 100, "slow", T0 + 100 - 10 * MIN);
     let alerts: Vec<AlertType> = driver
-        .outputs
+        .outputs()
         .iter()
         .filter_map(|o| match o {
             Output::Alert(a) => Some(a.kind),

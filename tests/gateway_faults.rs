@@ -368,7 +368,7 @@ fn inspect_points_to_status_while_the_gateway_runs_and_reads_plainly_after() {
         !up.on("/rejected").is_empty()
     });
     let inspect = |json: bool| {
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"));
+        let mut cmd = support::tidemark();
         cmd.args(["inspect", "--state-dir"])
             .arg(dir.path().join("state"));
         if json {

@@ -2,8 +2,6 @@
 //! `simulate` driving a fleet through the gateway upstream.
 mod support;
 
-use std::process::Command;
-
 use support::fleet::*;
 use support::{
     Collector, Gateway, Mosquitto, Publisher, final_windows, now_ms, wait_or_explain, wait_until,
@@ -15,7 +13,7 @@ fn capture_records_live_traffic_that_replay_reads_even_when_killed_mid_line() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("capture.jsonl");
     let log = dir.path().join("capture.log");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"))
+    let mut child = support::tidemark()
         .args([
             "capture",
             "--url",
@@ -80,7 +78,7 @@ fn capture_records_live_traffic_that_replay_reads_even_when_killed_mid_line() {
     let config = dir.path().join("replay.toml");
     std::fs::write(&config, "[gateway]\nid = \"gw\"\n").expect("config");
     let replay = |extra: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        support::tidemark()
             .args(["replay", "--config"])
             .arg(&config)
             .arg("--input")
@@ -124,7 +122,7 @@ fn simulate_to_run_to_upstream_accounts_for_every_message() {
     let gw = Gateway::start(&config, &log);
     // A misbehaving fleet: disorder, late readings, redeliveries, garbage,
     // heartbeats, a device that falls silent, an outage and its backlog burst.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"))
+    let out = support::tidemark()
         .args(["simulate", "--url", &broker.url(), "--seed", "7"])
         .args([
             "--devices",
@@ -269,7 +267,7 @@ fn simulate_with_its_defaults_against_the_quick_start_gateway_gets_every_message
         "{}",
         gw.log_text()
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+    let out = support::tidemark()
         .args(["simulate", "--url", &format!("mqtt://127.0.0.1:{mqtt}")])
         .args(["--devices", "5", "--count", "200", "--rate", "0"])
         .output()
@@ -286,7 +284,7 @@ fn simulate_with_its_defaults_against_the_quick_start_gateway_gets_every_message
 #[test]
 fn simulate_without_a_broker_stops_early_saying_so() {
     let port = support::free_port();
-    let out = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+    let out = support::tidemark()
         .args(["simulate", "--url", &format!("mqtt://127.0.0.1:{port}")])
         .args(["--count", "10"])
         .output()

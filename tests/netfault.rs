@@ -173,7 +173,7 @@ impl Net {
             .expect("gateway log");
         let child = Command::new("ip")
             .args(["netns", "exec", &self.ns])
-            .arg(env!("CARGO_BIN_EXE_tidemark"))
+            .args(support::tidemark_argv())
             .args(["run", "--config"])
             .arg(config)
             .env("RUST_LOG", "info")
@@ -741,7 +741,7 @@ fn a_site_broker_refusing_the_probe_topic_is_a_clear_start_up_error() {
         )
         .expect("config");
         let log = dir.path().join("gw.log");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        let mut child = support::tidemark()
             .args(["run", "--config"])
             .arg(&cfg)
             .stdout(Stdio::null())

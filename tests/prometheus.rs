@@ -126,7 +126,7 @@ fn a_real_prometheus_scrapes_the_gateway_and_every_dashboard_query_returns_data(
             .expect("prometheus"),
     );
     // A fleet whose last devices fall silent (offline), while Prometheus scrapes.
-    let sim = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+    let sim = support::tidemark()
         .args([
             "simulate",
             "--url",

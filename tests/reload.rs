@@ -10,7 +10,9 @@ mod support;
 use std::time::Duration;
 
 use support::fleet::{MIN, reading};
-use support::{Collector, Gateway, Mosquitto, Publisher, Seen, final_windows, now_ms, signal};
+use support::{
+    Collector, Gateway, GatewayConfig, Mosquitto, Publisher, Seen, final_windows, now_ms, signal,
+};
 
 const DEVICES: u64 = 4;
 
@@ -40,23 +42,23 @@ impl Site {
     /// Writes the config: `window_ms` tumbling windows, `topics`, the sink on `sink`.
     fn write(&self, sink: &Mosquitto, window_ms: i64, topics: &[&str], extra: &str) {
         let topics: Vec<String> = topics.iter().map(|t| format!("\"{t}\"")).collect();
-        let text = format!(
-            "[gateway]\nid = \"gw\"\nstate_dir = \"{state}\"\ncommit_interval_ms = 100\n\
-             [source]\nurl = \"{src}\"\nprotocol = \"{protocol}\"\nclient_id = \"gw-in-{sp}\"\ntopics = [{topics}]\n\
-             [sink]\nurl = \"{snk}\"\nclient_id = \"gw-out\"\n\
-             [metrics]\ninterval_s = 1\n\
-             [time]\npolicy = \"device\"\n\
-             [group_defaults]\nwindow = {{ kind = \"tumbling\", size_ms = {window_ms} }}\n\
-             out_of_orderness_ms = 0\nidle_timeout_ms = 1000\nheartbeat_timeout_ms = 3600000\n\
-             allowed_lateness_ms = 600000\n{extra}",
-            state = self.dir.path().join("state").display(),
-            src = self.src.url(),
-            protocol = self.protocol,
-            sp = self.src.port,
-            topics = topics.join(", "),
-            snk = sink.url(),
-        );
-        std::fs::write(&self.config, text).expect("config");
+        GatewayConfig::new("gw", &self.dir.path().join("state"), &self.src, sink)
+            .set("gateway", "commit_interval_ms = 100")
+            .set("source", &format!("protocol = \"{}\"", self.protocol))
+            .set("source", &format!("topics = [{}]", topics.join(", ")))
+            .set("sink", "client_id = \"gw-out\"")
+            .set("time", "policy = \"device\"")
+            .set(
+                "group_defaults",
+                &format!("window = {{ kind = \"tumbling\", size_ms = {window_ms} }}"),
+            )
+            .set(
+                "group_defaults",
+                "out_of_orderness_ms = 0\nidle_timeout_ms = 1000\nheartbeat_timeout_ms = 3600000\n\
+                 allowed_lateness_ms = 600000",
+            )
+            .merge("group_defaults", extra)
+            .write(&self.config);
     }
 
     /// Readings `ks` of every device of `group`, 100 ms apart in device time.

@@ -3,12 +3,12 @@
 //! order, late ones, both signs of disorder. No window crosses a switch point,
 //! no reading is counted twice or lost, ids stay unique.
 
-mod common;
+mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use common::{Sim, T0};
 use proptest::prelude::*;
+use support::engine::{Sim, T0};
 use tidemark::config;
 
 const RULES: [&str; 6] = [

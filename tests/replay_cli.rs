@@ -1,6 +1,6 @@
 //! `tidemark replay` on the committed capture: the expected output, byte for byte, every run.
 
-mod cli;
+mod support;
 
 use std::path::Path;
 
@@ -13,7 +13,7 @@ fn data(name: &str) -> String {
 }
 
 fn replay(output: &Path) -> std::process::Output {
-    cli::tidemark()
+    support::tidemark()
         .args([
             "replay",
             "--config",
@@ -91,7 +91,7 @@ fn a_malformed_capture_line_is_a_clear_error_naming_the_line() {
         "{\"arrival\": 1, \"topic\": \"a\", \"payload\": {}}\nnot json\n",
     )
     .unwrap();
-    let r = cli::tidemark()
+    let r = support::tidemark()
         .args(["replay", "--config", &data("replay.toml"), "--input"])
         .arg(&input)
         .output()
@@ -117,7 +117,7 @@ fn hostile_payloads_in_a_capture_are_rejected_outputs_not_replay_failures() {
         r#"{"arrival":1764480000500,"topic":"sensors/g/d\u0000/reading","payload":{"ts":1764480000500}}"#,
     ];
     std::fs::write(&input, lines.join("\n") + "\n").unwrap();
-    let r = cli::tidemark()
+    let r = support::tidemark()
         .args(["replay", "--config", &data("replay.toml"), "--input"])
         .arg(&input)
         .output()

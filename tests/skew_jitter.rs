@@ -2,12 +2,12 @@
 //! distributions, rates and offsets the estimate is exactly the min filter's
 //! value, and real clock steps are still adopted.
 
-mod common;
+mod support;
 
 use std::collections::BTreeMap;
 
-use common::Rng;
 use proptest::prelude::*;
+use support::engine::Rng;
 use tidemark::time::skew::{Sample, SkewEstimator};
 
 const T0: i64 = 1_764_480_000_000;

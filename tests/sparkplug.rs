@@ -287,7 +287,7 @@ fn a_simulated_sparkplug_fleet_is_aggregated_live_and_its_capture_replays_the_sa
     let gw = Gateway::start(&cfg, &dir.path().join("gateway.log"));
     let out = Collector::start(broker.port, "tidemark/gw/#", "sp-sim-collector");
     let capture_file = dir.path().join("capture.jsonl");
-    let mut capture = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+    let mut capture = support::tidemark()
         .args([
             "capture",
             "--url",
@@ -309,7 +309,7 @@ fn a_simulated_sparkplug_fleet_is_aggregated_live_and_its_capture_replays_the_sa
     // 8 devices on 2 edge nodes, clocks up to 2 min off, 5 % redelivered. Device time
     // (not calibrated: `capture` stamps arrivals on its own receipt, not the gateway's),
     // so live and replayed windows must agree exactly.
-    let sim = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+    let sim = support::tidemark()
         .args([
             "simulate",
             "--url",

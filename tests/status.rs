@@ -23,7 +23,7 @@ fn api(port: u16, path: &str) -> Value {
 }
 
 fn simulate(broker: &Mosquitto, seconds: u32) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_tidemark"))
+    support::tidemark()
         .args(["simulate", "--url", &broker.url(), "--quiet", "--seed", "7"])
         .args(["--devices", &DEVICES.to_string(), "--rate", "24"])
         .args(["--duration-s", &seconds.to_string(), "--duplicates", "0.05"])
@@ -108,7 +108,7 @@ fn metrics_figures(m: &Value) -> Value {
 }
 
 fn status_cli(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_tidemark"))
+    support::tidemark()
         .arg("status")
         .args(args)
         .output()
@@ -419,7 +419,7 @@ fn with_a_token_file_every_request_but_the_probes_needs_the_bearer_token_and_any
         &format!("listen = \"0.0.0.0:{http}\""),
     );
     std::fs::write(&open, &text).unwrap();
-    let check = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+    let check = support::tidemark()
         .args(["check", "--config"])
         .arg(&open)
         .output()
@@ -434,7 +434,7 @@ fn with_a_token_file_every_request_but_the_probes_needs_the_bearer_token_and_any
         format!("{text}token_file = \"{}\"\n", token_file.display()),
     )
     .unwrap();
-    let check = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+    let check = support::tidemark()
         .args(["check", "--config"])
         .arg(&open)
         .output()

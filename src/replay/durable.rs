@@ -188,8 +188,14 @@ pub(super) fn run_durable(
         line_no: 0,
         mono: d.pos.mono,
     };
-    let mut rp = Driver::new(engine, cfg, SinkFormat::Json, d.pos.next_tick)
-        .with_last_commit(d.pos.last_commit);
+    let mut rp = Driver::new(
+        engine,
+        &cfg.gateway,
+        &cfg.sink.prefix,
+        SinkFormat::Json,
+        d.pos.next_tick,
+    )
+    .with_last_commit(d.pos.last_commit);
     let (mut topic, mut payload) = (String::new(), Vec::new());
     loop {
         topic.clear();

@@ -413,7 +413,13 @@ pub fn run_memory_with<R: BufRead + Send, W: Write + Send>(
     drain_ms: Millis,
     flush: bool,
 ) -> Result<(Engine, Summary), ReplayError> {
-    let mut rp = Driver::new(Engine::new(&cfg.engine), cfg, SinkFormat::Json, None);
+    let mut rp = Driver::new(
+        Engine::new(&cfg.engine),
+        &cfg.gateway,
+        &cfg.sink.prefix,
+        SinkFormat::Json,
+        None,
+    );
     let decoder = rp.engine().decoder().clone();
     let input = Input {
         r: input,
@@ -436,9 +442,8 @@ pub fn run_memory_with<R: BufRead + Send, W: Write + Send>(
         let writer = s.spawn(move || write_outputs(prefix, &out_rx, &mut out));
         // A batch's outputs go at once. A closed channel: the writer stopped on an
         // error, which its join reports.
-        let send = |rp: &mut Driver| {
-            rp.outputs.is_empty() || out_tx.send(std::mem::take(&mut rp.outputs)).is_ok()
-        };
+        let send =
+            |rp: &mut Driver| rp.outputs().is_empty() || out_tx.send(rp.take_outputs()).is_ok();
         let mut decoded = Decoded::default();
         let read = (|| {
             for batch in rx {
@@ -542,7 +547,13 @@ mod tests {
     /// The engine fed one record at a time on one thread, outputs rendered as
     /// the pipeline renders them: what [`run_memory_with`] must equal.
     fn sequential(cfg: &Config, capture: &str, flush: bool) -> Vec<u8> {
-        let mut rp = Driver::new(Engine::new(&cfg.engine), cfg, SinkFormat::Json, None);
+        let mut rp = Driver::new(
+            Engine::new(&cfg.engine),
+            &cfg.gateway,
+            &cfg.sink.prefix,
+            SinkFormat::Json,
+            None,
+        );
         let mut input = Input {
             r: capture.as_bytes(),
             line: String::new(),
@@ -565,7 +576,7 @@ mod tests {
                 mono: l.mono.max(now.mono),
                 synced: now.synced,
             }));
-            tx.send(std::mem::take(&mut rp.outputs)).unwrap();
+            tx.send(rp.take_outputs()).unwrap();
         }
         if let Some(last) = last {
             rp.ticks_until(Now {
@@ -576,7 +587,7 @@ mod tests {
             if flush {
                 rp.flush();
             }
-            tx.send(std::mem::take(&mut rp.outputs)).unwrap();
+            tx.send(rp.take_outputs()).unwrap();
         }
         drop(tx);
         let mut out = Vec::new();

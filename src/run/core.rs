@@ -101,7 +101,6 @@ struct Loop {
     journal_len: u64,
     want_checkpoint: bool,
     bounds: Option<OutboxBounds>,
-    reported: usize,
     next_give_back: Millis,
     last_give_back: Millis,
     /// Wall time of the source's last connect or disconnect (live status).
@@ -136,7 +135,6 @@ impl Core {
             journal_len: 0,
             want_checkpoint: false,
             bounds: None,
-            reported: 0,
             next_give_back: mono.saturating_add(GIVE_BACK_MS),
             last_give_back: mono,
             source_since: self.clock.now().wall,
@@ -283,8 +281,7 @@ impl Core {
             crate::sys::memory::give_back();
         }
         // Each output is looked at once: only those since the last look.
-        report.outputs(&driver.outputs[st.reported..], &registry);
-        st.reported = driver.outputs.len();
+        report.outputs(&driver.take_outputs(), &registry);
         if now.mono >= report.next {
             report.rates(driver.engine(), now.mono);
         }
@@ -316,7 +313,6 @@ impl Core {
             }
         };
         st.committed_delivered = delivered;
-        st.reported = 0;
         tracing::debug!(acks = st.held.len(), outputs = batch.outputs.len(), "batch");
         let job = StoreJob {
             batch,

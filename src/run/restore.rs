@@ -68,7 +68,14 @@ pub fn restore(cfg: &Config, clock: SystemClock) -> Result<Restored, RunError> {
         outbox_depth,
         "state restored"
     );
-    let mut driver = Driver::new(engine, cfg, cfg.sink.format, None).with_journal();
+    let mut driver = Driver::new(
+        engine,
+        &cfg.gateway,
+        &cfg.sink.prefix,
+        cfg.sink.format,
+        None,
+    )
+    .with_journal();
     // This process's monotonic clock starts afresh: the last reference of wall − mono is void.
     driver.new_clock_origin();
     // Rebirth requests recomputed from the journal were sent (or not) by the last process.

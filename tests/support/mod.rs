@@ -13,10 +13,14 @@ use std::time::{Duration, Instant};
 
 use rumqttc::{Client, Event, MqttOptions, Packet, QoS};
 
+pub mod bin;
+pub mod engine;
 pub mod fleet;
 mod site;
 
 // Each test binary uses a different part of it.
+#[allow(unused_imports)]
+pub use bin::{tidemark, tidemark_argv};
 #[allow(unused_imports)]
 pub use site::*;
 
@@ -218,7 +222,7 @@ impl Gateway {
             .append(true)
             .open(log)
             .expect("gateway log");
-        let child = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        let child = tidemark()
             .args(["run", "--config"])
             .arg(config)
             .env("RUST_LOG", "info")
@@ -491,7 +495,7 @@ pub fn now_ms() -> i64 {
 
 /// `tidemark replay` of `input` under `config`, which must succeed; its output as messages.
 pub fn replay(config: &Path, input: &Path, drain_ms: u64) -> Vec<Seen> {
-    let out = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+    let out = tidemark()
         .args(["replay", "--config"])
         .arg(config)
         .arg("--input")

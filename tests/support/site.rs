@@ -168,18 +168,17 @@ pub fn gateway_config(
     gateway: &str,
     extra: &str,
 ) -> PathBuf {
-    let path = dir.join("gateway.toml");
-    let text = format!(
-        "[gateway]\nid = \"gw\"\nstate_dir = \"{state}\"\n{gateway}\n\
-         [source]\nurl = \"mqtt://127.0.0.1:{source_port}\"\nclient_id = \"gw-in-{port}\"\n{extra}\n\
-         [sink]\nurl = \"{url}\"\nclient_id = \"gw-out-{port}\"\n\
-         [metrics]\ninterval_s = 1\nlisten = \"127.0.0.1:{http}\"\n",
-        state = state.display(),
-        url = broker.url(),
-        port = broker.port,
-    );
-    std::fs::write(&path, text).expect("config");
-    path
+    GatewayConfig::new("gw", state, broker, broker)
+        .set(
+            "source",
+            &format!("url = \"mqtt://127.0.0.1:{source_port}\""),
+        )
+        .set("source", &format!("client_id = \"gw-in-{}\"", broker.port))
+        .set("sink", &format!("client_id = \"gw-out-{}\"", broker.port))
+        .http(http)
+        .merge("gateway", gateway)
+        .merge("source", extra)
+        .write(&dir.join("gateway.toml"))
 }
 
 /// A tmpfs mounted for a test, unmounted when dropped.
@@ -204,5 +203,82 @@ impl Mount {
 impl Drop for Mount {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// A gateway's config file, built section by section: `gateway.id`,
+/// `state_dir`, the source and sink brokers (client ids from the id) and
+/// `P/metrics` every second, then whatever keys a test adds.
+pub struct GatewayConfig {
+    sections: Vec<(String, Vec<String>)>,
+}
+
+impl GatewayConfig {
+    pub fn new(id: &str, state: &Path, source: &Mosquitto, sink: &Mosquitto) -> Self {
+        Self {
+            sections: Vec::new(),
+        }
+        .set("gateway", &format!("id = \"{id}\""))
+        .set(
+            "gateway",
+            &format!("state_dir = {:?}", state.display().to_string()),
+        )
+        .set("source", &format!("url = \"{}\"", source.url()))
+        .set(
+            "source",
+            &format!("client_id = \"{id}-in-{}\"", source.port),
+        )
+        .set("sink", &format!("url = \"{}\"", sink.url()))
+        .set("sink", &format!("client_id = \"{id}-out-{}\"", sink.port))
+        .set("metrics", "interval_s = 1")
+    }
+
+    /// `line` (`key = value`, or several lines) in `[section]`; a key set twice keeps the last.
+    pub fn set(mut self, section: &str, line: &str) -> Self {
+        let idx = match self.sections.iter().position(|(s, _)| s == section) {
+            Some(i) => i,
+            None => {
+                self.sections.push((section.to_owned(), Vec::new()));
+                self.sections.len() - 1
+            }
+        };
+        for l in line.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            let key = l.split('=').next().unwrap_or(l).trim().to_owned();
+            let lines = &mut self.sections[idx].1;
+            lines.retain(|have| have.split('=').next().unwrap_or(have).trim() != key);
+            lines.push(l.to_owned());
+        }
+        self
+    }
+
+    /// TOML `text`: keys before its first `[table]` header go to `[section]`.
+    pub fn merge(mut self, section: &str, text: &str) -> Self {
+        let mut at = section.to_owned();
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            match line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                Some(table) => at = table.trim().to_owned(),
+                None => self = self.set(&at, line),
+            }
+        }
+        self
+    }
+
+    /// The HTTP endpoint on `port`.
+    pub fn http(self, port: u16) -> Self {
+        self.set("metrics", &format!("listen = \"127.0.0.1:{port}\""))
+    }
+
+    /// The TOML text.
+    pub fn text(&self) -> String {
+        self.sections
+            .iter()
+            .map(|(s, lines)| format!("[{s}]\n{}\n", lines.join("\n")))
+            .collect()
+    }
+
+    /// Written to `path`.
+    pub fn write(&self, path: &Path) -> PathBuf {
+        std::fs::write(path, self.text()).expect("config");
+        path.to_path_buf()
     }
 }

@@ -47,7 +47,7 @@ fn open(dir: &std::path::Path, cfg: &crate::config::Config) -> (Durable, Driver,
     let (d, n, _) = Durable::recover(store, dir, &snap.meta, &mut e, &cfg.engine.record()).unwrap();
     (
         d,
-        Driver::new(e, cfg, SinkFormat::Json, None).with_journal(),
+        Driver::new(e, &cfg.gateway, &cfg.sink.prefix, SinkFormat::Json, None).with_journal(),
         n,
     )
 }

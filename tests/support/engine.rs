@@ -22,7 +22,13 @@ impl Sim {
     pub fn new(toml: &str, start: i64) -> Self {
         let text = format!("[gateway]\nid = \"gw\"\n{toml}");
         let cfg = config::load_str(&text, &BTreeMap::new()).expect("valid test config");
-        let mut driver = Driver::new(Engine::new(&cfg.engine), &cfg, SinkFormat::Json, None);
+        let mut driver = Driver::new(
+            Engine::new(&cfg.engine),
+            &cfg.gateway,
+            &cfg.sink.prefix,
+            SinkFormat::Json,
+            None,
+        );
         driver.start(Now::at(start));
         Self { driver, now: start }
     }
@@ -37,7 +43,7 @@ impl Sim {
 
     /// Every output so far, in emission order.
     pub fn out(&self) -> &[Output] {
-        &self.driver.outputs
+        self.driver.outputs()
     }
 
     /// Moves the clock to `t`, running every tick due on the way.

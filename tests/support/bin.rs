@@ -1,4 +1,4 @@
-//! The `tidemark` binary under test.
+//! The `tidemark` binary under test: every launch goes through here.
 
 use std::process::Command;
 
@@ -15,5 +15,19 @@ pub fn tidemark() -> Command {
             cmd
         }
         _ => Command::new(bin),
+    }
+}
+
+/// The command line that starts `tidemark` (the runner's words, then the
+/// binary), for launches wrapped in another command (`ip netns exec`, `script`).
+pub fn tidemark_argv() -> Vec<String> {
+    let bin = env!("CARGO_BIN_EXE_tidemark").to_owned();
+    match std::env::var("TIDEMARK_TEST_RUNNER") {
+        Ok(runner) if !runner.trim().is_empty() => runner
+            .split_whitespace()
+            .map(str::to_owned)
+            .chain([bin])
+            .collect(),
+        _ => vec![bin],
     }
 }
