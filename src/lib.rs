@@ -11,7 +11,11 @@
 //! - [`replay`]: drives the engine from a recorded capture on a virtual clock.
 //! - [`store`]: redb state and outbox: group commit, restore, inspect.
 //! - [`fleet`]: signed remote configuration: keys, documents, the remote layer file.
-//! - [`run`]: the gateway over MQTT (tokio, rumqttc, the clocks): the only I/O runtime.
+//! - [`run`]: the gateway over MQTT: its components on tokio, wired by channels.
+//! - [`sys`]: the edges to the operating system: the clocks (the only reads),
+//!   MQTT links (rumqttc), the embedded broker, memory.
+//! - [`tools`]: the other commands' bodies (capture, simulate, demo, status, fleet),
+//!   each a client of its own (tokio, rumqttc, hyper).
 
 pub mod codec;
 pub mod config;

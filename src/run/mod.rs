@@ -1,7 +1,7 @@
-//! `tidemark run`: the gateway over MQTT. The only module that imports tokio
-//! and rumqttc and reads the clocks. Components built from their own slice of
-//! the config, wired by channels, in the shape of mini-redis's
-//! `server::run(listener, shutdown)`:
+//! `tidemark run`: the gateway over MQTT. Components, each handed its section
+//! of the config, wired by channels, in the shape of mini-redis's
+//! `server::run(listener, shutdown)`; the links are `sys::link`'s, the clocks
+//! `sys::clock`'s:
 //!
 //! ```text
 //! source ─► core thread (engine) ─► store thread (redb) ─► acks ─► source broker
