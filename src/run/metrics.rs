@@ -123,14 +123,16 @@ impl Metrics {
 
     /// Prometheus text exposition format (0.0.4).
     pub fn prometheus(&self) -> String {
-        use std::fmt::Write;
-        let mut o = String::with_capacity(2048 + self.groups.len() * 400);
-        let metric = |o: &mut String, name: &str, kind: &str, help: &str| {
-            let _ = writeln!(
-                o,
-                "# HELP tidemark_{name} {help}\n# TYPE tidemark_{name} {kind}"
-            );
-        };
+        let mut p = Prom(String::with_capacity(2048 + self.groups.len() * 400));
+        self.prom_counters(&mut p);
+        self.prom_links(&mut p);
+        self.prom_store(&mut p);
+        self.prom_gateway(&mut p);
+        self.prom_groups(&mut p);
+        p.0
+    }
+
+    fn prom_counters(&self, p: &mut Prom) {
         let c = &self.counters;
         for (name, help, v) in [
             (
@@ -170,135 +172,108 @@ impl Metrics {
                 c.outbox_dropped,
             ),
         ] {
-            metric(&mut o, name, "counter", help);
-            let _ = writeln!(o, "tidemark_{name} {v}");
+            p.one(name, "counter", help, v);
         }
-        metric(
-            &mut o,
-            "rejected_total",
-            "counter",
-            "Messages rejected, by reason.",
-        );
+        p.head("rejected_total", "counter", "Messages rejected, by reason.");
         for (reason, v) in &c.rejected {
-            let _ = writeln!(o, "tidemark_rejected_total{{reason=\"{reason}\"}} {v}");
+            p.line(format_args!(
+                "tidemark_rejected_total{{reason=\"{reason}\"}} {v}"
+            ));
         }
-        metric(
-            &mut o,
+        p.one(
             "outbox_depth",
             "gauge",
             "Outputs waiting for the upstream broker.",
+            c.outbox_depth,
         );
-        let _ = writeln!(o, "tidemark_outbox_depth {}", c.outbox_depth);
-        metric(
-            &mut o,
+        p.one(
             "outbox_oldest_age_seconds",
             "gauge",
             "Age of the oldest undelivered output.",
+            seconds(self.outbox_oldest_age_ms.unwrap_or(0)),
         );
-        let age = self.outbox_oldest_age_ms.unwrap_or(0);
-        let _ = writeln!(o, "tidemark_outbox_oldest_age_seconds {}", seconds(age));
-        metric(
-            &mut o,
-            "connected",
-            "gauge",
-            "1 when the link is connected.",
-        );
+    }
+
+    fn prom_links(&self, p: &mut Prom) {
+        p.head("connected", "gauge", "1 when the link is connected.");
         for (link, up) in [
             ("source", self.connected.source),
             ("sink", self.connected.sink),
         ] {
-            let _ = writeln!(o, "tidemark_connected{{link=\"{link}\"}} {}", u8::from(up));
+            p.line(format_args!(
+                "tidemark_connected{{link=\"{link}\"}} {}",
+                u8::from(up)
+            ));
         }
-        metric(
-            &mut o,
+        p.one(
             "clock_held",
             "gauge",
             "1 while the gateway clock is implausible and processing time is held.",
+            u8::from(self.clock_held),
         );
-        let _ = writeln!(o, "tidemark_clock_held {}", u8::from(self.clock_held));
         let g = &self.gateway_clock;
-        metric(
-            &mut o,
+        p.one(
             "gateway_clock_error_seconds",
             "gauge",
             "Estimated error of the gateway wall clock (gateway minus the devices' consensus); 0 while trusted.",
+            seconds(g.error_ms),
         );
-        let _ = writeln!(
-            o,
-            "tidemark_gateway_clock_error_seconds {}",
-            seconds(g.error_ms)
-        );
-        metric(
-            &mut o,
+        let wrong = g.verdict == crate::time::gateway::Verdict::Wrong;
+        p.one(
             "gateway_clock_wrong",
             "gauge",
             "1 while a quorum of devices overrules the (unsynchronized) gateway clock.",
+            u8::from(wrong),
         );
-        let wrong = g.verdict == crate::time::gateway::Verdict::Wrong;
-        let _ = writeln!(o, "tidemark_gateway_clock_wrong {}", u8::from(wrong));
-        metric(
-            &mut o,
+        p.one(
             "kernel_clock_synced",
             "gauge",
             "1 while the kernel reports the wall clock synchronized (adjtimex STA_UNSYNC clear).",
+            u8::from(g.kernel_synced),
         );
-        let _ = writeln!(
-            o,
-            "tidemark_kernel_clock_synced {}",
-            u8::from(g.kernel_synced)
-        );
-        metric(
-            &mut o,
+        p.one(
             "kernel_clock_maxerror_seconds",
             "gauge",
             "The kernel's maximum error estimate of the wall clock.",
+            format_args!(
+                "{}.{:06}",
+                g.kernel_maxerror_us.div_euclid(1_000_000),
+                g.kernel_maxerror_us.rem_euclid(1_000_000)
+            ),
         );
-        let _ = writeln!(
-            o,
-            "tidemark_kernel_clock_maxerror_seconds {}.{:06}",
-            g.kernel_maxerror_us.div_euclid(1_000_000),
-            g.kernel_maxerror_us.rem_euclid(1_000_000)
-        );
-        metric(
-            &mut o,
+    }
+
+    fn prom_store(&self, p: &mut Prom) {
+        p.one(
             "state_store_ok",
             "gauge",
             "1 while the state store commits; 0 while it cannot (a full disk): input paused, acks held.",
+            u8::from(self.store.ok),
         );
-        let _ = writeln!(o, "tidemark_state_store_ok {}", u8::from(self.store.ok));
-        metric(
-            &mut o,
+        p.head(
             "commits_total",
             "counter",
             "Durable writes: group commits to the journal, checkpoints to the state file.",
         );
-        let _ = writeln!(
-            o,
+        p.line(format_args!(
             "tidemark_commits_total{{kind=\"journal\"}} {}\ntidemark_commits_total{{kind=\"checkpoint\"}} {}",
             self.store.journal_commits, self.store.checkpoints
-        );
-        metric(
-            &mut o,
+        ));
+        p.one(
             "journal_bytes_total",
             "counter",
             "Bytes appended to the write-ahead journal.",
-        );
-        let _ = writeln!(
-            o,
-            "tidemark_journal_bytes_total {}",
-            self.store.journal_bytes
+            self.store.journal_bytes,
         );
         if let Some(b) = self.store.disk_write_bytes {
-            metric(
-                &mut o,
+            p.one(
                 "disk_write_bytes_total",
                 "counter",
                 "Bytes this process sent to storage (/proc/self/io write_bytes).",
+                b,
             );
-            let _ = writeln!(o, "tidemark_disk_write_bytes_total {b}");
         }
-        metric(
-            &mut o,
+        p.head(
             "ack_delay_seconds",
             "histogram",
             "Time from receipt of a QoS 1 message to the release of its ack (after the commit).",
@@ -310,147 +285,143 @@ impl Metrics {
             let le = ACK_BUCKETS_MS
                 .get(i)
                 .map_or_else(|| "+Inf".to_string(), |&b| seconds(b));
-            let _ = writeln!(
-                o,
+            p.line(format_args!(
                 "tidemark_ack_delay_seconds_bucket{{le=\"{le}\"}} {cumulative}"
-            );
+            ));
         }
-        let _ = writeln!(
-            o,
+        p.line(format_args!(
             "tidemark_ack_delay_seconds_sum {}\ntidemark_ack_delay_seconds_count {cumulative}",
             seconds(i64::try_from(sum_ms).unwrap_or(i64::MAX))
-        );
-        metric(
-            &mut o,
+        ));
+    }
+
+    fn prom_gateway(&self, p: &mut Prom) {
+        p.head(
             "config_info",
             "gauge",
             "The config in force: its config_hash (SPEC §11).",
         );
-        let _ = writeln!(
-            o,
+        p.line(format_args!(
             "tidemark_config_info{{hash=\"{}\"}} 1",
             label(&self.config_hash)
-        );
-        metric(
-            &mut o,
+        ));
+        p.head(
             "config_reloads_total",
             "counter",
             "Reloads (SIGHUP), by result.",
         );
-        let _ = writeln!(
-            o,
+        p.line(format_args!(
             "tidemark_config_reloads_total{{result=\"applied\"}} {}\ntidemark_config_reloads_total{{result=\"rejected\"}} {}",
             self.reloads.applied, self.reloads.rejected
-        );
-        metric(
-            &mut o,
+        ));
+        p.one(
             "source_path_down_total",
             "counter",
             "Source paths found dead by a probe not back in time (SPEC §5), since start.",
+            self.counters.source_path_down,
         );
-        let _ = writeln!(
-            o,
-            "tidemark_source_path_down_total {}",
-            self.counters.source_path_down
-        );
-        metric(
-            &mut o,
+        p.one(
             "sink_path_down_total",
             "counter",
             "Uplinks found dead by a publish or ping unanswered in time, since start.",
+            self.counters.sink_path_down,
         );
-        let _ = writeln!(
-            o,
-            "tidemark_sink_path_down_total {}",
-            self.counters.sink_path_down
-        );
-        metric(
-            &mut o,
+        p.one(
             "uptime_seconds",
             "gauge",
             "Seconds since the gateway started.",
+            self.uptime_s,
         );
-        let _ = writeln!(o, "tidemark_uptime_seconds {}", self.uptime_s);
-        metric(
-            &mut o,
+    }
+
+    fn prom_groups(&self, p: &mut Prom) {
+        p.head(
             "group_watermark_seconds",
             "gauge",
             "Event-time watermark of the group (epoch).",
         );
         for (g, s) in &self.groups {
             if let Some(w) = s.watermark {
-                let _ = writeln!(
-                    o,
-                    "tidemark_group_watermark_seconds{{group=\"{}\"}} {}",
-                    label(g),
-                    seconds(w)
-                );
+                let (g, w) = (label(g), seconds(w));
+                p.line(format_args!(
+                    "tidemark_group_watermark_seconds{{group=\"{g}\"}} {w}"
+                ));
             }
         }
-        metric(
-            &mut o,
+        p.head(
             "group_lag_seconds",
             "gauge",
             "Gateway clock minus the group watermark.",
         );
         for (g, s) in &self.groups {
             if let Some(l) = s.lag_ms {
-                let _ = writeln!(
-                    o,
-                    "tidemark_group_lag_seconds{{group=\"{}\"}} {}",
-                    label(g),
-                    seconds(l)
-                );
+                let (g, l) = (label(g), seconds(l));
+                p.line(format_args!(
+                    "tidemark_group_lag_seconds{{group=\"{g}\"}} {l}"
+                ));
             }
         }
-        metric(
-            &mut o,
+        p.head(
             "readings_missing_total",
             "gauge",
             "Readings lost before the gateway (sequence-number gaps); a late arrival takes its count back.",
         );
         for (g, s) in &self.groups {
-            let _ = writeln!(
-                o,
-                "tidemark_readings_missing_total{{group=\"{}\"}} {}",
-                label(g),
-                s.readings_missing
-            );
+            let (g, n) = (label(g), s.readings_missing);
+            p.line(format_args!(
+                "tidemark_readings_missing_total{{group=\"{g}\"}} {n}"
+            ));
         }
-        metric(
-            &mut o,
+        p.head(
             "timestamps_invalid_total",
             "counter",
             "Events accepted although their device timestamp was missing, unparseable or invalid (timed by arrival).",
         );
         for (g, s) in &self.groups {
-            let _ = writeln!(
-                o,
-                "tidemark_timestamps_invalid_total{{group=\"{}\"}} {}",
-                label(g),
-                s.timestamps_invalid
-            );
+            let (g, n) = (label(g), s.timestamps_invalid);
+            p.line(format_args!(
+                "tidemark_timestamps_invalid_total{{group=\"{g}\"}} {n}"
+            ));
         }
-        metric(
-            &mut o,
-            "group_devices",
-            "gauge",
-            "Devices of the group by state.",
-        );
+        p.head("group_devices", "gauge", "Devices of the group by state.");
         for (g, s) in &self.groups {
             for (state, n) in [
                 ("active", s.devices_active),
                 ("idle", s.devices_idle),
                 ("offline", s.devices_offline),
             ] {
-                let _ = writeln!(
-                    o,
-                    "tidemark_group_devices{{group=\"{}\",state=\"{state}\"}} {n}",
-                    label(g)
-                );
+                let g = label(g);
+                p.line(format_args!(
+                    "tidemark_group_devices{{group=\"{g}\",state=\"{state}\"}} {n}"
+                ));
             }
         }
-        o
+    }
+}
+
+/// Prometheus text being written.
+struct Prom(String);
+
+impl Prom {
+    /// `# HELP` and `# TYPE` of `tidemark_{name}`.
+    fn head(&mut self, name: &str, kind: &str, help: &str) {
+        use std::fmt::Write;
+        let _ = writeln!(
+            self.0,
+            "# HELP tidemark_{name} {help}\n# TYPE tidemark_{name} {kind}"
+        );
+    }
+
+    fn line(&mut self, line: std::fmt::Arguments<'_>) {
+        use std::fmt::Write;
+        let _ = self.0.write_fmt(line);
+        self.0.push('\n');
+    }
+
+    /// A metric of one sample without labels.
+    fn one(&mut self, name: &str, kind: &str, help: &str, v: impl std::fmt::Display) {
+        self.head(name, kind, help);
+        self.line(format_args!("tidemark_{name} {v}"));
     }
 }
 

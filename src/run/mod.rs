@@ -13,6 +13,7 @@
 //! the last batch → the store commits it → its acks go out → the source
 //! disconnects → the sink drains for a few seconds, publishes `offline`, exits.
 
+mod acks;
 mod alarm;
 pub mod api;
 mod core;
@@ -23,6 +24,7 @@ mod health;
 mod http;
 mod metrics;
 mod plan;
+mod proof;
 mod registry;
 mod reload;
 mod restore;

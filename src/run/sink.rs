@@ -170,38 +170,9 @@ impl Sink {
             alarm.want(self.answer_due().filter(|_| backoff.is_none()));
             tokio::select! {
                 ev = self.lp.poll(), if backoff.is_none() => match ev {
-                    Ok(ev) if !matches!(ev, Event::PingSent | Event::Other) => {
-                        // Anything from the broker: the path works; what is still owed waits anew.
-                        self.heard = self.clock.mono();
-                        match ev {
-                            Event::Connected { receive_max, .. } => {
-                                self.ping_pending = false;
-                                self.on_connected(receive_max);
-                            }
-                            Event::PubAck { ok, reason } => self.on_puback(ok, &reason),
-                            // A retained document would come again at every connect.
-                            Event::Message { topic, payload, retained, .. }
-                                if self.cfg.documents && !retained && topic == self.cfg.topic("config/set") =>
-                            {
-                                let _ = self.documents.send(payload.to_vec());
-                            }
-                            Event::Subscribed { refused } if refused > 0 => {
-                                tracing::error!(topic = %self.cfg.topic("config/set"),
-                                    "the upstream broker refused the fleet subscription: no remote configuration");
-                            }
-                            Event::Heard => self.ping_pending = false,
-                            _ => {}
-                        }
-                    }
-                    Ok(Event::PingSent) => self.ping_pending = true,
-                    Ok(_) => {}
+                    Ok(ev) => self.on_event(ev),
                     Err(e) => {
-                        self.waiting_since = None;
-                        self.ping_pending = false;
-                        if self.d.is_connected() {
-                            self.d.disconnected();
-                            self.registry.sink_up.store(false, Ordering::Relaxed);
-                        }
+                        self.lost();
                         if drain.is_some() {
                             break;
                         }
@@ -227,19 +198,6 @@ impl Sink {
                     }
                 }
                 msg = self.rx.recv(), if rx_open => match msg {
-                    Some(SinkMsg::Live(list)) => self.d.live(list),
-                    Some(SinkMsg::Notice(n)) => {
-                        self.registry.alerts.push(serde_json::to_value(&n).unwrap_or_default());
-                        if self.notices.len() >= NOTICES_KEPT {
-                            self.notices.pop_front();
-                        }
-                        self.notices.push_back(n);
-                    }
-                    Some(SinkMsg::Metrics(m)) => if self.d.is_connected() {
-                        let payload = m.encode(self.cfg.format);
-                        let _ = self.client.publish(&self.cfg.topic("metrics"), payload, 0, false);
-                    },
-                    Some(SinkMsg::Result(topic, r)) => self.results.push_back((topic, r)),
                     Some(SinkMsg::Apply(cfg)) => {
                         self.apply(cfg).await;
                         backoff = None;
@@ -252,6 +210,7 @@ impl Sink {
                         rx_open = false;
                         drain = Some(Box::pin(tokio::time::sleep(DRAIN)));
                     }
+                    Some(m) => self.on_msg(m),
                 },
                 () = async { if let Some(d) = drain.as_mut() { d.await } }, if drain.is_some() => {
                     tracing::warn!(
@@ -268,6 +227,77 @@ impl Sink {
 
     /// When the uplink is down unless the broker says something first: `ack_timeout_ms`
     /// after an answer became owed or the broker was last heard, whichever is later.
+    /// A packet from the broker.
+    fn on_event(&mut self, ev: Event) {
+        if matches!(ev, Event::PingSent) {
+            self.ping_pending = true;
+            return;
+        }
+        if matches!(ev, Event::Other) {
+            return;
+        }
+        // Anything from the broker: the path works; what is still owed waits anew.
+        self.heard = self.clock.mono();
+        match ev {
+            Event::Connected { receive_max, .. } => {
+                self.ping_pending = false;
+                self.on_connected(receive_max);
+            }
+            Event::PubAck { ok, reason } => self.on_puback(ok, &reason),
+            // A retained document would come again at every connect.
+            Event::Message {
+                topic,
+                payload,
+                retained,
+                ..
+            } if self.cfg.documents && !retained && topic == self.cfg.topic("config/set") => {
+                let _ = self.documents.send(payload.to_vec());
+            }
+            Event::Subscribed { refused } if refused > 0 => {
+                tracing::error!(topic = %self.cfg.topic("config/set"),
+                    "the upstream broker refused the fleet subscription: no remote configuration");
+            }
+            Event::Heard => self.ping_pending = false,
+            _ => {}
+        }
+    }
+
+    /// The link failed: nothing is owed on it any more.
+    fn lost(&mut self) {
+        self.waiting_since = None;
+        self.ping_pending = false;
+        if self.d.is_connected() {
+            self.d.disconnected();
+            self.registry.sink_up.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// A message from the other components (but a reload and the stop).
+    fn on_msg(&mut self, m: SinkMsg) {
+        match m {
+            SinkMsg::Live(list) => self.d.live(list),
+            SinkMsg::Notice(n) => {
+                self.registry
+                    .alerts
+                    .push(serde_json::to_value(&n).unwrap_or_default());
+                if self.notices.len() >= NOTICES_KEPT {
+                    self.notices.pop_front();
+                }
+                self.notices.push_back(n);
+            }
+            SinkMsg::Metrics(m) => {
+                if self.d.is_connected() {
+                    let payload = m.encode(self.cfg.format);
+                    let _ = self
+                        .client
+                        .publish(&self.cfg.topic("metrics"), payload, 0, false);
+                }
+            }
+            SinkMsg::Result(topic, r) => self.results.push_back((topic, r)),
+            SinkMsg::Apply(_) | SinkMsg::Stop => {}
+        }
+    }
+
     fn answer_due(&self) -> Option<Millis> {
         let timeout = Millis::try_from(self.cfg.ack_timeout_ms).unwrap_or(Millis::MAX);
         self.waiting_since

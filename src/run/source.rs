@@ -11,7 +11,8 @@ use tokio::sync::mpsc::{Sender, UnboundedReceiver};
 use tokio::sync::watch;
 
 use super::error::RunError;
-use super::events::{AckJob, Current, Inbound, StoreState};
+use super::events::{Current, Inbound, StoreState};
+use super::proof::{ProbeStep, Proof, ms};
 use super::registry::Registry;
 use crate::config::Probe;
 use crate::model::Millis;
@@ -55,132 +56,6 @@ pub struct Links {
     pub registry: Arc<Registry>,
     /// What stops the gateway: a site broker that refuses the probe topic.
     pub fatal: tokio::sync::mpsc::UnboundedSender<RunError>,
-}
-
-/// The proof of the path from the site broker (SPEC §5): when something last
-/// arrived, and the probes out since.
-struct Proof {
-    /// Monotonic clock.
-    clock: SystemClock,
-    /// Tells this process's probes from another's on the same topic (a standby).
-    nonce: u64,
-    /// Probes sent (the next one's number).
-    sent: u64,
-    /// Something arrived (a message or one of our probes).
-    last: Millis,
-    /// The last probe went out.
-    last_probe: Option<Millis>,
-    /// The oldest probe not answered by anything since.
-    unanswered_since: Option<Millis>,
-    /// SUBACKs to come, in order: whether each is the probe topic's.
-    subacks: std::collections::VecDeque<bool>,
-    /// QoS 1 PUBACKs to come, in order: whether each is the start-up probe's.
-    pubacks: std::collections::VecDeque<bool>,
-    /// The broker acknowledged a connection's first probe and nothing has arrived
-    /// since: not back within the timeout, the broker took it but will not deliver it.
-    first_acked: Option<Millis>,
-    /// When this connection's first probe went out; whether any probe came back on it.
-    first_sent: Option<Millis>,
-    probe_back: bool,
-    /// Connections in a row the broker closed right after their first probe, none
-    /// back (mosquitto closes a connection that publishes where its ACL says no).
-    closed_after_probe: u32,
-}
-
-impl Proof {
-    fn new(nonce: u64, clock: SystemClock) -> Self {
-        Self {
-            clock,
-            nonce,
-            sent: 0,
-            last: clock.mono(),
-            last_probe: None,
-            unanswered_since: None,
-            subacks: std::collections::VecDeque::new(),
-            pubacks: std::collections::VecDeque::new(),
-            first_acked: None,
-            first_sent: None,
-            probe_back: false,
-            closed_after_probe: 0,
-        }
-    }
-
-    /// The path is proven now.
-    fn proven(&mut self) {
-        self.last = self.clock.mono();
-        self.unanswered_since = None;
-        self.first_acked = None;
-    }
-
-    /// A fresh connection: proven by its CONNACK, nothing outstanding.
-    fn reset(&mut self) {
-        self.proven();
-        self.last_probe = None;
-        self.first_sent = None;
-        self.probe_back = false;
-        self.subacks.clear();
-        self.pubacks.clear();
-    }
-
-    /// The payload of probe `n`.
-    fn payload(&self, n: u64) -> Vec<u8> {
-        format!("{:016x}:{n}", self.nonce).into_bytes()
-    }
-
-    /// Whether `payload` is one of this process's probes.
-    fn ours(&self, payload: &[u8]) -> bool {
-        payload.len() > 17
-            && payload[16] == b':'
-            && payload[..16] == *format!("{:016x}", self.nonce).as_bytes()
-    }
-}
-
-/// What the probe clock says at a look.
-enum ProbeStep {
-    /// Nothing to do.
-    Wait,
-    /// Send a probe.
-    Send,
-    /// The oldest probe is not back in time: the path is down (silent for this long, ms).
-    Down(Millis),
-}
-
-impl Proof {
-    /// When [`Proof::step`] may next say something other than `Wait` (monotonic ms).
-    fn next_look(&self, cfg: &Probe) -> Millis {
-        let (after, timeout) = ms(cfg.after_ms, cfg.timeout_ms);
-        let send = match self.last_probe {
-            Some(t) => self.last.max(t).saturating_add(after),
-            None => self.last.saturating_add(after),
-        };
-        [self.unanswered_since, self.first_acked]
-            .into_iter()
-            .flatten()
-            .map(|t| t.saturating_add(timeout))
-            .fold(send, std::cmp::Ord::min)
-    }
-
-    fn step(&self, cfg: &Probe, now: Millis) -> ProbeStep {
-        let (after, timeout) = ms(cfg.after_ms, cfg.timeout_ms);
-        if let Some(since) = self.unanswered_since
-            && now - since >= timeout
-        {
-            return ProbeStep::Down(now - self.last);
-        }
-        let quiet = now - self.last >= after;
-        let due = self.last_probe.is_none_or(|t| now - t >= after);
-        if quiet && due {
-            ProbeStep::Send
-        } else {
-            ProbeStep::Wait
-        }
-    }
-}
-
-/// Probe settings as milliseconds of the monotonic clock.
-fn ms(after: u64, timeout: u64) -> (Millis, Millis) {
-    let m = |v: u64| Millis::try_from(v).unwrap_or(Millis::MAX);
-    (m(after), m(timeout))
 }
 
 /// The source component.
@@ -310,83 +185,13 @@ impl Source {
         match ev {
             Ok(Event::Connected {
                 session_present, ..
-            }) => {
-                let generation = self.links.current.borrow().0 + 1;
-                self.links
-                    .current
-                    .send_replace((generation, self.client.clone()));
-                self.connected = true;
-                self.received_since_connect = 0;
-                self.backoff.reset();
-                self.proof.reset();
-                let url = self.cfg.endpoint.url();
-                if session_present {
-                    tracing::info!(%url, generation, "source connected, session resumed");
-                } else {
-                    tracing::info!(%url, generation, "source connected, new session: subscribing");
-                }
-                // Subscribed on every connect: a kept session does not prove our
-                // subscription is in it (a SUBSCRIBE lost in a cut before its SUBACK;
-                // a CONNECT the broker took whose CONNACK never came back), and without
-                // it the source is deaf for good. Again is harmless (v5: retained
-                // messages are not sent again).
-                for t in std::mem::take(&mut self.unsubscribe) {
-                    if let Err(e) = self.client.unsubscribe(&t) {
-                        tracing::warn!(topic = %t, error = %e, "source unsubscribe not sent");
-                    }
-                }
-                self.subscribe_probe();
-                self.subscribe(self.cfg.topics.clone());
-                if let Some((topic, online, _)) = &self.cfg.host_state(self.started_at) {
-                    match self.client.publish(topic, online.clone(), 1, true) {
-                        Ok(()) => self.proof.pubacks.push_back(false),
-                        Err(e) => tracing::warn!(error = %e, "Sparkplug host STATE not published"),
-                    }
-                }
-                self.first_probe();
-                self.links.core.send(Inbound::Connected).await.is_ok()
-            }
+            }) => self.on_connected(session_present).await,
             Ok(Event::Message {
                 topic,
                 payload,
                 held,
                 ..
-            }) => {
-                if let Some(probe) = &self.cfg.probe
-                    && topic == probe.topic
-                {
-                    // Probes are not readings: never forwarded, never counted (SPEC §5).
-                    if self.proof.ours(&payload) {
-                        self.proof.proven();
-                        self.proof.probe_back = true;
-                        self.proof.closed_after_probe = 0;
-                        return self.links.core.send(Inbound::Proven).await.is_ok();
-                    }
-                    return true;
-                }
-                self.proof.proven();
-                if self.stopping {
-                    // Not acknowledged: the broker keeps it for the next start.
-                    return true;
-                }
-                self.received_since_connect += 1;
-                if self.received_since_connect == 10_000 {
-                    tracing::info!("source: 10000 messages since connect (backlog draining)");
-                }
-                let generation = self.links.current.borrow().0;
-                let held = held.map(|h| (generation, h));
-                self.forwarded += u64::from(held.is_some());
-                // Waits when the core is behind: the broker's window fills and ingest slows.
-                self.links
-                    .core
-                    .send(Inbound::Message {
-                        topic,
-                        payload,
-                        held,
-                    })
-                    .await
-                    .is_ok()
-            }
+            }) => self.on_message(topic, payload, held).await,
             Ok(Event::Subscribed { refused }) => {
                 self.proof.proven();
                 if self.proof.subacks.pop_front() == Some(true) {
@@ -415,38 +220,118 @@ impl Source {
                 }
                 true
             }
-            Ok(Event::Heard) => {
-                // A PINGRESP says the connection is up, not that subscriptions deliver.
-                true
-            }
-            Ok(Event::PingSent | Event::Other) => true,
-            Err(e) => {
-                if self.stopping && (*self.links.flushed.borrow() || !self.connected) {
-                    return false;
-                }
-                if let Some(probe) = &self.cfg.probe
-                    && self.connected
-                    && !self.proof.probe_back
-                    && self
-                        .proof
-                        .first_sent
-                        .is_some_and(|t| self.proof.clock.mono() - t < ms(0, probe.timeout_ms).1)
-                {
-                    self.proof.closed_after_probe += 1;
-                    if self.proof.closed_after_probe >= 3 {
-                        return self.probe_refused("publish to");
-                    }
-                }
-                self.lost().await;
-                let delay = self.backoff.next_delay();
-                tracing::warn!(url = %self.cfg.endpoint.url(), cause = %e, retry_in_ms = delay.as_millis() as u64, "source disconnected");
-                tokio::select! {
-                    () = tokio::time::sleep(delay) => {}
-                    _ = self.links.stop.changed(), if !self.stopping => { self.stopping = true; }
-                }
-                !self.stopping || self.connected
+            // A PINGRESP says the connection is up, not that subscriptions deliver.
+            Ok(Event::Heard | Event::PingSent | Event::Other) => true,
+            Err(e) => self.on_error(e).await,
+        }
+    }
+
+    async fn on_connected(&mut self, session_present: bool) -> bool {
+        let generation = self.links.current.borrow().0 + 1;
+        self.links
+            .current
+            .send_replace((generation, self.client.clone()));
+        self.connected = true;
+        self.received_since_connect = 0;
+        self.backoff.reset();
+        self.proof.reset();
+        let url = self.cfg.endpoint.url();
+        if session_present {
+            tracing::info!(%url, generation, "source connected, session resumed");
+        } else {
+            tracing::info!(%url, generation, "source connected, new session: subscribing");
+        }
+        // Subscribed on every connect: a kept session does not prove our
+        // subscription is in it (a SUBSCRIBE lost in a cut before its SUBACK;
+        // a CONNECT the broker took whose CONNACK never came back), and without
+        // it the source is deaf for good. Again is harmless (v5: retained
+        // messages are not sent again).
+        for t in std::mem::take(&mut self.unsubscribe) {
+            if let Err(e) = self.client.unsubscribe(&t) {
+                tracing::warn!(topic = %t, error = %e, "source unsubscribe not sent");
             }
         }
+        self.subscribe_probe();
+        self.subscribe(self.cfg.topics.clone());
+        if let Some((topic, online, _)) = &self.cfg.host_state(self.started_at) {
+            match self.client.publish(topic, online.clone(), 1, true) {
+                Ok(()) => self.proof.pubacks.push_back(false),
+                Err(e) => tracing::warn!(error = %e, "Sparkplug host STATE not published"),
+            }
+        }
+        self.first_probe();
+        self.links.core.send(Inbound::Connected).await.is_ok()
+    }
+
+    async fn on_message(
+        &mut self,
+        topic: String,
+        payload: bytes::Bytes,
+        held: Option<link::Held>,
+    ) -> bool {
+        if let Some(probe) = &self.cfg.probe
+            && topic == probe.topic
+        {
+            // Probes are not readings: never forwarded, never counted (SPEC §5).
+            if self.proof.ours(&payload) {
+                self.proof.proven();
+                self.proof.probe_back = true;
+                self.proof.closed_after_probe = 0;
+                return self.links.core.send(Inbound::Proven).await.is_ok();
+            }
+            return true;
+        }
+        self.proof.proven();
+        if self.stopping {
+            // Not acknowledged: the broker keeps it for the next start.
+            return true;
+        }
+        self.received_since_connect += 1;
+        if self.received_since_connect == 10_000 {
+            tracing::info!("source: 10000 messages since connect (backlog draining)");
+        }
+        let generation = self.links.current.borrow().0;
+        let held = held.map(|h| (generation, h));
+        self.forwarded += u64::from(held.is_some());
+        // Waits when the core is behind: the broker's window fills and ingest slows.
+        self.links
+            .core
+            .send(Inbound::Message {
+                topic,
+                payload,
+                held,
+            })
+            .await
+            .is_ok()
+    }
+
+    /// The link failed: a refused probe (v3.1.1 closes the connection), or a
+    /// disconnect to back off from. False: stop polling.
+    async fn on_error(&mut self, e: LinkError) -> bool {
+        if self.stopping && (*self.links.flushed.borrow() || !self.connected) {
+            return false;
+        }
+        if let Some(probe) = &self.cfg.probe
+            && self.connected
+            && !self.proof.probe_back
+            && self
+                .proof
+                .first_sent
+                .is_some_and(|t| self.proof.clock.mono() - t < ms(0, probe.timeout_ms).1)
+        {
+            self.proof.closed_after_probe += 1;
+            if self.proof.closed_after_probe >= 3 {
+                return self.probe_refused("publish to");
+            }
+        }
+        self.lost().await;
+        let delay = self.backoff.next_delay();
+        tracing::warn!(url = %self.cfg.endpoint.url(), cause = %e, retry_in_ms = delay.as_millis() as u64, "source disconnected");
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            _ = self.links.stop.changed(), if !self.stopping => { self.stopping = true; }
+        }
+        !self.stopping || self.connected
     }
 
     /// The link is gone: its ack tokens are void, the core must not let time pass.
@@ -709,132 +594,5 @@ impl Source {
                 () = &mut deadline => return,
             }
         }
-    }
-}
-
-/// Sends acks in receive order on the current connection; a token from an
-/// earlier one is dropped (the broker redelivers that message, and seq
-/// deduplication makes it harmless). Counts every token it dealt with.
-pub async fn acks(
-    mut rx: UnboundedReceiver<AckJob>,
-    current: watch::Receiver<Current>,
-    acked: watch::Sender<u64>,
-    flushed: watch::Sender<bool>,
-) {
-    while let Some(job) = rx.recv().await {
-        match job {
-            AckJob::Acks(list) => {
-                let (generation, client) = current.borrow().clone();
-                let n = u64::try_from(list.len()).unwrap_or(u64::MAX);
-                let mut stale = 0u64;
-                for (g, held) in list {
-                    if g != generation {
-                        stale += 1;
-                        continue;
-                    }
-                    if let Err(e) = client.ack(&held).await {
-                        tracing::warn!(error = %e, "ack not sent; the broker will redeliver");
-                    }
-                }
-                if stale > 0 {
-                    tracing::debug!(stale, "acks of an earlier connection dropped");
-                }
-                acked.send_modify(|a| *a += n);
-            }
-            AckJob::Done => break,
-        }
-    }
-    let _ = flushed.send(true);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn probe() -> Probe {
-        Probe {
-            after_ms: 1000,
-            timeout_ms: 3000,
-            topic: "tidemark/gw/probe".into(),
-        }
-    }
-
-    fn proof() -> Proof {
-        let mut p = Proof::new(7, SystemClock::new());
-        p.last = 0;
-        p
-    }
-
-    #[test]
-    fn a_busy_path_sends_no_probe() {
-        let mut p = proof();
-        for i in 0..50 {
-            // A message every 900 ms: never quiet for probe_after_ms.
-            assert!(matches!(p.step(&probe(), i * 900), ProbeStep::Wait));
-            p.last = i * 900;
-        }
-    }
-
-    #[test]
-    fn a_quiet_path_is_probed_every_period_and_a_returned_probe_keeps_it_up() {
-        let mut p = proof();
-        assert_eq!(p.next_look(&probe()), 1000);
-        assert!(matches!(p.step(&probe(), 999), ProbeStep::Wait));
-        assert!(matches!(p.step(&probe(), 1000), ProbeStep::Send));
-        p.last_probe = Some(1000);
-        p.unanswered_since = Some(1000);
-        // The next one a period later, even while the first is out.
-        assert_eq!(p.next_look(&probe()), 2000);
-        assert!(matches!(p.step(&probe(), 1500), ProbeStep::Wait));
-        assert!(matches!(p.step(&probe(), 2000), ProbeStep::Send));
-        // It came back: proven, nothing outstanding, quiet counts from the return.
-        p.last = 1200;
-        p.unanswered_since = None;
-        p.last_probe = Some(2000);
-        assert!(matches!(p.step(&probe(), 2999), ProbeStep::Wait));
-        assert!(matches!(p.step(&probe(), 3000), ProbeStep::Send));
-    }
-
-    #[test]
-    fn a_probe_not_back_in_time_takes_the_path_down_after_after_plus_timeout() {
-        let mut p = proof();
-        // Probes went at 1, 2 and 3 s; none came back.
-        p.unanswered_since = Some(1000);
-        p.last_probe = Some(3000);
-        assert_eq!(p.next_look(&probe()), 4000);
-        assert!(!matches!(p.step(&probe(), 3999), ProbeStep::Down(_)));
-        match p.step(&probe(), 4000) {
-            ProbeStep::Down(silent) => assert_eq!(silent, 4000),
-            _ => panic!("the path should be down"),
-        }
-        // Anything arriving before then clears it.
-        p.last = 3500;
-        p.unanswered_since = None;
-        assert!(!matches!(p.step(&probe(), 4000), ProbeStep::Down(_)));
-    }
-
-    #[test]
-    fn a_first_probe_acknowledged_but_never_delivered_is_looked_at_in_time() {
-        let mut p = proof();
-        p.first_acked = Some(10);
-        assert_eq!(p.next_look(&probe()), 1000);
-        p.last_probe = Some(10);
-        p.last = 10;
-        assert_eq!(p.next_look(&probe()), 1010);
-        // Probes every second meanwhile; the first one's verdict is due at 3.01 s.
-        p.last_probe = Some(2500);
-        assert_eq!(p.next_look(&probe()), 3010);
-    }
-
-    #[test]
-    fn only_this_processes_probes_count() {
-        let p = Proof::new(0xabc, SystemClock::new());
-        let q = Proof::new(0xabd, SystemClock::new());
-        assert!(p.ours(&p.payload(0)));
-        assert!(p.ours(&p.payload(123_456)));
-        assert!(!p.ours(&q.payload(0)));
-        assert!(!p.ours(b""));
-        assert!(!p.ours(b"{\"ts\": 1}"));
-        assert!(p.payload(99).len() <= 24);
     }
 }

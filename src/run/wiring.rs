@@ -38,6 +38,28 @@ pub struct Running {
     registry: Arc<Registry>,
 }
 
+/// The core and store threads (blocking work: the engine, fsync).
+fn spawn_threads(
+    core: Core,
+    durable: storer::Durable,
+    links: storer::Links,
+    clock: SystemClock,
+    fatal: mpsc::UnboundedSender<RunError>,
+) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
+    Ok(vec![
+        std::thread::Builder::new()
+            .name("tidemark-core".into())
+            .spawn(move || core.run())?,
+        std::thread::Builder::new()
+            .name("tidemark-store".into())
+            .spawn(move || {
+                if let Err(e) = storer::run(durable, links, clock) {
+                    let _ = fatal.send(RunError::Store(e));
+                }
+            })?,
+    ])
+}
+
 /// Builds and starts every component on the restored state.
 pub fn start(
     cfg: &Config,
@@ -121,24 +143,12 @@ pub fn start(
         },
         (seed, started_at, clock),
     );
-    let durable = restored.durable;
-    let threads = vec![
-        std::thread::Builder::new()
-            .name("tidemark-core".into())
-            .spawn(move || core.run())?,
-        std::thread::Builder::new()
-            .name("tidemark-store".into())
-            .spawn(move || {
-                if let Err(e) = storer::run(durable, store_links, clock) {
-                    let _ = fatal_tx.send(RunError::Store(e));
-                }
-            })?,
-    ];
+    let threads = spawn_threads(core, restored.durable, store_links, clock, fatal_tx)?;
     // Stopped in this order: the ack task's flush ends the source, the store's last batch the sink.
     let tasks = vec![
         tokio::spawn(health::watchdog(registry.health.clone(), stop_rx.clone())),
         tokio::spawn(core::wake(core_tx.clone(), wake_rx, stop_rx.clone())),
-        tokio::spawn(source::acks(acks_rx, current_rx, acked_tx, flushed_tx)),
+        tokio::spawn(super::acks::acks(acks_rx, current_rx, acked_tx, flushed_tx)),
         tokio::spawn(source.run()),
         tokio::spawn(sink.run()),
     ];

@@ -208,3 +208,47 @@ fn read_inspect<D: ReadableDatabase>(
         journal_records,
     })
 }
+
+/// Reads the outbox beside the writer (the sink's backlog after a restart or an outage).
+#[derive(Clone)]
+pub struct OutboxReader {
+    pub(super) db: std::sync::Arc<super::DbSlot>,
+    pub(super) path: std::path::PathBuf,
+    pub(super) unfolded: super::Unfolded,
+}
+
+impl OutboxReader {
+    /// Up to `limit` outbox entries with sequence number > `after`, oldest first.
+    pub fn outbox_after(
+        &self,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<(u64, super::OutboxEntry)>, super::StoreError> {
+        // Under the lock a checkpoint moving entries from the journal to the table holds.
+        let pending = self
+            .unfolded
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let r = self.db.get()?.begin_read()?;
+        let t = r.open_table(super::schema::OUTBOX)?;
+        let start = after.map_or(0, |a| a + 1);
+        let mut out = Vec::new();
+        for item in t.range(start..)?.take(limit) {
+            let (k, v) = item?;
+            let e =
+                ciborium::de::from_reader(v.value()).map_err(|e| super::StoreError::Corrupt {
+                    path: self.path.clone(),
+                    table: "outbox",
+                    source: e.into(),
+                })?;
+            out.push((k.value(), e));
+        }
+        // Then the journal's outputs: all numbered after the table's.
+        if out.len() < limit {
+            let from = out.last().map_or(start, |(s, _)| s + 1);
+            let skip = pending.partition_point(|(s, _)| *s < from);
+            out.extend(pending.iter().skip(skip).take(limit - out.len()).cloned());
+        }
+        Ok(out)
+    }
+}

@@ -477,6 +477,44 @@ pub fn run(o: &DemoOptions) -> Result<(), DemoError> {
             .stderr(Stdio::null())
             .spawn()?,
     );
+    let mut view = View::default();
+    if let Some(why) = watch(o, port, &mut kids, &mut view, clock)? {
+        return Err(DemoError::Gateway(why, log_text()));
+    }
+    println!("\ntidemark demo: stopping (final commit, then the uplink)");
+    if let Some(f) = &mut kids.fleet {
+        stop(f, Duration::from_secs(3));
+    }
+    stop(&mut kids.gateway, Duration::from_secs(6));
+    let clean = matches!(kids.gateway.try_wait(), Ok(Some(s)) if s.success());
+    println!(
+        "tidemark demo: {} — {}",
+        if clean {
+            "gateway stopped cleanly"
+        } else {
+            "gateway did not stop cleanly"
+        },
+        view.counters()
+    );
+    if clean {
+        Ok(())
+    } else {
+        Err(DemoError::Gateway(
+            "did not stop cleanly".into(),
+            log_text(),
+        ))
+    }
+}
+
+/// Shows what the gateway publishes until Ctrl-C or the duration; why the
+/// gateway failed, if it did.
+fn watch(
+    o: &DemoOptions,
+    port: u16,
+    kids: &mut Children,
+    view: &mut View,
+    clock: SystemClock,
+) -> Result<Option<String>, DemoError> {
     let endpoint = Endpoint::plain(
         false,
         "127.0.0.1".into(),
@@ -500,7 +538,6 @@ pub fn run(o: &DemoOptions) -> Result<(), DemoError> {
     let limit = o
         .duration_s
         .map_or(Millis::MAX, |d| (d * 1000.0).round() as Millis);
-    let mut view = View::default();
     let mut out = std::io::stdout();
     let failed = rt.block_on(async {
         let stop = crate::sys::shutdown_signal();
@@ -529,13 +566,7 @@ pub fn run(o: &DemoOptions) -> Result<(), DemoError> {
                         let _ = write!(out, "{}", view.screen(now.wall, elapsed, port));
                     } else if elapsed - last_status >= 5000 {
                         last_status = elapsed;
-                        let _ = writeln!(out, "status  {}", view.counters());
-                        for r in view.groups(now.wall) {
-                            let _ = writeln!(out, "group   {r}");
-                        }
-                        for r in view.clocks(now.wall) {
-                            let _ = writeln!(out, "clock   {r}");
-                        }
+                        print_status(&mut out, view, now.wall);
                     }
                     let _ = out.flush();
                     if let Ok(Some(status)) = kids.gateway.try_wait() {
@@ -550,30 +581,16 @@ pub fn run(o: &DemoOptions) -> Result<(), DemoError> {
         }
     });
     let _ = client.disconnect();
-    if let Some(why) = failed {
-        return Err(DemoError::Gateway(why, log_text()));
+    Ok(failed)
+}
+
+/// The plain view's periodic lines.
+fn print_status(out: &mut impl Write, view: &View, wall: Millis) {
+    let _ = writeln!(out, "status  {}", view.counters());
+    for r in view.groups(wall) {
+        let _ = writeln!(out, "group   {r}");
     }
-    println!("\ntidemark demo: stopping (final commit, then the uplink)");
-    if let Some(f) = &mut kids.fleet {
-        stop(f, Duration::from_secs(3));
-    }
-    stop(&mut kids.gateway, Duration::from_secs(6));
-    let clean = matches!(kids.gateway.try_wait(), Ok(Some(s)) if s.success());
-    println!(
-        "tidemark demo: {} — {}",
-        if clean {
-            "gateway stopped cleanly"
-        } else {
-            "gateway did not stop cleanly"
-        },
-        view.counters()
-    );
-    if clean {
-        Ok(())
-    } else {
-        Err(DemoError::Gateway(
-            "did not stop cleanly".into(),
-            log_text(),
-        ))
+    for r in view.clocks(wall) {
+        let _ = writeln!(out, "clock   {r}");
     }
 }

@@ -145,28 +145,18 @@ pub fn run(o: &SimulateOptions, fleet: SimConfig) -> Result<Summary, SimulateErr
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let clock = SystemClock::new();
-    let errors = Arc::new(AtomicU64::new(0));
-    let probe = Endpoint::plain(
-        tls,
-        host.clone(),
-        port,
-        format!("tidemark-sim-{}-probe", std::process::id()),
-        o.qos,
-    );
-    let v5 = rt.block_on(reach(&probe, o.v5, &o.url))?;
+    let endpoint = |name: String| Endpoint::plain(tls, host.clone(), port, name, o.qos);
+    let pid = std::process::id();
+    let v5 = rt.block_on(reach(
+        &endpoint(format!("tidemark-sim-{pid}-probe")),
+        o.v5,
+        &o.url,
+    ))?;
     let mut conns = Vec::new();
     let mut loops = Vec::new();
     for c in 0..o.connections.max(1) {
-        let endpoint = Endpoint::plain(
-            tls,
-            host.clone(),
-            port,
-            format!("tidemark-sim-{}-{c}", std::process::id()),
-            o.qos,
-        );
         let (client, lp) = link::build(&LinkOptions {
-            endpoint: &endpoint,
+            endpoint: &endpoint(format!("tidemark-sim-{pid}-{c}")),
             v5,
             persistent: false,
             session_expiry_s: 0,
@@ -182,45 +172,101 @@ pub fn run(o: &SimulateOptions, fleet: SimConfig) -> Result<Summary, SimulateErr
         }));
         loops.push(lp);
     }
-    let conns = Arc::new(conns);
-    let stopping = Arc::new(AtomicBool::new(false));
-    rt.block_on(async {
-        let mut pollers = Vec::new();
-        for (conn, mut lp) in conns.iter().cloned().zip(loops) {
-            let errors = errors.clone();
-            let stopping = stopping.clone();
-            pollers.push(tokio::spawn(async move {
-                loop {
-                    match lp.poll().await {
-                        Ok(Event::Connected { .. }) => conn.up.store(true, Ordering::Relaxed),
-                        Ok(Event::PubAck { .. }) => {
-                            conn.acked.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Ok(_) => {}
-                        Err(_) if stopping.load(Ordering::Relaxed) => return,
-                        Err(e) => {
-                            conn.up.store(false, Ordering::Relaxed);
-                            if errors.fetch_add(1, Ordering::Relaxed) == 0 {
-                                tracing::warn!("simulate: connection error: {e}");
-                            }
-                            tokio::time::sleep(Duration::from_millis(200)).await;
-                        }
-                    }
-                }
-            }));
-        }
+    let sim = Sim {
+        o,
+        conns,
+        errors: Arc::new(AtomicU64::new(0)),
+        clock: SystemClock::new(),
+    };
+    rt.block_on(sim.run(loops, Fleet::new(fleet)))
+}
+
+/// The publishing side of a run.
+struct Sim<'a> {
+    o: &'a SimulateOptions,
+    conns: Vec<Arc<Conn>>,
+    errors: Arc<AtomicU64>,
+    clock: SystemClock,
+}
+
+impl Sim<'_> {
+    async fn run(
+        &self,
+        loops: Vec<link::Loop>,
+        mut fleet: Fleet,
+    ) -> Result<Summary, SimulateError> {
+        let stopping = Arc::new(AtomicBool::new(false));
+        let pollers: Vec<_> = self
+            .conns
+            .iter()
+            .cloned()
+            .zip(loops)
+            .map(|(conn, lp)| tokio::spawn(poll(conn, lp, self.errors.clone(), stopping.clone())))
+            .collect();
         // Every connection up before the clock starts.
-        let wait_start = clock.mono();
-        while !conns.iter().all(|c| c.up.load(Ordering::Relaxed)) {
-            if clock.mono() - wait_start > 30_000 {
-                tracing::error!(url = %o.url, "simulate: broker not reachable for 30 s");
+        let wait_start = self.clock.mono();
+        while !self.conns.iter().all(|c| c.up.load(Ordering::Relaxed)) {
+            if self.clock.mono() - wait_start > 30_000 {
+                tracing::error!(url = %self.o.url, "simulate: broker not reachable for 30 s");
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        let start = self.clock.mono();
+        let (mut sent, mut tally) = self.publish(&mut fleet).await;
+        // Sparkplug: the edge nodes go, as their wills would say (offline at once upstream).
+        for m in fleet.finish() {
+            let conn = self.conn(m.device);
+            if conn
+                .client
+                .publish_wait(&m.topic, m.payload, self.o.qos)
+                .await
+                .is_ok()
+            {
+                conn.sent.fetch_add(1, Ordering::Relaxed);
+                tally.record(m.kind, false);
+                sent += 1;
+            }
+        }
+        let elapsed_s = ((self.clock.mono() - start) as f64 / 1000.0).max(0.001);
+        let unacked = self.settle().await;
+        stopping.store(true, Ordering::Relaxed);
+        for c in &self.conns {
+            let _ = c.client.disconnect();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for p in pollers {
+            p.abort();
+        }
+        if unacked > 0 {
+            return Err(SimulateError::Unacked(unacked));
+        }
+        Ok(Summary {
+            sent,
+            acked: self.acked(),
+            errors: self.errors.load(Ordering::Relaxed),
+            elapsed_s,
+            rate: sent as f64 / elapsed_s,
+            messages: tally,
+        })
+    }
 
-        let mut fleet = Fleet::new(fleet);
-        let start = clock.now();
+    fn conn(&self, device: u32) -> &Conn {
+        let n = u32::try_from(self.conns.len()).unwrap_or(1).max(1);
+        &self.conns[(device % n) as usize]
+    }
+
+    fn acked(&self) -> u64 {
+        self.conns
+            .iter()
+            .map(|c| c.acked.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// The fleet's schedule at the target rate until `count`, `duration_s` or Ctrl-C.
+    async fn publish(&self, fleet: &mut Fleet) -> (u64, Tally) {
+        let o = self.o;
+        let start = self.clock.now();
         let deadline_ms = o
             .duration_s
             .map_or(i64::MAX, |s| (s * 1000.0).round() as i64);
@@ -232,27 +278,23 @@ pub fn run(o: &SimulateOptions, fleet: SimConfig) -> Result<Summary, SimulateErr
                 stop.store(true, Ordering::Relaxed);
             });
         }
-        let mut sent = 0u64;
-        let mut tally = Tally::default();
-        let mut slots = 0u64;
-        let mut next_progress = 1000;
-        let mut last_sent = 0u64;
-        let n = conns.len() as u32;
+        let (mut sent, mut tally, mut slots) = (0u64, Tally::default(), 0u64);
+        let (mut next_progress, mut last_sent) = (1000, 0u64);
         let full = |sent: u64| o.count.is_some_and(|c| sent >= c);
-        'run: loop {
-            let now = clock.now();
+        loop {
+            let now = self.clock.now();
             let elapsed = now.mono - start.mono;
             if stop.load(Ordering::Relaxed) || elapsed >= deadline_ms || full(sent) {
-                break;
+                return (sent, tally);
             }
             if o.progress && elapsed >= next_progress {
-                let acked: u64 = conns.iter().map(|c| c.acked.load(Ordering::Relaxed)).sum();
                 eprintln!(
-                    "simulate: {:>6.1} s  sent {sent:>9}  {:>8} msg/s  acked {acked:>9}  held {:>6}  errors {}",
+                    "simulate: {:>6.1} s  sent {sent:>9}  {:>8} msg/s  acked {:>9}  held {:>6}  errors {}",
                     elapsed as f64 / 1000.0,
                     sent - last_sent,
+                    self.acked(),
                     fleet.held(),
-                    errors.load(Ordering::Relaxed)
+                    self.errors.load(Ordering::Relaxed)
                 );
                 last_sent = sent;
                 next_progress += 1000;
@@ -281,12 +323,12 @@ pub fn run(o: &SimulateOptions, fleet: SimConfig) -> Result<Summary, SimulateErr
             }
             for m in batch {
                 if full(sent) {
-                    break 'run;
+                    return (sent, tally);
                 }
-                let conn = &conns[(m.device % n) as usize];
+                let conn = self.conn(m.device);
                 let (kind, backlog) = (m.kind, m.backlog);
                 if let Err(e) = conn.client.publish_wait(&m.topic, m.payload, o.qos).await {
-                    errors.fetch_add(1, Ordering::Relaxed);
+                    self.errors.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!("simulate: publish: {e}");
                     continue;
                 }
@@ -295,58 +337,56 @@ pub fn run(o: &SimulateOptions, fleet: SimConfig) -> Result<Summary, SimulateErr
                 sent += 1;
             }
         }
-        // Sparkplug: the edge nodes go, as their wills would say (offline at once upstream).
-        for m in fleet.finish() {
-            let conn = &conns[(m.device % n) as usize];
-            if conn.client.publish_wait(&m.topic, m.payload, o.qos).await.is_ok() {
-                conn.sent.fetch_add(1, Ordering::Relaxed);
-                tally.record(m.kind, false);
-                sent += 1;
-            }
-        }
-        let elapsed_s = ((clock.mono() - start.mono) as f64 / 1000.0).max(0.001);
-        // QoS 1: wait for the broker's acks (bounded), then disconnect cleanly.
-        let mut unacked = 0;
-        if o.qos == 1 {
-            let t0 = clock.mono();
-            loop {
-                unacked = conns
-                    .iter()
-                    .map(|c| {
-                        c.sent
-                            .load(Ordering::Relaxed)
-                            .saturating_sub(c.acked.load(Ordering::Relaxed))
-                    })
-                    .sum::<u64>();
-                if unacked == 0 || clock.mono() - t0 > 30_000 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        } else {
+    }
+
+    /// QoS 1: waits (bounded) for the broker's acks; the count still missing.
+    async fn settle(&self) -> u64 {
+        if self.o.qos != 1 {
             // QoS 0: give the client a moment to write what it queued.
             tokio::time::sleep(Duration::from_millis(200)).await;
+            return 0;
         }
-        stopping.store(true, Ordering::Relaxed);
-        for c in conns.iter() {
-            let _ = c.client.disconnect();
+        let t0 = self.clock.mono();
+        loop {
+            let unacked = self
+                .conns
+                .iter()
+                .map(|c| {
+                    c.sent
+                        .load(Ordering::Relaxed)
+                        .saturating_sub(c.acked.load(Ordering::Relaxed))
+                })
+                .sum::<u64>();
+            if unacked == 0 || self.clock.mono() - t0 > 30_000 {
+                return unacked;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        for p in pollers {
-            p.abort();
+    }
+}
+
+/// Polls one connection: connects, counts PUBACKs, backs off on errors.
+async fn poll(
+    conn: Arc<Conn>,
+    mut lp: link::Loop,
+    errors: Arc<AtomicU64>,
+    stopping: Arc<AtomicBool>,
+) {
+    loop {
+        match lp.poll().await {
+            Ok(Event::Connected { .. }) => conn.up.store(true, Ordering::Relaxed),
+            Ok(Event::PubAck { .. }) => {
+                conn.acked.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(_) => {}
+            Err(_) if stopping.load(Ordering::Relaxed) => return,
+            Err(e) => {
+                conn.up.store(false, Ordering::Relaxed);
+                if errors.fetch_add(1, Ordering::Relaxed) == 0 {
+                    tracing::warn!("simulate: connection error: {e}");
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
         }
-        let acked = conns.iter().map(|c| c.acked.load(Ordering::Relaxed)).sum();
-        let summary = Summary {
-            sent,
-            acked,
-            errors: errors.load(Ordering::Relaxed),
-            elapsed_s,
-            rate: sent as f64 / elapsed_s,
-            messages: tally,
-        };
-        if unacked > 0 {
-            return Err(SimulateError::Unacked(unacked));
-        }
-        Ok(summary)
-    })
+    }
 }

@@ -1,0 +1,205 @@
+use super::*;
+
+/// The engine fed one record at a time on one thread, outputs rendered as
+/// the pipeline renders them: what [`run_memory_with`] must equal.
+fn sequential(cfg: &Config, capture: &str, flush: bool) -> Vec<u8> {
+    let mut rp = Driver::new(
+        Engine::new(&cfg.engine),
+        &cfg.gateway,
+        &cfg.sink.prefix,
+        SinkFormat::Json,
+        None,
+    );
+    let mut input = Input {
+        r: capture.as_bytes(),
+        line: String::new(),
+        offset: 0,
+        line_no: 0,
+        mono: VirtualMono::default(),
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (mut topic, mut payload, mut last) = (String::new(), Vec::new(), None::<Now>);
+    loop {
+        topic.clear();
+        payload.clear();
+        let Some(now) = input.next_into(&mut topic, &mut payload).unwrap() else {
+            break;
+        };
+        rp.message(now, &topic, &payload);
+        rp.engine_mut().take_commands();
+        last = Some(last.map_or(now, |l| Now {
+            wall: l.wall.max(now.wall),
+            mono: l.mono.max(now.mono),
+            synced: now.synced,
+        }));
+        tx.send(rp.take_outputs()).unwrap();
+    }
+    if let Some(last) = last {
+        rp.ticks_until(Now {
+            wall: last.wall + 120_000,
+            mono: last.mono + 120_000,
+            synced: last.synced,
+        });
+        if flush {
+            rp.flush();
+        }
+        tx.send(rp.take_outputs()).unwrap();
+    }
+    drop(tx);
+    let mut out = Vec::new();
+    write_outputs(&cfg.sink.prefix, &rx, &mut out).unwrap();
+    out
+}
+
+#[test]
+fn read_ahead_decoding_and_the_writer_thread_change_no_output_byte() {
+    let cfg = crate::config::load_str(
+        "[gateway]\nid = \"gw\"\ntick_interval_ms = 100\n\
+         [sparkplug]\nenabled = true\n\
+         [payload]\nseq_field = \"seq\"\n\
+         [group_defaults]\nout_of_orderness_ms = 1000\nidle_timeout_ms = 5000\n\
+         heartbeat_timeout_ms = 8000\nallowed_lateness_ms = 2000\n\
+         window = { kind = \"tumbling\", size_ms = 2000 }\n",
+        &Default::default(),
+    )
+    .unwrap();
+    // A family of captures: sizes around the batch size, every kind of payload
+    // and topic (decoded ahead, rejected ahead, left to the engine).
+    for (seed, n) in [(1u64, 5), (2, 1023), (3, 1025), (4, 3000), (5, 4100)] {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut rnd = |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        let mut capture = String::new();
+        let mut wall: Millis = 1_764_480_000_000;
+        for i in 0..n {
+            wall += i64::try_from(rnd(40)).unwrap();
+            let now = Now {
+                wall,
+                mono: wall - 1_764_000_000_000,
+                synced: true,
+            };
+            let dev = rnd(30);
+            let lag = if rnd(20) == 0 { rnd(20_000) } else { rnd(3000) };
+            let ts = wall - i64::try_from(lag).unwrap();
+            let seq = i as u64 / 2 + rnd(2);
+            let topic = match rnd(20) {
+                0 => "sensors/g/+/reading".to_string(),
+                1 => format!("spBv1.0/g{}/DDATA/node/d{dev}", rnd(2)),
+                2 => format!("sensors/g{}/d{dev}/heartbeat", dev % 3),
+                _ => format!("sensors/g{}/d{dev}/reading", dev % 3),
+            };
+            let payload: Vec<u8> = match rnd(12) {
+                0 => b"not json".to_vec(),
+                1 => vec![0xa2, 0x62, b't', b's', 0x1b],
+                2 => format!(r#"{{"ts":"bad","seq":{seq},"t":1}}"#).into_bytes(),
+                3 => format!(r#"{{"ts":{ts},"seq":{seq},"t":1e999}}"#).into_bytes(),
+                4 => {
+                    let mut c = vec![0xa3, 0x62, b't', b's', 0x1b];
+                    c.extend_from_slice(&ts.to_be_bytes());
+                    c.extend_from_slice(&[0x63, b's', b'e', b'q', 0x1b]);
+                    c.extend_from_slice(&seq.to_be_bytes());
+                    c.extend_from_slice(&[0x61, b'h', 0xfb]);
+                    c.extend_from_slice(
+                        &(f64::from(u32::try_from(dev).unwrap()) / 3.0).to_be_bytes(),
+                    );
+                    c
+                }
+                _ => format!(
+                    r#"{{"ts":{ts},"seq":{seq},"temp":{}.{},"hum":{}}}"#,
+                    rnd(40),
+                    rnd(100),
+                    rnd(100)
+                )
+                .into_bytes(),
+            };
+            capture.push_str(&Record::of(now, &topic, &payload).to_line());
+            capture.push('\n');
+        }
+        for flush in [false, true] {
+            let mut piped = Vec::new();
+            let (_, summary) =
+                run_memory_with(&cfg, capture.as_bytes(), &mut piped, 120_000, flush).unwrap();
+            let want = sequential(&cfg, &capture, flush);
+            assert_eq!(summary.records, n as u64);
+            assert_eq!(
+                summary.outputs,
+                want.iter().filter(|&&b| b == b'\n').count() as u64
+            );
+            if n > 1000 {
+                let text = String::from_utf8_lossy(&want);
+                for part in [
+                    "/windows/",
+                    "decode_error",
+                    "bad_topic",
+                    "spBv1.0/",
+                    "/late/",
+                    "offline",
+                ] {
+                    assert!(text.contains(part), "seed {seed}: no {part} in the outputs");
+                }
+            }
+            assert!(
+                piped == want,
+                "seed {seed}, {n} records, flush {flush}: outputs differ"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_output_that_cannot_be_written_fails_the_replay() {
+    let cfg = crate::config::load_str("[gateway]\nid = \"gw\"\n", &Default::default()).unwrap();
+    let capture: String = (0..3000)
+        .map(|i| {
+            let now = Now::at(1_764_480_000_000 + i * 100);
+            let p = format!(r#"{{"ts":{},"v":1}}"#, now.wall);
+            Record::of(now, &format!("sensors/g/d{}/reading", i % 7), p.as_bytes()).to_line() + "\n"
+        })
+        .collect();
+    struct Full;
+    impl Write for Full {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::Error::from(std::io::ErrorKind::StorageFull))
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let Err(e) = run_memory_with(&cfg, capture.as_bytes(), Full, 60_000, true) else {
+        panic!("a replay into a full output succeeded");
+    };
+    assert!(e.to_string().starts_with("writing output"), "{e}");
+}
+
+#[test]
+fn a_capture_line_gives_back_the_exact_payload_bytes() {
+    let now = Now {
+        wall: 1_764_480_000_123,
+        mono: 42,
+        synced: false,
+    };
+    let cases: [&[u8]; 5] = [
+        br#"{"ts": 1764480000000,  "temp": 21.50}"#,
+        b"{\"ts\": 1,\n \"temp\": 2}",
+        b"null",
+        &[0x08, 0x00, 0xff, 0x10],
+        b"",
+    ];
+    for payload in cases {
+        let line = Record::of(now, "spBv1.0/g/DDATA/n/d", payload).to_line();
+        assert!(!line.contains('\n'), "{line}");
+        let back: Record<'_> = serde_json::from_str(&line).expect(&line);
+        let mut bytes = b"kept".to_vec();
+        back.payload_into(&mut bytes).unwrap();
+        assert_eq!(&bytes[..4], b"kept", "{line}");
+        assert_eq!(&bytes[4..], payload, "{line}");
+        assert_eq!(
+            (back.arrival, back.mono, back.synced, back.topic.as_ref()),
+            (now.wall, Some(42), Some(false), "spBv1.0/g/DDATA/n/d")
+        );
+    }
+}
