@@ -43,6 +43,20 @@ impl Emit for Encoder<'_> {
     }
 }
 
+/// How a driver keeps what the engine did between batches.
+enum Mode {
+    /// `replay` and the tests: outputs as values, encoded at the cut.
+    Replay,
+    /// `run`: what the engine was given (the write-ahead journal), and the
+    /// outputs encoded for the outbox as they are emitted (under the topic
+    /// prefix and format in force then), so a tick that closes every window
+    /// holds its burst once.
+    Run {
+        journal: Journal,
+        encoded: Vec<OutboxEntry>,
+    },
+}
+
 /// Drives one engine: ticks every `tick_interval_ms` of monotonic time and
 /// cuts a [`Batch`] every `commit_interval_ms`.
 pub struct Driver {
@@ -55,12 +69,8 @@ pub struct Driver {
     /// Outputs not yet taken, in emission order; with [`Driver::with_journal`]
     /// only the alerts (for the log and the API): all of them are in `encoded`.
     outputs: Vec<Output>,
-    /// `run`: outputs since the last batch encoded for the outbox as they are
-    /// emitted (under the topic prefix and format in force then), so a tick that
-    /// closes every window holds its burst once.
-    encoded: Option<Vec<OutboxEntry>>,
-    /// What the engine was given since the last batch (`run`'s write-ahead journal).
-    journal: Option<Journal>,
+    /// `run` or `replay`.
+    mode: Mode,
     /// Monotonic time of the first change since the last batch that must become durable.
     first_durable: Option<Millis>,
     /// Monotonic time of the last batch.
@@ -92,8 +102,7 @@ impl Driver {
             prefix: prefix.to_owned(),
             format,
             outputs: Vec::new(),
-            encoded: None,
-            journal: None,
+            mode: Mode::Replay,
             first_durable: None,
             last_commit: None,
             rules: None,
@@ -103,15 +112,19 @@ impl Driver {
     /// Records what the engine is given, for batches cut with [`Driver::take_journal`].
     #[must_use]
     pub fn with_journal(mut self) -> Self {
-        self.journal = Some(Journal::default());
-        self.encoded = Some(Vec::new());
+        self.mode = Mode::Run {
+            journal: Journal::default(),
+            encoded: Vec::new(),
+        };
         self
     }
 
     /// Runs `f` on the engine with where its outputs go.
     fn emitting<R>(&mut self, f: impl FnOnce(&mut Engine, &mut dyn Emit) -> R) -> R {
-        match &mut self.encoded {
-            Some(entries) => f(
+        match &mut self.mode {
+            Mode::Run {
+                encoded: entries, ..
+            } => f(
                 &mut self.engine,
                 &mut Encoder {
                     entries,
@@ -120,20 +133,32 @@ impl Driver {
                     format: self.format,
                 },
             ),
-            None => f(&mut self.engine, &mut self.outputs),
+            Mode::Replay => f(&mut self.engine, &mut self.outputs),
+        }
+    }
+
+    /// `run`'s journal.
+    fn journal_mut(&mut self) -> Option<&mut Journal> {
+        match &mut self.mode {
+            Mode::Run { journal, .. } => Some(journal),
+            Mode::Replay => None,
         }
     }
 
     /// Outputs since the last batch (alerts count twice with `encoded`).
     fn emitted(&self) -> usize {
-        self.outputs.len() + self.encoded.as_ref().map_or(0, Vec::len)
+        let encoded = match &self.mode {
+            Mode::Run { encoded, .. } => encoded.len(),
+            Mode::Replay => 0,
+        };
+        self.outputs.len() + encoded
     }
 
     /// Starts (or restarts, on a source reconnect) the processing clock at `now`:
     /// idleness is measured from here and the next tick is one interval away.
     pub fn start(&mut self, now: Now) {
         self.engine.restart_idleness(now);
-        if let Some(j) = &mut self.journal {
+        if let Some(j) = self.journal_mut() {
             j.start(now);
         }
         self.next_tick = Some(now.mono.saturating_add(self.tick_ms));
@@ -142,7 +167,7 @@ impl Driver {
     /// A new process: the monotonic clock has a new origin (see [`Engine::new_clock_origin`]).
     pub fn new_clock_origin(&mut self) {
         self.engine.new_clock_origin();
-        if let Some(j) = &mut self.journal {
+        if let Some(j) = self.journal_mut() {
             j.new_origin();
         }
     }
@@ -170,7 +195,7 @@ impl Driver {
         }
         self.ticks_until(now);
         self.emitting(|e, out| e.on_message_decoded(topic, payload, decoded, now, out));
-        if let Some(j) = &mut self.journal {
+        if let Some(j) = self.journal_mut() {
             j.message(now, topic, payload);
         }
         self.durable(now.mono);
@@ -212,8 +237,9 @@ impl Driver {
             };
             let before = self.emitted();
             self.emitting(|e, out| e.on_tick(at, out));
-            if let Some(j) = &mut self.journal
-                && !self.engine.clock_held()
+            let held = self.engine.clock_held();
+            if let Some(j) = self.journal_mut()
+                && !held
             {
                 j.tick(at);
             }
@@ -230,7 +256,7 @@ impl Driver {
         self.ticks_until(now);
         let record = cfg.engine.record();
         self.engine.reconfigure(&cfg.engine);
-        if let Some(j) = &mut self.journal {
+        if let Some(j) = self.journal_mut() {
             j.reconfigure(&record);
         }
         self.rules = Some(record);
@@ -297,7 +323,10 @@ impl Driver {
 
     /// The journal recorded since the last batch (`run`).
     pub fn journal(&self) -> Option<&Journal> {
-        self.journal.as_ref()
+        match &self.mode {
+            Mode::Run { journal, .. } => Some(journal),
+            Mode::Replay => None,
+        }
     }
 
     /// Cuts a batch: the changed state and every output since the last one,
@@ -313,7 +342,7 @@ impl Driver {
     /// given and the outputs since the last batch; the engine's changed state
     /// stays marked for the next checkpoint.
     pub fn take_journal(&mut self, now: Now) -> Batch {
-        let ops = self.journal.as_mut().map(Journal::cut).unwrap_or_default();
+        let ops = self.journal_mut().map(Journal::cut).unwrap_or_default();
         Batch {
             journal: Some(ops),
             ..self.cut(now)
@@ -323,7 +352,7 @@ impl Driver {
     /// Cuts a checkpoint batch: the whole changed state; the journal so far is
     /// covered by it.
     pub fn take_checkpoint(&mut self, now: Now) -> Batch {
-        if let Some(j) = &mut self.journal {
+        if let Some(j) = self.journal_mut() {
             j.clear();
         }
         let mut batch = self.take_batch(now);
@@ -338,8 +367,10 @@ impl Driver {
     fn cut(&mut self, now: Now) -> Batch {
         self.last_commit = Some(now.mono);
         self.first_durable = None;
-        let outputs = match &mut self.encoded {
-            Some(entries) => {
+        let outputs = match &mut self.mode {
+            Mode::Run {
+                encoded: entries, ..
+            } => {
                 self.outputs.clear();
                 let mut v = std::mem::take(entries);
                 for e in &mut v {
@@ -347,7 +378,7 @@ impl Driver {
                 }
                 v
             }
-            None => self
+            Mode::Replay => self
                 .outputs
                 .drain(..)
                 .map(|o| entry(&o, &self.prefix, self.format, now.wall))
