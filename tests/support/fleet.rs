@@ -8,26 +8,17 @@ use super::{Collector, Mosquitto, Publisher, final_windows, now_ms, wait_or_expl
 
 pub const MIN: Duration = Duration::from_secs(60);
 
+/// A gateway `gw` with its state in `dir/state`; `extra` follows `[metrics]`
+/// (keys there, then whole sections).
 pub fn write_config(
     dir: &Path,
     source: &Mosquitto,
     sink: &Mosquitto,
     extra: &str,
 ) -> std::path::PathBuf {
-    let path = dir.join("gateway.toml");
-    let text = format!(
-        "[gateway]\nid = \"gw\"\nstate_dir = \"{state}\"\n\
-         [source]\nurl = \"{src}\"\nclient_id = \"gw-in-{sp}\"\n\
-         [sink]\nurl = \"{snk}\"\nclient_id = \"gw-out-{kp}\"\n\
-         [metrics]\ninterval_s = 1\n{extra}",
-        state = dir.join("state").display(),
-        src = source.url(),
-        sp = source.port,
-        snk = sink.url(),
-        kp = sink.port,
-    );
-    std::fs::write(&path, text).expect("config");
-    path
+    super::GatewayConfig::new("gw", &dir.join("state"), source, sink)
+        .merge("metrics", extra)
+        .write(&dir.join("gateway.toml"))
 }
 
 pub fn reading(ts: i64, seq: u64, temp: f64) -> Vec<u8> {
