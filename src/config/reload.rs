@@ -147,12 +147,13 @@ mod tests {
     }
 
     #[test]
-    fn only_the_gateway_identity_and_the_embedded_broker_need_a_restart() {
+    fn only_the_gateway_identity_and_the_broker_need_a_restart() {
         let a = cfg("[broker]\nembedded = true\n");
         let moved = cfg("[broker]\nembedded = true\nlisten = \"127.0.0.1:1999\"\n");
         assert_eq!(a.needs_restart(&moved), vec!["broker.listen"]);
         let off = cfg("[broker]\nlisten = \"127.0.0.1:1999\"\n");
-        assert!(cfg("").needs_restart(&off).is_empty());
+        assert_eq!(cfg("").needs_restart(&off), vec!["broker.listen"]);
+        assert!(cfg("[metrics]\ninterval_s = 3\n").needs_restart(&a) == vec!["broker.embedded"]);
         let dir = super::super::load_str(
             "[gateway]\nid = \"gw\"\nstate_dir = \"/tmp/x\"\n",
             &BTreeMap::new(),

@@ -82,6 +82,8 @@ impl Gateway {
 pub struct Broker {
     /// Listen address of the embedded broker, when it is on.
     pub embedded: Option<SocketAddr>,
+    /// `broker.listen` as written (validated even while the broker is off).
+    listen: String,
 }
 
 impl Broker {
@@ -95,16 +97,20 @@ impl Broker {
         }
         Self {
             embedded: listen.filter(|_| raw.embedded),
+            listen: raw.listen.clone(),
         }
     }
 
-    /// Only a restart starts, stops or moves the embedded broker.
+    /// Every `[broker]` key needs a restart (SPEC §11).
     pub fn needs_restart(&self, new: &Self) -> Vec<&'static str> {
-        match (self.embedded, new.embedded) {
-            (a, b) if a == b => vec![],
-            (Some(_), Some(_)) => vec!["broker.listen"],
-            _ => vec!["broker.embedded"],
+        let mut out = Vec::new();
+        if self.embedded.is_some() != new.embedded.is_some() {
+            out.push("broker.embedded");
         }
+        if self.listen != new.listen {
+            out.push("broker.listen");
+        }
+        out
     }
 }
 
