@@ -1,9 +1,10 @@
 //! A fleet of two real gateways on one stock upstream mosquitto (SPEC §12),
 //! each under a QoS 1 fleet of devices: `fleet ls` lists them; `fleet push`
 //! applies a signed document in place (same process), which a restart keeps;
-//! bad signature, untrusted key, stale id, invalid key and restart-only key
-//! are each rejected with their reason and change nothing; a document signed
-//! by OpenSSL applies; one that breaks the source is rolled back within
+//! bad signature, untrusted key, stale id, invalid key, restart-only key,
+//! another gateway's document, an expired one and a v1 one are each rejected
+//! with their reason and change nothing (v1 applies where `accept_v1` is on);
+//! a v2 document signed by OpenSSL by hand applies; one that breaks the source is rolled back within
 //! `confirm_s` with no reading lost; a gateway killed with -9 shows offline.
 
 mod support;
@@ -15,6 +16,7 @@ use std::time::Duration;
 use serde_json::Value;
 use support::fleet::{FLEET, Fleet};
 use support::*;
+use tidemark::fleet::Document;
 
 const CONFIRM_S: u64 = 4;
 
@@ -39,7 +41,13 @@ struct Gw {
 }
 
 impl Gw {
-    fn new(dir: &Path, id: &'static str, site: &Mosquitto, up: &Mosquitto, keys: &[&Path]) -> Self {
+    fn new(
+        dir: &Path,
+        id: &'static str,
+        (site, up): (&Mosquitto, &Mosquitto),
+        keys: &[&Path],
+        fleet_extra: &str,
+    ) -> Self {
         let config = dir.join(format!("{id}.toml"));
         let keys: Vec<String> = keys
             .iter()
@@ -52,6 +60,7 @@ impl Gw {
             .set("fleet", "enabled = true")
             .set("fleet", &format!("trusted_keys = [{}]", keys.join(", ")))
             .set("fleet", &format!("confirm_s = {CONFIRM_S}"))
+            .set("fleet", fleet_extra)
             .merge("fleet", FLEET)
             .write(&config);
         let log = dir.join(format!("{id}.log"));
@@ -223,8 +232,20 @@ fn two_gateways_take_signed_documents_reject_bad_ones_roll_back_a_broken_source_
 
     let results = Collector::start(up.port, "tidemark/+/config/result", "results");
     let up_all = Collector::start(up.port, "tidemark/gw1/windows/#", "windows");
-    let mut gw1 = Gw::new(d, "gw1", &site, &up, &[&d.join("op.key.pub"), &ossl_pub]);
-    let mut gw2 = Gw::new(d, "gw2", &site, &up, &[&d.join("op.key.pub")]);
+    let mut gw1 = Gw::new(
+        d,
+        "gw1",
+        (&site, &up),
+        &[&d.join("op.key.pub"), &ossl_pub],
+        "",
+    );
+    let mut gw2 = Gw::new(
+        d,
+        "gw2",
+        (&site, &up),
+        &[&d.join("op.key.pub")],
+        "accept_v1 = true",
+    );
     let mut devices = Publisher::connect(site.port, "devices");
     let mut fleet = Fleet::new(3, 400);
     fleet.send(&mut devices, 300);
@@ -386,12 +407,18 @@ fn two_gateways_take_signed_documents_reject_bad_ones_roll_back_a_broken_source_
         "{r}"
     );
     unchanged("fleet section");
-    let mut tampered: Value = serde_json::to_value(tidemark::fleet::Document::signed(
-        2,
-        doc1.to_owned(),
-        &tidemark::fleet::PrivateKey::read(&key).unwrap(),
-    ))
-    .unwrap();
+    let op = tidemark::fleet::PrivateKey::read(&key).unwrap();
+    let signed = |id: u64, targets: &[&str], not_after: Option<i64>| {
+        let targets = targets.iter().map(|t| (*t).to_owned()).collect();
+        serde_json::to_value(Document::signed(
+            id,
+            doc1.to_owned(),
+            (targets, not_after),
+            &op,
+        ))
+        .unwrap()
+    };
+    let mut tampered = signed(2, &["gw1"], None);
     tampered["config"] = Value::from(format!("{doc1}[log]\nlevel = \"trace\"\n"));
     let r = send_raw(
         &up,
@@ -415,9 +442,61 @@ fn two_gateways_take_signed_documents_reject_bad_ones_roll_back_a_broken_source_
     );
     unchanged("bad signature");
 
-    // Signed by OpenSSL (`pkeyutl -sign -rawin`), sent without a key name: applied.
+    // Bound to their gateways (SPEC §12 v2): a document signed for gw2 and
+    // published to gw1, an expired one, a v1 one (gw1 does not accept v1).
+    let for_gw2 = serde_json::to_vec(&signed(2, &["gw2"], None)).unwrap();
+    let r = send_raw(&up, &results, "gw1", 2, &for_gw2);
+    assert_eq!(
+        (r["result"].as_str(), r["errors"][0].as_str()),
+        (Some("rejected"), Some("not_for_this_gateway")),
+        "{r}"
+    );
+    unchanged("another gateway's document");
+    let expired = signed(2, &["gw1", "gw2"], Some(now_ms() - 1000));
+    let r = send_raw(
+        &up,
+        &results,
+        "gw1",
+        2,
+        &serde_json::to_vec(&expired).unwrap(),
+    );
+    assert_eq!(
+        (r["result"].as_str(), r["errors"][0].as_str()),
+        (Some("rejected"), Some("expired")),
+        "{r}"
+    );
+    unchanged("expired");
+    let v1 = serde_json::to_vec(&Document::signed_v1(2, doc1.to_owned(), &op)).unwrap();
+    let r = send_raw(&up, &results, "gw1", 2, &v1);
+    assert_eq!(
+        (r["result"].as_str(), r["errors"][0].as_str()),
+        (Some("rejected"), Some("unsigned_target")),
+        "{r}"
+    );
+    unchanged("v1");
+    // gw2 has `accept_v1 = true`: the same v1 document applies there.
+    let r = send_raw(&up, &results, "gw2", 2, &v1);
+    assert_eq!(r["result"], "applied", "{r}\n{}", gw2.log_text());
+    wait_until(
+        Duration::from_secs(10),
+        "gw2's status names document 2",
+        || status(&up, "gw2")["config_id"] == 2,
+    );
+    assert!(
+        status(&up, "gw1")["config_id"] == 1,
+        "{}",
+        status(&up, "gw1")
+    );
+
+    // Signed by OpenSSL (`pkeyutl -sign -rawin`) over the v2 bytes, sent without
+    // a key name: applied.
     let doc2 = format!("{doc1}[log]\nlevel = \"debug\"\n");
-    let signed = write(d, "doc2.signed", &format!("3\n{doc2}"));
+    let not_after = now_ms() + 3_600_000;
+    let signed = write(
+        d,
+        "doc2.signed",
+        &format!("tidemark-config-v2\ngw1,gw9\n3\n{not_after}\n{doc2}"),
+    );
     let sig = run(&[
         "pkeyutl",
         "-sign",
@@ -430,6 +509,8 @@ fn two_gateways_take_signed_documents_reject_bad_ones_roll_back_a_broken_source_
     use base64::Engine as _;
     let msg = serde_json::json!({
         "id": 3,
+        "targets": ["gw1", "gw9"],
+        "not_after": not_after,
         "config": doc2,
         "signature": base64::engine::general_purpose::STANDARD.encode(sig),
     });

@@ -168,6 +168,9 @@ pub enum FleetCommand {
     Keygen(KeygenArgs),
     /// Signs CONFIG for one gateway, publishes it, waits for the result; exit 0 if applied.
     Push(PushArgs),
+    /// Signs CONFIG for many gateways and pushes it in stages: canaries, then batches;
+    /// stops (exit 1) when more than --max-failures reject it or roll it back.
+    Rollout(RolloutArgs),
 }
 
 /// Every gateway on the broker from its retained status and latest metrics.
@@ -219,6 +222,60 @@ pub struct PushArgs {
     /// How long to wait for the result.
     #[arg(long, default_value_t = 120)]
     pub timeout_s: u64,
+    /// The gateway refuses the document once this many seconds have passed (`not_after`).
+    #[arg(long)]
+    pub expires_in_s: Option<u64>,
+    /// The TOML document (the remote layer).
+    pub config: PathBuf,
+}
+
+/// Signs CONFIG for many gateways and pushes it in stages (SPEC §12).
+#[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["gateways", "match_", "all"])))]
+pub struct RolloutArgs {
+    /// The upstream broker (the gateways' sink).
+    #[arg(long)]
+    pub url: String,
+    /// The private key (PEM, PKCS#8).
+    #[arg(long)]
+    pub key: PathBuf,
+    /// The document id: above the last one each gateway took.
+    #[arg(long)]
+    pub id: u64,
+    /// These gateways, comma-separated (pushed in this order).
+    #[arg(long, value_delimiter = ',')]
+    pub gateways: Vec<String>,
+    /// The gateways on the broker whose id matches this glob (`*`, `?`).
+    #[arg(long = "match")]
+    pub match_: Option<String>,
+    /// Every gateway on the broker.
+    #[arg(long)]
+    pub all: bool,
+    /// Gateways pushed to first, on their own.
+    #[arg(long, default_value_t = 1)]
+    pub canary: usize,
+    /// Gateways per batch after the canaries.
+    #[arg(long, default_value_t = 10)]
+    pub batch: usize,
+    /// Rejections and rollbacks tolerated; one more stops the rollout.
+    #[arg(long, default_value_t = 0)]
+    pub max_failures: usize,
+    /// Also retain the document on P/config/desired once the rollout went
+    /// through, so gateways away now take it when they come back.
+    #[arg(long)]
+    pub desired: bool,
+    /// The gateways' `sink.topic_prefix`.
+    #[arg(long, default_value = "tidemark/{gateway}")]
+    pub prefix: String,
+    /// Longest wait for one stage's results, seconds.
+    #[arg(long, default_value_t = 120)]
+    pub timeout_s: u64,
+    /// Gateways refuse the document once this many seconds have passed (`not_after`).
+    #[arg(long)]
+    pub expires_in_s: Option<u64>,
+    /// The report as JSON on stdout instead of a table.
+    #[arg(long)]
+    pub json: bool,
     /// The TOML document (the remote layer).
     pub config: PathBuf,
 }

@@ -150,6 +150,7 @@ fn fleet(command: FleetCommand) -> Result<(), Failure> {
             id: a.id,
             config: &a.config,
             timeout: Duration::from_secs(a.timeout_s),
+            not_after: not_after(a.expires_in_s),
         })
         .map(|r| {
             println!("{}", serde_json::to_string(&r).unwrap_or_default());
@@ -159,12 +160,55 @@ fn fleet(command: FleetCommand) -> Result<(), Failure> {
                 Err(Failure::NotDone)
             }
         }),
+        FleetCommand::Rollout(a) => rollout(&a),
     };
     match done {
         Ok(result) => result,
         Err(fleet::FleetError::Usage(e)) => Err(Failure::Usage(e)),
         Err(fleet::FleetError::Failed(e)) => Err(Failure::Error(e)),
     }
+}
+
+fn not_after(expires_in_s: Option<u64>) -> Option<i64> {
+    let now = tidemark::sys::clock::SystemClock::new().now().wall;
+    expires_in_s
+        .map(|s| now.saturating_add(i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX)))
+}
+
+fn rollout(a: &RolloutArgs) -> Result<Result<(), Failure>, fleet::FleetError> {
+    use tidemark::tools::rollout::{self, Select};
+    let select = match (&a.match_, a.all) {
+        (Some(g), _) => Select::Match(g.clone()),
+        (None, true) => Select::All,
+        (None, false) => Select::Gateways(a.gateways.clone()),
+    };
+    let report = rollout::rollout(&rollout::RolloutOptions {
+        url: &a.url,
+        key: &a.key,
+        id: a.id,
+        config: &a.config,
+        prefix: &a.prefix,
+        select,
+        canary: a.canary,
+        batch: a.batch,
+        max_failures: a.max_failures,
+        desired: a.desired,
+        timeout: Duration::from_secs(a.timeout_s),
+        not_after: not_after(a.expires_in_s),
+    })?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        );
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(if report.stopped {
+        Err(Failure::NotDone)
+    } else {
+        Ok(())
+    })
 }
 
 fn demo(a: &DemoArgs) -> Result<(), Failure> {

@@ -99,6 +99,7 @@ rebirth = true
 enabled = false
 trusted_keys = []
 confirm_s = 60
+accept_v1 = false
 "#;
 
 /// Upper bound of `time.skew_window` (buckets kept inline per device).
@@ -380,6 +381,8 @@ pub struct RawFleet {
     pub trusted_keys: Vec<String>,
     /// After a document is applied, source and sink must both connect within this, or it is rolled back.
     pub confirm_s: u64,
+    /// Take v1 documents (signed without their targets).
+    pub accept_v1: bool,
 }
 
 /// The connection keys `[source]` and `[sink]` share, as written.

@@ -433,6 +433,8 @@ pub struct Fleet {
     pub trusted_keys: Vec<crate::fleet::PublicKey>,
     /// Time given to source and sink to connect after a document is applied.
     pub confirm_ms: u64,
+    /// v1 documents (no targets) are taken too.
+    pub accept_v1: bool,
 }
 
 impl Fleet {
@@ -460,6 +462,7 @@ impl Fleet {
             enabled: raw.enabled,
             trusted_keys: keys,
             confirm_ms: raw.confirm_s.saturating_mul(1000),
+            accept_v1: raw.accept_v1,
         }
     }
 }

@@ -170,7 +170,7 @@ fn pem_body(text: &str, label: &str) -> Result<Vec<u8>, KeyError> {
         .map_err(|e| KeyError::Format(format!("bad base64 in the PEM block: {e}")))
 }
 
-/// The bytes a document's signature covers: `id` in decimal, a newline, the config.
+/// The bytes a v1 document's signature covers: `id` in decimal, a newline, the config.
 pub fn signed_bytes(id: u64, config: &str) -> Vec<u8> {
     let mut m = id.to_string().into_bytes();
     m.push(b'\n');
@@ -178,7 +178,47 @@ pub fn signed_bytes(id: u64, config: &str) -> Vec<u8> {
     m
 }
 
-/// A `P/config/set` message.
+/// The bytes a v2 document's signature covers (SPEC §12): `tidemark-config-v2`,
+/// the targets joined by `,`, `id`, `not_after` (empty when absent), each
+/// followed by a newline, then the config.
+pub fn signed_bytes_v2(
+    targets: &[String],
+    id: u64,
+    not_after: Option<Millis>,
+    config: &str,
+) -> Vec<u8> {
+    let not_after = not_after.map(|t| t.to_string()).unwrap_or_default();
+    let mut m = format!(
+        "tidemark-config-v2\n{}\n{id}\n{not_after}\n",
+        targets.join(",")
+    )
+    .into_bytes();
+    m.extend_from_slice(config.as_bytes());
+    m
+}
+
+/// Where a document came from on the sink broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// `P/config/set`: applied now or never.
+    Set,
+    /// The retained `P/config/desired`: applied once, whenever the gateway is there.
+    Desired,
+}
+
+/// What a gateway checks a document against.
+pub struct Checks<'a> {
+    /// Keys whose signatures are taken.
+    pub trusted: &'a [PublicKey],
+    /// This gateway's id (`gateway.id`).
+    pub gateway: &'a str,
+    /// Epoch ms now (for `not_after`).
+    pub now: Millis,
+    /// `[fleet] accept_v1`: documents without targets.
+    pub accept_v1: bool,
+}
+
+/// A `P/config/set` or `P/config/desired` message.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Document {
@@ -186,32 +226,84 @@ pub struct Document {
     pub id: u64,
     /// The remote layer, TOML.
     pub config: String,
-    /// Base64 Ed25519 signature of [`signed_bytes`].
+    /// Base64 Ed25519 signature of [`signed_bytes_v2`] (of [`signed_bytes`] without targets).
     pub signature: String,
     /// Base64 of the signer's public key (optional; names the key so an unknown
     /// one is told apart from a bad signature).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
+    /// The gateway ids it is for (`["*"]`: every gateway trusting the key); v2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub targets: Option<Vec<String>>,
+    /// Epoch ms after which it is refused (`expired`); v2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_after: Option<Millis>,
 }
 
 impl Document {
-    /// A document signed by `key`.
-    pub fn signed(id: u64, config: String, key: &PrivateKey) -> Self {
+    /// A v2 document for `targets`, signed by `key`.
+    pub fn signed(
+        id: u64,
+        config: String,
+        (targets, not_after): (Vec<String>, Option<Millis>),
+        key: &PrivateKey,
+    ) -> Self {
+        let signature = B64.encode(key.sign(&signed_bytes_v2(&targets, id, not_after, &config)));
+        Self {
+            id,
+            config,
+            signature,
+            key: Some(key.public().b64()),
+            targets: Some(targets),
+            not_after,
+        }
+    }
+
+    /// A v1 document (no targets), as earlier releases signed them.
+    pub fn signed_v1(id: u64, config: String, key: &PrivateKey) -> Self {
         let signature = B64.encode(key.sign(&signed_bytes(id, &config)));
         Self {
             id,
             config,
             signature,
             key: Some(key.public().b64()),
+            targets: None,
+            not_after: None,
         }
     }
 
-    /// `Ok` when a trusted key signed it, else the reason (`signature`, `untrusted_key`).
-    pub fn verify(&self, trusted: &[PublicKey]) -> Result<(), &'static str> {
+    /// The bytes its signature covers.
+    fn message(&self) -> Vec<u8> {
+        match &self.targets {
+            Some(t) => signed_bytes_v2(t, self.id, self.not_after, &self.config),
+            None => signed_bytes(self.id, &self.config),
+        }
+    }
+
+    /// `Ok` when a trusted key signed it for this gateway and it is still valid,
+    /// else the reason (`unsigned_target`, `signature`, `untrusted_key`,
+    /// `not_for_this_gateway`, `expired`).
+    pub fn verify(&self, c: &Checks<'_>) -> Result<(), &'static str> {
+        if self.targets.is_none() && !c.accept_v1 {
+            return Err("unsigned_target");
+        }
+        self.verify_signature(c.trusted)?;
+        if let Some(t) = &self.targets
+            && !t.iter().any(|t| t == c.gateway || t == "*")
+        {
+            return Err("not_for_this_gateway");
+        }
+        if self.not_after.is_some_and(|t| c.now > t) {
+            return Err("expired");
+        }
+        Ok(())
+    }
+
+    fn verify_signature(&self, trusted: &[PublicKey]) -> Result<(), &'static str> {
         let Ok(sig) = B64.decode(self.signature.trim()) else {
             return Err("signature");
         };
-        let msg = signed_bytes(self.id, &self.config);
+        let msg = self.message();
         match &self.key {
             Some(k) => {
                 let named = B64
@@ -338,24 +430,67 @@ mod tests {
         assert_eq!(again.public(), key.public());
         let public = PublicKey::read(&pub_path).unwrap();
         assert_eq!(public, key.public());
-        let doc = Document::signed(7, "[log]\nlevel = \"debug\"\n".into(), &key);
-        assert_eq!(doc.verify(&[public]), Ok(()));
+        let doc = Document::signed(
+            7,
+            "[log]\nlevel = \"debug\"\n".into(),
+            (vec!["gw-a".into(), "gw-b".into()], Some(5_000)),
+            &key,
+        );
         let other = PrivateKey::generate().unwrap().public();
-        assert_eq!(doc.verify(&[other]), Err("untrusted_key"));
+        fn checks<'a>(trusted: &'a [PublicKey], gateway: &'a str, now: Millis) -> Checks<'a> {
+            Checks {
+                trusted,
+                gateway,
+                now,
+                accept_v1: false,
+            }
+        }
+        let (both, ours, theirs) = (&[other, public][..], &[public][..], &[other][..]);
+        assert_eq!(doc.verify(&checks(ours, "gw-b", 5_000)), Ok(()));
+        assert_eq!(
+            doc.verify(&checks(ours, "gw-c", 0)),
+            Err("not_for_this_gateway")
+        );
+        assert_eq!(doc.verify(&checks(ours, "gw-a", 5_001)), Err("expired"));
+        assert_eq!(doc.verify(&checks(theirs, "gw-a", 0)), Err("untrusted_key"));
         let mut unnamed = doc.clone();
         unnamed.key = None;
-        assert_eq!(unnamed.verify(&[other, public]), Ok(()));
-        assert_eq!(unnamed.verify(&[other]), Err("signature"));
+        assert_eq!(unnamed.verify(&checks(both, "gw-a", 0)), Ok(()));
+        assert_eq!(unnamed.verify(&checks(theirs, "gw-a", 0)), Err("signature"));
+        // Every field the signature covers is bound: retargeting, a later expiry, v1 framing.
         for tamper in [
             |d: &mut Document| d.id += 1,
             |d: &mut Document| d.config.push(' '),
             |d: &mut Document| d.signature = "AAAA".into(),
             |d: &mut Document| d.signature = "not base64!".into(),
+            |d: &mut Document| d.targets = Some(vec!["gw-c".into()]),
+            |d: &mut Document| d.targets = Some(vec!["*".into()]),
+            |d: &mut Document| d.targets = Some(vec!["gw-a,gw-b".into()]),
+            |d: &mut Document| d.not_after = None,
+            |d: &mut Document| d.not_after = Some(6_000),
         ] {
             let mut d = doc.clone();
             tamper(&mut d);
-            assert_eq!(d.verify(&[public]), Err("signature"));
+            assert_eq!(
+                d.verify(&checks(ours, "gw-c", 0))
+                    .and(d.verify(&checks(ours, "gw-a", 0))),
+                Err("signature")
+            );
         }
+        let star = Document::signed(8, String::new(), (vec!["*".into()], None), &key);
+        assert_eq!(star.verify(&checks(ours, "anyone", i64::MAX)), Ok(()));
+        // v1: refused unless accepted, then only its signature counts.
+        let v1 = Document::signed_v1(9, "x".into(), &key);
+        assert_eq!(v1.verify(&checks(ours, "gw-a", 0)), Err("unsigned_target"));
+        let lenient = Checks {
+            accept_v1: true,
+            ..checks(ours, "gw-a", 0)
+        };
+        assert_eq!(v1.verify(&lenient), Ok(()));
+        let mut forged = doc.clone();
+        forged.targets = None;
+        forged.not_after = None;
+        assert_eq!(forged.verify(&lenient), Err("signature"));
         // An existing key file is never overwritten.
         assert!(key.write(&path).is_err());
     }

@@ -114,7 +114,7 @@ pub async fn serve(
                 gw.reloader.reload().await;
                 health::notify_ready("running; config reloaded");
             }
-            Some(doc) = gw.documents.recv() => gw.reloader.document(&doc).await,
+            Some((via, doc)) = gw.documents.recv() => gw.reloader.document(via, &doc).await,
             _ = confirm.tick(), if gw.reloader.confirming() => gw.reloader.confirm().await,
         }
     };

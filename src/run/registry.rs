@@ -74,6 +74,8 @@ pub struct Registry {
     /// Links found dead by their own checks: source probes unanswered \[0\],
     /// sink publishes or pings unanswered \[1\] (SPEC §5 "proven path").
     pub path_down: [AtomicU64; 2],
+    /// The id of the remote document in force, 0 for none (`P/status` `config_id`).
+    pub config_id: AtomicU64,
 }
 
 impl Registry {
@@ -95,6 +97,7 @@ impl Registry {
             alerts: AlertLog::default(),
             links_made: [AtomicU64::new(0), AtomicU64::new(0)],
             path_down: [AtomicU64::new(0), AtomicU64::new(0)],
+            config_id: AtomicU64::new(0),
         }
     }
 

@@ -18,7 +18,7 @@ use super::registry::Registry;
 use super::sink::SinkMsg;
 use super::source::SourceConfig;
 use crate::config::{self, Config};
-use crate::fleet::{ConfigResult, Document, Outcome, Remote};
+use crate::fleet::{Checks, ConfigResult, Document, Outcome, Remote, Via};
 use crate::model::Millis;
 use crate::sys::clock::SystemClock;
 
@@ -115,6 +115,11 @@ pub struct Reloader {
     remote: Remote,
     /// A remote document applied and waiting for both connections.
     pending: Option<Pending>,
+    /// The last desired document looked at (a hash of the message): the
+    /// retained one comes again at every connect and is answered once.
+    desired_seen: Option<u64>,
+    /// A desired document that came while another was on probation.
+    deferred: Option<Vec<u8>>,
 }
 
 /// A document on probation: what to go back to, and what confirms it.
@@ -149,6 +154,8 @@ impl Reloader {
             clock,
             remote,
             pending: None,
+            desired_seen: None,
+            deferred: None,
         }
     }
 
@@ -296,12 +303,41 @@ impl Reloader {
         ));
     }
 
-    /// A `P/config/set` message: checked, then applied on probation, or rejected
-    /// with its reasons (then nothing changed).
-    pub async fn document(&mut self, payload: &[u8]) {
+    /// A `P/config/set` or `P/config/desired` message: checked, then applied on
+    /// probation, or rejected with its reasons (then nothing changed). A desired
+    /// document is looked at once, and not at all when its id was taken already.
+    pub async fn document(&mut self, via: Via, payload: &[u8]) {
         if !self.current.fleet.enabled {
             return;
         }
+        if via == Via::Desired {
+            let seen = {
+                use std::hash::{Hash, Hasher};
+                let mut h = std::hash::DefaultHasher::new();
+                payload.hash(&mut h);
+                h.finish()
+            };
+            if self.desired_seen == Some(seen) {
+                return;
+            }
+            if self.pending.is_some() {
+                self.deferred = Some(payload.to_vec());
+                return;
+            }
+            self.desired_seen = Some(seen);
+            let id = serde_json::from_slice::<serde_json::Value>(payload)
+                .ok()
+                .and_then(|v| v.get("id").and_then(serde_json::Value::as_u64));
+            if id.is_some_and(|id| id <= self.remote.last_id) {
+                tracing::debug!(document = id, "desired config already taken");
+                return;
+            }
+            tracing::info!(document = id, "a newer desired config: taking it");
+        }
+        self.take(payload).await;
+    }
+
+    async fn take(&mut self, payload: &[u8]) {
         let doc: Document = match serde_json::from_slice(payload) {
             Ok(d) => d,
             Err(e) => {
@@ -317,7 +353,13 @@ impl Reloader {
             }
         };
         let id = Some(doc.id);
-        if let Err(why) = doc.verify(&self.current.fleet.trusted_keys) {
+        let checks = Checks {
+            trusted: &self.current.fleet.trusted_keys,
+            gateway: &self.current.gateway.id,
+            now: self.clock.now().wall,
+            accept_v1: self.current.fleet.accept_v1,
+        };
+        if let Err(why) = doc.verify(&checks) {
             return self.result(id, Outcome::Rejected, None, vec![why.into()]);
         }
         if doc.id <= self.remote.last_id {
@@ -404,28 +446,46 @@ impl Reloader {
         };
         if source_ok && sink_ok {
             let hash = self.current.hash();
-            return match self.remote.write(&self.current.gateway.state_dir) {
-                Ok(()) => self.result_to(
-                    p.topic,
-                    Some(p.id),
-                    Outcome::Applied,
-                    Some(hash),
-                    Vec::new(),
-                ),
+            match self.remote.write(&self.current.gateway.state_dir) {
+                Ok(()) => {
+                    self.in_force();
+                    self.result_to(
+                        p.topic,
+                        Some(p.id),
+                        Outcome::Applied,
+                        Some(hash),
+                        Vec::new(),
+                    );
+                }
                 Err(e) => {
                     let why = format!("store: writing remote.toml: {e}");
                     self.roll_back(p, vec![why]).await;
                 }
-            };
+            }
+        } else {
+            let mut errors = Vec::new();
+            if !source_ok {
+                errors.push("not_connected: source".to_owned());
+            }
+            if !sink_ok {
+                errors.push("not_connected: sink".to_owned());
+            }
+            self.roll_back(p, errors).await;
         }
-        let mut errors = Vec::new();
-        if !source_ok {
-            errors.push("not_connected: source".to_owned());
+        if let Some(d) = self.deferred.take() {
+            Box::pin(self.document(Via::Desired, &d)).await;
         }
-        if !sink_ok {
-            errors.push("not_connected: sink".to_owned());
-        }
-        self.roll_back(p, errors).await;
+    }
+
+    /// The remote document in force goes into the retained `P/status`.
+    fn in_force(&self) {
+        self.registry
+            .config_id
+            .store(self.remote.id, Ordering::Relaxed);
+        let _ = self
+            .targets
+            .sink
+            .send(SinkMsg::Apply(self.current.sink.clone()));
     }
 
     async fn roll_back(&mut self, p: Pending, errors: Vec<String>) {
@@ -439,6 +499,9 @@ impl Reloader {
         if let Err(e) = self.remote.write(&self.current.gateway.state_dir) {
             tracing::error!(error = %e, "cannot keep the remote layer's last id in remote.toml");
         }
+        self.registry
+            .config_id
+            .store(self.remote.id, Ordering::Relaxed);
         let hash = match self.apply(*p.previous).await {
             Ok(h) => Some(h),
             Err(e) => {

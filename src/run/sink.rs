@@ -16,6 +16,7 @@ use super::delivery::{Acked, Delivery, Next};
 use super::events::Notice;
 use super::metrics::Metrics;
 use super::registry::Registry;
+use crate::fleet::Via;
 use crate::model::Millis;
 use crate::store::{OutboxEntry, OutboxReader};
 use crate::sys::clock::Backoff;
@@ -58,6 +59,8 @@ struct Status<'a> {
     version: &'a str,
     config_hash: &'a str,
     started_at: Millis,
+    /// The remote document in force (SPEC §12).
+    config_id: Option<u64>,
 }
 
 /// The sink component.
@@ -76,8 +79,8 @@ pub struct Sink {
     notices: VecDeque<Notice>,
     /// Results of remote documents waiting for the uplink.
     results: VecDeque<(String, crate::fleet::ConfigResult)>,
-    /// Where `P/config/set` messages go (the reloader).
-    documents: tokio::sync::mpsc::UnboundedSender<Vec<u8>>,
+    /// Where `P/config/set` and `P/config/desired` messages go (the reloader).
+    documents: tokio::sync::mpsc::UnboundedSender<(Via, Vec<u8>)>,
     /// Since when the broker owes an answer (a PUBACK, a PINGRESP).
     waiting_since: Option<Millis>,
     /// When the broker was last heard from (any packet).
@@ -98,7 +101,7 @@ impl Sink {
         registry: Arc<Registry>,
         (delivered, documents): (
             watch::Sender<u64>,
-            tokio::sync::mpsc::UnboundedSender<Vec<u8>>,
+            tokio::sync::mpsc::UnboundedSender<(Via, Vec<u8>)>,
         ),
         (seed, started_at, clock): (u64, Millis, crate::sys::clock::SystemClock),
     ) -> Result<Self, LinkError> {
@@ -244,18 +247,23 @@ impl Sink {
                 self.on_connected(receive_max);
             }
             Event::PubAck { ok, reason } => self.on_puback(ok, &reason),
-            // A retained document would come again at every connect.
+            // A retained `set` would come again at every connect; `desired` is
+            // retained on purpose (the reloader takes each one once).
             Event::Message {
                 topic,
                 payload,
                 retained,
                 ..
-            } if self.cfg.documents && !retained && topic == self.cfg.topic("config/set") => {
-                let _ = self.documents.send(payload.to_vec());
+            } if self.cfg.documents => {
+                if !retained && topic == self.cfg.topic("config/set") {
+                    let _ = self.documents.send((Via::Set, payload.to_vec()));
+                } else if topic == self.cfg.topic("config/desired") && !payload.is_empty() {
+                    let _ = self.documents.send((Via::Desired, payload.to_vec()));
+                }
             }
             Event::Subscribed { refused } if refused > 0 => {
-                tracing::error!(topic = %self.cfg.topic("config/set"),
-                    "the upstream broker refused the fleet subscription: no remote configuration");
+                tracing::error!(topics = ?[self.cfg.topic("config/set"), self.cfg.topic("config/desired")],
+                    "the upstream broker refused the fleet subscriptions: no remote configuration");
             }
             Event::Heard => self.ping_pending = false,
             _ => {}
@@ -355,7 +363,13 @@ impl Sink {
         self.registry.sink_up.store(true, Ordering::Relaxed);
         self.registry.links_made[1].fetch_add(1, Ordering::Relaxed);
         if self.cfg.documents {
-            let _ = self.client.subscribe(&[self.cfg.topic("config/set")], 1);
+            let _ = self.client.subscribe(
+                &[
+                    self.cfg.topic("config/set"),
+                    self.cfg.topic("config/desired"),
+                ],
+                1,
+            );
         }
         let depth = self.registry.outbox_depth.load(Ordering::Relaxed);
         // What bounds the uplink's rate over a long round trip: the smaller of the two.
@@ -454,6 +468,7 @@ fn status(cfg: &SinkConfig, registry: &Registry, started_at: Millis, state: &str
         version: env!("CARGO_PKG_VERSION"),
         config_hash: &registry.config_hash(),
         started_at,
+        config_id: Some(registry.config_id.load(Ordering::Relaxed)).filter(|&id| id > 0),
     })
 }
 

@@ -30,7 +30,7 @@ pub struct Running {
     /// Applies SIGHUPs and remote documents.
     pub reloader: Reloader,
     /// `P/config/set` messages from the sink (SPEC §12).
-    pub documents: mpsc::UnboundedReceiver<Vec<u8>>,
+    pub documents: mpsc::UnboundedReceiver<(crate::fleet::Via, Vec<u8>)>,
     core_tx: mpsc::Sender<Inbound>,
     stop_tx: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -76,6 +76,10 @@ pub fn start(
         restored.outbox_dropped,
         cfg.hash(),
     ));
+    registry.config_id.store(
+        opts.remote.as_ref().map_or(0, |r| r.id),
+        std::sync::atomic::Ordering::Relaxed,
+    );
     let source_link = source::build(&cfg.source, started_at)?;
 
     let (core_tx, core_rx) = mpsc::channel::<Inbound>(8192);

@@ -52,24 +52,33 @@ pub struct PushOptions<'a> {
     pub config: &'a Path,
     /// How long to wait for the result.
     pub timeout: Duration,
+    /// Epoch ms after which the gateway refuses it.
+    pub not_after: Option<i64>,
 }
 
-/// Signs and publishes the document, waits for its result; `Ok(result)` whatever
-/// it says (the caller exits by it).
-pub fn push(o: &PushOptions<'_>) -> Result<ConfigResult, FleetError> {
-    let key = PrivateKey::read(o.key)
-        .map_err(|e| FleetError::Usage(format!("--key {}: {e}", o.key.display())))?;
-    let text = std::fs::read_to_string(o.config)
-        .map_err(|e| FleetError::Usage(format!("{}: {e}", o.config.display())))?;
+/// The signing key and the document's TOML, checked.
+pub(super) fn key_and_text(key: &Path, config: &Path) -> Result<(PrivateKey, String), FleetError> {
+    let key = PrivateKey::read(key)
+        .map_err(|e| FleetError::Usage(format!("--key {}: {e}", key.display())))?;
+    let text = std::fs::read_to_string(config)
+        .map_err(|e| FleetError::Usage(format!("{}: {e}", config.display())))?;
     if let Err(e) = toml::from_str::<toml::Table>(&text) {
         return Err(FleetError::Usage(format!(
             "{}: not TOML: {}",
-            o.config.display(),
+            config.display(),
             e.message()
         )));
     }
+    Ok((key, text))
+}
+
+/// Signs and publishes the document (v2, for this gateway), waits for its
+/// result; `Ok(result)` whatever it says (the caller exits by it).
+pub fn push(o: &PushOptions<'_>) -> Result<ConfigResult, FleetError> {
+    let (key, text) = key_and_text(o.key, o.config)?;
     let prefix = o.prefix.replace("{gateway}", o.gateway);
-    let doc = serde_json::to_vec(&Document::signed(o.id, text, &key))
+    let targets = vec![o.gateway.to_owned()];
+    let doc = serde_json::to_vec(&Document::signed(o.id, text, (targets, o.not_after), &key))
         .map_err(|e| FleetError::Failed(e.to_string()))?;
     let (client, mut lp) = connect(o.url, "push")?;
     let result_topic = format!("{prefix}/config/result");
@@ -156,6 +165,12 @@ pub struct Row {
     pub gateway_clock: Option<Value>,
     /// Epoch ms of the latest metrics.
     pub metrics_at: Option<i64>,
+    /// The id of the remote document in force (its status's `config_id`).
+    pub config_id: Option<u64>,
+    /// The id of the retained desired document (`P/config/desired`).
+    pub desired_id: Option<u64>,
+    /// Its applied id is below the desired one.
+    pub drift: bool,
 }
 
 /// `fleet ls`'s arguments.
@@ -180,6 +195,7 @@ pub fn ls(o: &LsOptions<'_>) -> Result<usize, FleetError> {
     let filters = vec![
         format!("{}/status", o.prefix_filter),
         format!("{}/metrics", o.prefix_filter),
+        format!("{}/config/desired", o.prefix_filter),
     ];
     runtime()?.block_on(async {
         let mut rows: BTreeMap<String, Row> = BTreeMap::new();
@@ -234,9 +250,18 @@ pub fn ls(o: &LsOptions<'_>) -> Result<usize, FleetError> {
     })
 }
 
-fn seen(rows: &mut BTreeMap<String, Row>, topic: &str, payload: &[u8]) {
-    let (prefix, leaf) = topic.rsplit_once('/').unwrap_or((topic, ""));
-    let Some(v) = decode(payload) else { return };
+pub(super) fn seen(rows: &mut BTreeMap<String, Row>, topic: &str, payload: &[u8]) {
+    let (prefix, leaf) = match topic.strip_suffix("/config/desired") {
+        Some(p) => (p, "desired"),
+        None => topic.rsplit_once('/').unwrap_or((topic, "")),
+    };
+    // An emptied retained desired document: none any more.
+    let v = if leaf == "desired" && payload.is_empty() {
+        Value::Null
+    } else {
+        let Some(v) = decode(payload) else { return };
+        v
+    };
     let row = rows.entry(prefix.to_owned()).or_insert_with(|| Row {
         id: prefix.rsplit('/').next().unwrap_or(prefix).to_owned(),
         prefix: prefix.to_owned(),
@@ -250,7 +275,9 @@ fn seen(rows: &mut BTreeMap<String, Row>, topic: &str, payload: &[u8]) {
             row.version = s(&v["version"]);
             row.config_hash = s(&v["config_hash"]);
             row.started_at = v["started_at"].as_i64();
+            row.config_id = v["config_id"].as_u64();
         }
+        "desired" => row.desired_id = v["id"].as_u64(),
         "metrics" => {
             let groups = v["groups"].as_object();
             row.groups = groups.map(|g| g.keys().cloned().collect());
@@ -270,6 +297,9 @@ fn seen(rows: &mut BTreeMap<String, Row>, topic: &str, payload: &[u8]) {
         }
         _ => {}
     }
+    row.drift = row
+        .desired_id
+        .is_some_and(|d| row.config_id.unwrap_or(0) < d);
 }
 
 /// The table `fleet ls` prints.
@@ -286,6 +316,8 @@ pub fn table(rows: &BTreeMap<String, Row>) -> String {
             "OUTBOX",
             "OFFLINE",
             "CLOCK",
+            "CONFIG ID",
+            "DESIRED ID",
         ]
         .map(str::to_owned),
     ];
@@ -301,9 +333,15 @@ pub fn table(rows: &BTreeMap<String, Row>) -> String {
             r.outbox_depth.map_or_else(dash, |d| d.to_string()),
             r.devices_offline.map_or_else(dash, |d| d.to_string()),
             r.gateway_clock.as_ref().map_or_else(dash, clock),
+            r.config_id.map_or_else(dash, |i| i.to_string()),
+            match (r.desired_id, r.drift) {
+                (None, _) => dash(),
+                (Some(d), false) => d.to_string(),
+                (Some(d), true) => format!("{d} drift"),
+            },
         ]);
     }
-    let widths: Vec<usize> = (0..9)
+    let widths: Vec<usize> = (0..11)
         .map(|i| lines.iter().map(|l| l[i].len()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();
@@ -332,13 +370,13 @@ fn clock(c: &Value) -> String {
 }
 
 /// JSON or CBOR (`[sink] format`) into a JSON value.
-fn decode(payload: &[u8]) -> Option<Value> {
+pub(super) fn decode(payload: &[u8]) -> Option<Value> {
     serde_json::from_slice(payload)
         .ok()
         .or_else(|| ciborium::from_reader::<Value, _>(payload).ok())
 }
 
-fn connect(url: &str, what: &str) -> Result<(Client, Loop), FleetError> {
+pub(super) fn connect(url: &str, what: &str) -> Result<(Client, Loop), FleetError> {
     let (tls, host, port) = parse_url(url).map_err(|e| FleetError::Usage(format!("--url: {e}")))?;
     let endpoint = Endpoint::plain(
         tls,
@@ -350,7 +388,7 @@ fn connect(url: &str, what: &str) -> Result<(Client, Loop), FleetError> {
     Ok(link::build(&LinkOptions::tool(&endpoint, 10))?)
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, FleetError> {
+pub(super) fn runtime() -> Result<tokio::runtime::Runtime, FleetError> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
