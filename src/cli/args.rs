@@ -41,7 +41,7 @@ pub enum Command {
     /// A running gateway's live status from its HTTP endpoint: groups, devices that
     /// need a look (offline, idle, distrusted clocks), links, outbox, recent alerts.
     Status(StatusArgs),
-    /// Gateways on an upstream broker: list them, sign and push config (SPEC §12).
+    /// Gateways on an upstream broker: list them, sign and push or roll out config (SPEC §12).
     Fleet(FleetArgs),
     /// Read-only dump of persisted state (run while the gateway is stopped).
     Inspect(InspectArgs),
@@ -142,7 +142,7 @@ pub struct StatusArgs {
     pub state: Option<String>,
 }
 
-/// Gateways on an upstream broker: list them, sign and push config (SPEC §12).
+/// Gateways on an upstream broker: list them, sign and push or roll out config (SPEC §12).
 #[derive(clap::Args)]
 pub struct FleetArgs {
     #[command(subcommand)]
