@@ -52,7 +52,7 @@ def write_section(n, title, body):
         text = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: section, text, flags=re.S)
     else:
         # Keep the sections in table order.
-        later = [m for m in re.finditer(r"<!-- table (\d) begin -->", text) if int(m.group(1)) > n]
+        later = [m for m in re.finditer(r"<!-- table (\d+) begin -->", text) if int(m.group(1)) > n]
         at = later[0].start() if later else len(text)
         text = text[:at].rstrip("\n") + "\n\n" + section + "\n\n" + text[at:].lstrip("\n")
     with open(DOC, "w") as f:
