@@ -152,12 +152,26 @@ fn merged_override(g: &GroupConfig) -> RawGroupOverride {
             gap_ms: as_u(gap_ms),
         },
     };
+    let a = g.adaptive;
+    let value = |v: i64, auto: bool| {
+        Some(if auto {
+            MsOrAuto::Auto
+        } else {
+            MsOrAuto::Ms(u64::try_from(v).unwrap_or(0))
+        })
+    };
     RawGroupOverride {
-        out_of_orderness_ms: as_u(g.out_of_orderness_ms),
+        out_of_orderness_ms: value(g.out_of_orderness_ms, a.is_some_and(|a| a.bound)),
         idle_timeout_ms: as_u(g.idle_timeout_ms),
         heartbeat_timeout_ms: as_u(g.heartbeat_timeout_ms),
-        allowed_lateness_ms: as_u(g.allowed_lateness_ms),
+        allowed_lateness_ms: value(g.allowed_lateness_ms, a.is_some_and(|a| a.lateness)),
         window: Some(window),
+        adaptive: a.map(|a| RawAdaptive {
+            quantile: f64::from(a.quantile_ppm) / 1_000_000.0,
+            min_ms: u64::try_from(a.min_ms).unwrap_or(0),
+            max_ms: u64::try_from(a.max_ms).unwrap_or(0),
+            horizon_s: u64::try_from(a.horizon_ms / 1000).unwrap_or(0),
+        }),
     }
 }
 

@@ -60,6 +60,7 @@ out_of_orderness_ms = 2000
 idle_timeout_ms = 30000
 heartbeat_timeout_ms = 60000
 allowed_lateness_ms = 30000
+adaptive = { quantile = 0.999, min_ms = 100, max_ms = 600000, horizon_s = 900 }
 
 [sink]
 url = "mqtt://127.0.0.1:1883"
@@ -239,16 +240,102 @@ pub struct RawTime {
 #[serde(deny_unknown_fields)]
 pub struct RawGroupDefaults {
     /// Bounded disorder tolerated before the watermark passes an event.
-    pub out_of_orderness_ms: u64,
+    pub out_of_orderness_ms: MsOrAuto,
     /// A device silent this long no longer holds its group back.
     pub idle_timeout_ms: u64,
     /// A device whose last event is this far behind the watermark is offline.
     pub heartbeat_timeout_ms: u64,
     /// How long after firing a window still accepts events (as revisions).
-    pub allowed_lateness_ms: u64,
+    pub allowed_lateness_ms: MsOrAuto,
     /// Window shape.
     #[serde(default = "default_window")]
     pub window: RawWindow,
+    /// How "auto" values follow the group's delays (SPEC §5).
+    #[serde(default)]
+    pub adaptive: RawAdaptive,
+}
+
+/// A duration in ms, or `"auto"` (SPEC §5 "Adaptive bound").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MsOrAuto {
+    /// A fixed value.
+    Ms(u64),
+    /// Learned from the group's delays.
+    Auto,
+}
+
+impl MsOrAuto {
+    /// The fixed value, or `auto` for "auto".
+    pub fn or(self, auto: u64) -> u64 {
+        match self {
+            Self::Ms(v) => v,
+            Self::Auto => auto,
+        }
+    }
+}
+
+impl Serialize for MsOrAuto {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Ms(v) => s.serialize_u64(*v),
+            Self::Auto => s.serialize_str("auto"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for MsOrAuto {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = MsOrAuto;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a number of milliseconds or \"auto\"")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<MsOrAuto, E> {
+                Ok(MsOrAuto::Ms(v))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<MsOrAuto, E> {
+                u64::try_from(v)
+                    .map(MsOrAuto::Ms)
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(v), &self))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<MsOrAuto, E> {
+                match v.trim() {
+                    "auto" => Ok(MsOrAuto::Auto),
+                    t => t
+                        .parse()
+                        .map(MsOrAuto::Ms)
+                        .map_err(|_| E::invalid_value(serde::de::Unexpected::Str(v), &self)),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `adaptive = { quantile, min_ms, max_ms, horizon_s }`
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawAdaptive {
+    /// The share of readings the bound (and the lateness) should cover.
+    pub quantile: f64,
+    /// Lower clamp.
+    pub min_ms: u64,
+    /// Upper clamp.
+    pub max_ms: u64,
+    /// How long evidence counts, seconds.
+    pub horizon_s: u64,
+}
+
+impl Default for RawAdaptive {
+    fn default() -> Self {
+        Self {
+            quantile: 0.999,
+            min_ms: 100,
+            max_ms: 600_000,
+            horizon_s: 900,
+        }
+    }
 }
 
 /// `[groups.NAME]`: any key of `[group_defaults]`.
@@ -256,15 +343,17 @@ pub struct RawGroupDefaults {
 #[serde(deny_unknown_fields)]
 pub struct RawGroupOverride {
     /// Overrides `group_defaults.out_of_orderness_ms`.
-    pub out_of_orderness_ms: Option<u64>,
+    pub out_of_orderness_ms: Option<MsOrAuto>,
     /// Overrides `group_defaults.idle_timeout_ms`.
     pub idle_timeout_ms: Option<u64>,
     /// Overrides `group_defaults.heartbeat_timeout_ms`.
     pub heartbeat_timeout_ms: Option<u64>,
     /// Overrides `group_defaults.allowed_lateness_ms`.
-    pub allowed_lateness_ms: Option<u64>,
+    pub allowed_lateness_ms: Option<MsOrAuto>,
     /// Overrides `group_defaults.window` as a whole.
     pub window: Option<RawWindow>,
+    /// Overrides `group_defaults.adaptive` as a whole.
+    pub adaptive: Option<RawAdaptive>,
 }
 
 /// `window = { kind = "...", ... }`

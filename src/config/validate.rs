@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use super::*;
 use crate::model::Id;
+use crate::time::adaptive::AdaptiveConfig;
 use crate::topic::TopicPattern;
 
 pub(super) fn describe_config_error(e: &config::ConfigError) -> String {
@@ -109,11 +110,10 @@ fn engine(p: &mut Problems, raw: &RawConfig, gateway: &Id) -> EngineConfig {
     let defaults = group_config(
         p,
         "group_defaults",
-        d.out_of_orderness_ms,
+        (d.out_of_orderness_ms, d.allowed_lateness_ms),
         d.idle_timeout_ms,
         d.heartbeat_timeout_ms,
-        d.allowed_lateness_ms,
-        &d.window,
+        (&d.window, &d.adaptive),
     );
     let mut overrides = BTreeMap::new();
     for (name, o) in &raw.groups {
@@ -124,11 +124,16 @@ fn engine(p: &mut Problems, raw: &RawConfig, gateway: &Id) -> EngineConfig {
         let g = group_config(
             p,
             &key,
-            o.out_of_orderness_ms.unwrap_or(d.out_of_orderness_ms),
+            (
+                o.out_of_orderness_ms.unwrap_or(d.out_of_orderness_ms),
+                o.allowed_lateness_ms.unwrap_or(d.allowed_lateness_ms),
+            ),
             o.idle_timeout_ms.unwrap_or(d.idle_timeout_ms),
             o.heartbeat_timeout_ms.unwrap_or(d.heartbeat_timeout_ms),
-            o.allowed_lateness_ms.unwrap_or(d.allowed_lateness_ms),
-            o.window.as_ref().unwrap_or(&d.window),
+            (
+                o.window.as_ref().unwrap_or(&d.window),
+                o.adaptive.as_ref().unwrap_or(&d.adaptive),
+            ),
         );
         overrides.insert(name.clone(), g);
     }
@@ -216,22 +221,67 @@ fn sparkplug(p: &mut Problems, sp: &RawSparkplug) -> SparkplugConfig {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// `adaptive = { … }`, when a group has an "auto" value.
+fn adaptive(
+    p: &mut Problems,
+    key: &str,
+    (bound, lateness): (bool, bool),
+    a: &RawAdaptive,
+) -> Option<AdaptiveConfig> {
+    if !bound && !lateness {
+        return None;
+    }
+    let k = format!("{key}.adaptive");
+    if !(a.quantile > 0.0 && a.quantile < 1.0) {
+        p.add(
+            &format!("{k}.quantile"),
+            format!("{} must be between 0 and 1 (e.g. 0.999)", a.quantile),
+        );
+    }
+    let min_ms = ms(p, &format!("{k}.min_ms"), a.min_ms);
+    let max_ms = ms(p, &format!("{k}.max_ms"), a.max_ms);
+    if min_ms > max_ms {
+        p.add(
+            &format!("{k}.min_ms"),
+            format!("{min_ms} must be <= max_ms ({max_ms})"),
+        );
+    }
+    if a.horizon_s == 0 || a.horizon_s > 7 * 86_400 {
+        p.add(&format!("{k}.horizon_s"), "must be 1..=604800");
+    }
+    Some(AdaptiveConfig {
+        bound,
+        lateness,
+        // Millionths: exact enough, and the rules stay comparable (Eq) and serializable.
+        quantile_ppm: (a.quantile.clamp(0.0, 1.0) * 1_000_000.0).round() as u32,
+        min_ms,
+        max_ms: max_ms.max(min_ms),
+        horizon_ms: i64::try_from(a.horizon_s.clamp(1, 7 * 86_400) * 1000).unwrap_or(1000),
+    })
+}
+
 fn group_config(
     p: &mut Problems,
     key: &str,
-    ooo: u64,
+    (ooo, lateness): (MsOrAuto, MsOrAuto),
     idle: u64,
     hb: u64,
-    lateness: u64,
-    w: &RawWindow,
+    (w, a): (&RawWindow, &RawAdaptive),
 ) -> GroupConfig {
     p.positive(&format!("{key}.idle_timeout_ms"), idle);
     p.positive(&format!("{key}.heartbeat_timeout_ms"), hb);
-    let out_of_orderness_ms = ms(p, &format!("{key}.out_of_orderness_ms"), ooo);
+    let adaptive = adaptive(
+        p,
+        key,
+        (ooo == MsOrAuto::Auto, lateness == MsOrAuto::Auto),
+        a,
+    );
+    // An "auto" value starts at the lower clamp (it is not used as such: see `adaptive`).
+    let floor = adaptive.map_or(0, |a| u64::try_from(a.min_ms).unwrap_or(0));
+    let out_of_orderness_ms = ms(p, &format!("{key}.out_of_orderness_ms"), ooo.or(floor));
     let idle_timeout_ms = ms(p, &format!("{key}.idle_timeout_ms"), idle);
     let heartbeat_timeout_ms = ms(p, &format!("{key}.heartbeat_timeout_ms"), hb);
-    let allowed_lateness_ms = ms(p, &format!("{key}.allowed_lateness_ms"), lateness);
+    let allowed_lateness_ms = ms(p, &format!("{key}.allowed_lateness_ms"), lateness.or(floor));
     let wk = format!("{key}.window");
     let need = |p: &mut Problems, name: &str, v: Option<u64>| -> i64 {
         match v {
@@ -299,6 +349,7 @@ fn group_config(
         heartbeat_timeout_ms,
         allowed_lateness_ms,
         window,
+        adaptive,
     }
 }
 

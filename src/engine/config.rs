@@ -9,6 +9,7 @@ use crate::codec::PayloadConfig;
 use crate::model::Id;
 use crate::sparkplug::SparkplugConfig;
 use crate::time::TimeConfig;
+use crate::time::adaptive::AdaptiveConfig;
 use crate::time::window::WindowSpec;
 use crate::topic::TopicPattern;
 
@@ -42,6 +43,9 @@ pub struct GroupConfig {
     pub allowed_lateness_ms: i64,
     /// Window shape.
     pub window: WindowSpec,
+    /// "auto" bound and/or lateness (SPEC §5); `None`: both fixed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adaptive: Option<AdaptiveConfig>,
 }
 
 /// Settings of groups without an override, and the overrides (merged).

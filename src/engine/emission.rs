@@ -26,12 +26,14 @@ impl Engine {
         for oi in 0..self.group_order.len() {
             let gi = self.group_order[oi] as usize;
             let prev = self.groups[gi].state.wm;
+            self.refresh_adaptive(gi);
             let wm = self.group_watermark(gi, now);
             let advanced = wm > prev;
             if advanced {
                 self.groups[gi].state.wm = wm;
                 self.mark_group(gi);
             }
+            self.advance_frontier(gi);
             // Devices changed before the first watermark wait for it.
             let Some(wm) = wm else { continue };
             if !advanced && self.groups[gi].pending.is_empty() {
@@ -66,8 +68,9 @@ impl Engine {
                 self.close_device(gi, di as usize, wm, now, out);
                 self.schedule(gi, di);
             }
+            // "auto" lateness purges by the frontier, not exactly at the deadlines.
             #[cfg(debug_assertions)]
-            {
+            if !self.groups[gi].auto_lateness() {
                 let g = &self.groups[gi];
                 for &di in &g.members {
                     let d = &self.devices[di as usize];
@@ -139,7 +142,7 @@ impl Engine {
         out: &mut dyn Emit,
     ) {
         let (lateness, hb) = (
-            self.groups[gi].cfg.allowed_lateness_ms,
+            self.groups[gi].lateness(),
             self.groups[gi].cfg.heartbeat_timeout_ms,
         );
         let mut changed = self.emit_windows(di, wm, out);

@@ -11,7 +11,7 @@ impl Engine {
     /// Registers a device's next deadline after a visit.
     pub(super) fn schedule(&mut self, gi: usize, di: u32) {
         let (lateness, hb) = (
-            self.groups[gi].cfg.allowed_lateness_ms,
+            self.groups[gi].lateness_due(),
             self.groups[gi].cfg.heartbeat_timeout_ms,
         );
         let d = &mut self.devices[di as usize];
@@ -65,7 +65,7 @@ impl Engine {
             max_event: g.state.max_event,
             last_arrival: g.state.last_arrival,
             idle_timeout_ms: g.cfg.idle_timeout_ms,
-            out_of_orderness_ms: g.cfg.out_of_orderness_ms,
+            out_of_orderness_ms: g.bound(),
         };
         debug_assert_eq!(
             min,

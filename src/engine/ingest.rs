@@ -270,9 +270,13 @@ impl Engine {
             }
         }
         let gi = self.devices[di].group as usize;
-        let (wm, rule, lateness) = {
+        if !provisional {
+            self.observe_disorder(gi, di, event, now);
+        }
+        let (wm, rule, lateness, fresh) = {
             let g = &self.groups[gi];
-            (g.state.wm, g.rule_at(event), g.cfg.allowed_lateness_ms)
+            let fresh = g.fresh(self.devices[di].state.max_event);
+            (g.state.wm, g.rule_at(event), g.lateness(), fresh)
         };
         let dev = &mut self.devices[di].state;
         // No rule: below the oldest rule kept, so past every window's lateness.
@@ -281,6 +285,7 @@ impl Engine {
                 spec,
                 span,
                 lateness,
+                fresh,
             };
             window::apply(&mut dev.windows, rule, event, wm, heartbeat, &metrics)
         });

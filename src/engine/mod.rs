@@ -17,6 +17,7 @@ use crate::time::gateway::GatewayClock;
 use crate::time::window::MetricIdx;
 use crate::topic::TopicPattern;
 
+mod adaptive;
 mod clock;
 mod config;
 mod emission;
@@ -224,6 +225,7 @@ impl Engine {
             self.group_slot(&g.name.clone());
             let gi = self.group_index[&g.name] as usize;
             self.groups[gi].state = g;
+            self.groups[gi].fit_adaptive();
             self.groups[gi].dirty = false;
         }
         // Exactly the restored fleet, not a quarter more (devices that join later grow it).
@@ -426,6 +428,8 @@ impl Engine {
                 let mut st = GroupStats {
                     name: g.state.name.clone(),
                     watermark: g.state.wm,
+                    bound_ms: g.bound(),
+                    lateness_ms: g.lateness_due(),
                     ..GroupStats::default()
                 };
                 for &di in &g.members {

@@ -62,7 +62,11 @@ impl GroupSlot {
             }
         }
         // Rules whose every window is purged (the next rule's start is past the lateness).
-        let lateness = new.allowed_lateness_ms;
+        let lateness = if new.adaptive.is_some_and(|a| a.lateness) {
+            self.lateness()
+        } else {
+            new.allowed_lateness_ms
+        };
         if let Some(wm) = self.state.wm {
             let r = &mut self.state.rules;
             while r.len() >= 2 && r[1].from.saturating_add(lateness) <= wm {
@@ -71,7 +75,7 @@ impl GroupSlot {
             }
         }
         self.cfg = new;
-        changed
+        changed | self.fit_adaptive()
     }
 }
 

@@ -54,6 +54,7 @@ impl Engine {
                 rules: Vec::new(),
                 restarts: 0,
                 restarted_at: 0,
+                adaptive: None,
             },
             id: SharedId::new(name.clone()),
             cfg: self.group_rules.of(name).clone(),
@@ -71,6 +72,7 @@ impl Engine {
             .group_order
             .partition_point(|&g| self.groups[g as usize].state.name < *name);
         self.group_order.insert(pos, gi);
+        self.groups[i].fit_adaptive();
         self.mark_group(i);
         i
     }

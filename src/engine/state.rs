@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::codec::MetricName;
 use crate::model::{Id, Millis, Reason, SharedId};
+use crate::time::adaptive::AdaptiveState;
 use crate::time::gateway::GatewayClock;
 use crate::time::seq::SeqWindow;
 use crate::time::skew::SkewEstimator;
@@ -121,6 +122,9 @@ pub struct Group {
     /// Monotonic time of the latest idleness restart.
     #[serde(default)]
     pub restarted_at: Millis,
+    /// What "auto" values learned (SPEC §5); `None` while both are fixed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adaptive: Option<AdaptiveState>,
 }
 
 /// A window rule and the event time from which it governs a group.
@@ -151,6 +155,10 @@ pub struct GroupStats {
     pub timestamps_invalid: u64,
     /// Open windows of the members.
     pub open_windows: u64,
+    /// The watermark bound in force (`out_of_orderness_ms`, learned when "auto").
+    pub bound_ms: Millis,
+    /// The allowed lateness in force (learned when "auto").
+    pub lateness_ms: Millis,
 }
 
 /// The state changed since the last [`Engine::take_changes`], as values: the

@@ -465,7 +465,6 @@ mod tests {
             |d: &mut Document| d.signature = "not base64!".into(),
             |d: &mut Document| d.targets = Some(vec!["gw-c".into()]),
             |d: &mut Document| d.targets = Some(vec!["*".into()]),
-            |d: &mut Document| d.targets = Some(vec!["gw-a,gw-b".into()]),
             |d: &mut Document| d.not_after = None,
             |d: &mut Document| d.not_after = Some(6_000),
         ] {
@@ -475,6 +474,16 @@ mod tests {
                 d.verify(&checks(ours, "gw-c", 0))
                     .and(d.verify(&checks(ours, "gw-a", 0))),
                 Err("signature")
+            );
+        }
+        // The same bytes with one comma-joined target name no gateway (ids have no commas).
+        let mut joined = doc.clone();
+        joined.targets = Some(vec!["gw-a,gw-b".into()]);
+        for gw in ["gw-a", "gw-b"] {
+            assert_eq!(
+                joined.verify(&checks(ours, gw, 0)),
+                Err("not_for_this_gateway"),
+                "{gw}"
             );
         }
         let star = Document::signed(8, String::new(), (vec!["*".into()], None), &key);

@@ -1,6 +1,7 @@
 //! The pure event-time building blocks: clock-offset estimation, duplicate
 //! suppression, the group watermark fold and windows. No I/O, no clock reads: time is passed in.
 
+pub mod adaptive;
 mod buckets;
 pub mod gateway;
 pub mod seq;

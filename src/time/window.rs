@@ -257,6 +257,18 @@ pub struct Rule {
     pub span: Span,
     /// `allowed_lateness_ms`.
     pub lateness: Millis,
+    /// Windows that may take events past the lateness ("auto" lateness).
+    pub fresh: Option<Fresh>,
+}
+
+/// Windows that start after everything a device ever sent never existed: with
+/// "auto" lateness they take events up to `reach` behind the watermark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fresh {
+    /// The device's latest event time before this one.
+    pub after: Millis,
+    /// How far behind the watermark (`adaptive.max_ms`).
+    pub reach: Millis,
 }
 
 /// Adds an event to a device's open windows (sorted by start), within the
@@ -274,11 +286,15 @@ pub fn apply(
         spec,
         span,
         lateness,
+        fresh,
     } = rule;
     let open = |end: Millis| wm.is_none_or(|w| end + lateness > w);
+    let new = |start: Millis, end: Millis| {
+        fresh.is_some_and(|f| start > f.after && wm.is_none_or(|w| end.saturating_add(f.reach) > w))
+    };
     if let WindowSpec::Session { gap_ms } = spec {
         let hi = t.saturating_add(gap_ms).min(span.until);
-        if !open(hi) {
+        if !open(hi) && !new(t, hi) {
             return false;
         }
         let lo = t;
@@ -304,11 +320,17 @@ pub fn apply(
     let mut any = false;
     for &(s, e) in &ws {
         let e = e.min(span.until);
-        if s < span.from || !open(e) {
+        if s < span.from {
+            continue;
+        }
+        let found = windows.binary_search_by_key(&s, |w| w.start);
+        // With "auto" lateness a window still kept takes the event (a revision).
+        let kept = fresh.is_some() && found.is_ok();
+        if !(open(e) || kept || new(s, e)) {
             continue;
         }
         any = true;
-        let i = match windows.binary_search_by_key(&s, |w| w.start) {
+        let i = match found {
             Ok(i) => i,
             Err(i) => {
                 insert_tight(windows, i, Window::new(s, e));
@@ -329,6 +351,7 @@ mod tests {
             spec,
             span: Span::ALL,
             lateness,
+            fresh: None,
         }
     }
 
@@ -403,7 +426,8 @@ mod tests {
             Rule {
                 spec,
                 span: Span::ALL,
-                lateness: 0
+                lateness: 0,
+                fresh: None,
             },
             18_000,
             None,
@@ -421,7 +445,8 @@ mod tests {
             Rule {
                 spec,
                 span: Span::ALL,
-                lateness: 0
+                lateness: 0,
+                fresh: None,
             },
             45_000,
             None,

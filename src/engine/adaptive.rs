@@ -1,0 +1,133 @@
+//! "auto" bound and lateness in the engine (SPEC §5): the evidence each reading
+//! gives, the values in force at a tick, and the frontier below which fired
+//! windows are gone. Groups with fixed values never reach this code.
+
+use super::{Engine, GroupSlot, Now};
+use crate::model::Millis;
+use crate::time::adaptive::AdaptiveState;
+use crate::time::window::Fresh;
+
+impl GroupSlot {
+    /// Creates the adaptive state when a value turns "auto", drops it when none
+    /// is; true when it changed.
+    pub(super) fn fit_adaptive(&mut self) -> bool {
+        match (&self.cfg.adaptive, &self.state.adaptive) {
+            (Some(a), None) => {
+                self.state.adaptive = Some(AdaptiveState::new(a));
+                true
+            }
+            (None, Some(_)) => {
+                self.state.adaptive = None;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn learned(&self) -> Option<(&crate::time::adaptive::AdaptiveConfig, &AdaptiveState)> {
+        self.cfg.adaptive.as_ref().zip(self.state.adaptive.as_ref())
+    }
+
+    /// The watermark bound in force.
+    pub(super) fn bound(&self) -> Millis {
+        match self.learned() {
+            Some((a, s)) if a.bound => s.bound.value,
+            _ => self.cfg.out_of_orderness_ms,
+        }
+    }
+
+    /// The lateness that decides which fired windows are kept and which events
+    /// they take: fixed, or, when "auto", W − frontier (so a lateness that rises
+    /// never brings back a window already gone).
+    pub(super) fn lateness(&self) -> Millis {
+        match self.learned() {
+            Some((a, s)) if a.lateness => s.lateness_at(self.state.wm),
+            _ => self.cfg.allowed_lateness_ms,
+        }
+    }
+
+    /// The lateness a window's purge is scheduled with (the value in force).
+    pub(super) fn lateness_due(&self) -> Millis {
+        match self.learned() {
+            Some((a, s)) if a.lateness => s.lateness.value,
+            _ => self.cfg.allowed_lateness_ms,
+        }
+    }
+
+    /// With "auto" lateness: a window after everything its device ever sent never
+    /// existed, so it can take a returning backlog (up to `max_ms` behind) as a
+    /// first result without giving any id a second content.
+    pub(super) fn fresh(&self, device_max: Option<Millis>) -> Option<Fresh> {
+        match self.learned() {
+            Some((a, _)) if a.lateness => Some(Fresh {
+                after: device_max.unwrap_or(Millis::MIN),
+                reach: a.max_ms,
+            }),
+            _ => None,
+        }
+    }
+
+    /// "auto" lateness (purges do not follow the scheduled deadlines exactly).
+    pub(super) fn auto_lateness(&self) -> bool {
+        self.cfg.adaptive.is_some_and(|a| a.lateness)
+    }
+}
+
+impl Engine {
+    /// The evidence of one timed event of device `di`, before its state moves: a
+    /// device back from idleness gives how far it is behind the watermark (the
+    /// lateness), any other how far it is behind its own latest event (the bound).
+    pub(super) fn observe_disorder(&mut self, gi: usize, di: usize, event: Millis, now: Now) {
+        let g = &mut self.groups[gi];
+        let Some(a) = g.cfg.adaptive else { return };
+        let d = &self.devices[di].state;
+        let returning = d.max_event.is_some()
+            && now.mono.saturating_sub(d.last_arrival) >= g.cfg.idle_timeout_ms;
+        let t = g.state.max_event.map_or(event, |m| m.max(event));
+        let wm = g.state.wm;
+        let Some(st) = g.state.adaptive.as_mut() else {
+            return;
+        };
+        if returning {
+            if a.lateness {
+                let behind = wm.map_or(0, |w| w.saturating_sub(event).max(0));
+                st.lateness.observe(behind, t, &a);
+            }
+        } else if a.bound {
+            let behind = d.max_event.map_or(0, |m| m.saturating_sub(event).max(0));
+            st.bound.observe(behind, t, &a);
+        }
+        self.mark_group(gi);
+    }
+
+    /// At a tick, before the watermark fold: the values in force at the group's
+    /// event time.
+    pub(super) fn refresh_adaptive(&mut self, gi: usize) {
+        let g = &mut self.groups[gi];
+        let (Some(a), Some(t)) = (g.cfg.adaptive, g.state.max_event) else {
+            return;
+        };
+        let Some(st) = g.state.adaptive.as_mut() else {
+            return;
+        };
+        let before = st.signature();
+        st.refresh(t, &a);
+        if st.signature() != before {
+            self.mark_group(gi);
+        }
+    }
+
+    /// After the fold: the frontier follows the watermark.
+    pub(super) fn advance_frontier(&mut self, gi: usize) {
+        let g = &mut self.groups[gi];
+        let wm = g.state.wm;
+        let Some(st) = g.state.adaptive.as_mut() else {
+            return;
+        };
+        let before = st.frontier;
+        st.advance(wm);
+        if st.frontier != before {
+            self.mark_group(gi);
+        }
+    }
+}
