@@ -84,6 +84,10 @@ pub struct ReplayArgs {
     /// At the end of the input, emit every open window (a final watermark at +infinity).
     #[arg(long)]
     pub flush: bool,
+    /// Give each output line `"at"`: the virtual time it came out (the arrival of
+    /// the record it came with), to measure latency offline. Not with --state-dir.
+    #[arg(long, conflicts_with = "state_dir")]
+    pub timed: bool,
 }
 
 /// Record live traffic as a replay input (JSON lines), until Ctrl-C.

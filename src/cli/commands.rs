@@ -70,6 +70,7 @@ fn replay(a: &ReplayArgs, log_format: Option<LogFormat>) -> Result<(), Failure> 
         drain_ms: i64::try_from(a.drain_ms).unwrap_or(i64::MAX),
         state_dir: a.state_dir.as_deref(),
         flush: a.flush,
+        timed: a.timed,
     };
     let (engine, s) =
         replay::run(&cfg, &opts).map_err(|e| Failure::Failed(format!("replay failed: {e}")))?;

@@ -36,9 +36,9 @@ impl GroupSlot {
         }
     }
 
-    /// The lateness that decides which fired windows are kept and which events
-    /// they take: fixed, or, when "auto", W − frontier (so a lateness that rises
-    /// never brings back a window already gone).
+    /// The lateness that decides which events a window no longer kept takes:
+    /// fixed, or, when "auto", W − frontier (so a lateness that rises never
+    /// brings back a window already gone).
     pub(super) fn lateness(&self) -> Millis {
         match self.learned() {
             Some((a, s)) if a.lateness => s.lateness_at(self.state.wm),
@@ -46,7 +46,8 @@ impl GroupSlot {
         }
     }
 
-    /// The lateness a window's purge is scheduled with (the value in force).
+    /// How long fired windows are kept (their purge is scheduled with it): the
+    /// value in force.
     pub(super) fn lateness_due(&self) -> Millis {
         match self.learned() {
             Some((a, s)) if a.lateness => s.lateness.value,
@@ -54,13 +55,17 @@ impl GroupSlot {
         }
     }
 
-    /// With "auto" lateness: a window after everything its device ever sent never
-    /// existed, so it can take a returning backlog (up to `max_ms` behind) as a
-    /// first result without giving any id a second content.
-    pub(super) fn fresh(&self, device_max: Option<Millis>) -> Option<Fresh> {
+    /// With "auto" lateness: a window that starts after the device's latest window
+    /// gone never existed, so it can take a returning backlog (up to `max_ms`
+    /// behind) as a first result without giving any id a second content.
+    pub(super) fn fresh(&self, purged_to_s: u32) -> Option<Fresh> {
         match self.learned() {
             Some((a, _)) if a.lateness => Some(Fresh {
-                after: device_max.unwrap_or(Millis::MIN),
+                after: if purged_to_s == 0 {
+                    Millis::MIN
+                } else {
+                    Millis::from(purged_to_s) * 1000
+                },
                 reach: a.max_ms,
             }),
             _ => None,
@@ -71,6 +76,14 @@ impl GroupSlot {
     pub(super) fn auto_lateness(&self) -> bool {
         self.cfg.adaptive.is_some_and(|a| a.lateness)
     }
+}
+
+/// A window start as `purged_to_s` keeps it: epoch seconds rounded up (1 below
+/// the epoch), so `after` is never below the start it stands for.
+pub(super) fn purged_s(start: Millis) -> u32 {
+    u32::try_from(start.div_euclid(1000) + i64::from(start.rem_euclid(1000) != 0))
+        .unwrap_or(if start < 0 { 1 } else { u32::MAX })
+        .max(1)
 }
 
 impl Engine {

@@ -141,14 +141,30 @@ impl Engine {
         now: Now,
         out: &mut dyn Emit,
     ) {
-        let (lateness, hb) = (
-            self.groups[gi].lateness(),
-            self.groups[gi].cfg.heartbeat_timeout_ms,
+        let g = &self.groups[gi];
+        let (lateness, hb, auto) = (
+            g.lateness_due(),
+            g.cfg.heartbeat_timeout_ms,
+            g.auto_lateness(),
         );
         let mut changed = self.emit_windows(di, wm, out);
         let dev = &mut self.devices[di].state;
         let before = dev.windows.len();
-        dev.windows.retain(|w| wm < w.end + lateness);
+        if auto {
+            let mut gone = None;
+            dev.windows.retain(|w| {
+                let keep = wm < w.end + lateness;
+                if !keep {
+                    gone = gone.max(Some(w.start));
+                }
+                keep
+            });
+            if let Some(s) = gone {
+                dev.purged_to_s = dev.purged_to_s.max(super::adaptive::purged_s(s));
+            }
+        } else {
+            dev.windows.retain(|w| wm < w.end + lateness);
+        }
         changed |= dev.windows.len() != before;
         let offline_now = !dev.offline && dev.max_event.is_some_and(|seen| wm >= seen + hb);
         if offline_now {

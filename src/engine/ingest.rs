@@ -275,7 +275,7 @@ impl Engine {
         }
         let (wm, rule, lateness, fresh) = {
             let g = &self.groups[gi];
-            let fresh = g.fresh(self.devices[di].state.max_event);
+            let fresh = g.fresh(self.devices[di].state.purged_to_s);
             (g.state.wm, g.rule_at(event), g.lateness(), fresh)
         };
         let dev = &mut self.devices[di].state;
@@ -312,7 +312,7 @@ impl Engine {
         dev.accepted += 1;
         if invalid_ts {
             self.counters.timestamps_invalid += 1;
-            dev.timestamps_invalid += 1;
+            dev.timestamps_invalid = dev.timestamps_invalid.saturating_add(1);
         }
         // A reading timed while the gateway clock is in doubt does not move the
         // watermark: its time may be either clock's error.

@@ -435,7 +435,7 @@ impl Engine {
                 for &di in &g.members {
                     let d = &self.devices[di as usize].state;
                     st.missing += d.missing;
-                    st.timestamps_invalid += d.timestamps_invalid;
+                    st.timestamps_invalid += u64::from(d.timestamps_invalid);
                     st.open_windows += d.windows.len() as u64;
                     if d.offline {
                         st.offline += 1;

@@ -122,6 +122,7 @@ impl Engine {
                 late: 0,
                 duplicates: 0,
                 restarts: self.groups[gi].state.restarts,
+                purged_to_s: 0,
             },
             group: u32::try_from(gi).unwrap_or(u32::MAX),
             dirty: false,

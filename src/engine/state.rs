@@ -72,9 +72,10 @@ pub struct Device {
     /// Readings lost before the gateway (sequence numbers skipped and not arrived since).
     #[serde(default)]
     pub missing: u64,
-    /// Events accepted with an invalid device timestamp.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub timestamps_invalid: u64,
+    /// Events accepted with an invalid device timestamp (saturating: 32 bits
+    /// leave room in the struct for `purged_to_s`).
+    #[serde(default, skip_serializing_if = "is_zero32")]
+    pub timestamps_invalid: u32,
     /// Events of this device taken into windows (live status, SPEC §11).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub accepted: u64,
@@ -89,6 +90,12 @@ pub struct Device {
     /// restores with the group's `restarted_at` (a restart writes the groups only).
     #[serde(default, skip_serializing_if = "is_zero32")]
     pub restarts: u32,
+    /// With "auto" lateness: the latest start of a window of this device that is
+    /// gone (purged), in epoch seconds rounded up; 0: none. A window starting
+    /// after it never existed, so it may take a returning backlog as a first
+    /// result. Fits in the struct's padding: no memory per device is added.
+    #[serde(default, skip_serializing_if = "is_zero32")]
+    pub purged_to_s: u32,
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)]
@@ -392,4 +399,11 @@ mod tests {
         });
         assert_eq!((res, calls), (Err("stop"), 2));
     }
+}
+/// The per-device state holds what "auto" lateness needs without growing (SPEC §5:
+/// nothing per device is added): 320 bytes on 64-bit targets.
+#[cfg(all(test, target_pointer_width = "64"))]
+#[test]
+fn a_device_stays_320_bytes() {
+    assert_eq!(std::mem::size_of::<Device>(), 320);
 }

@@ -95,6 +95,7 @@ impl Durable {
                         topic: &e.topic,
                         payload,
                         retain: e.retain,
+                        at: None,
                     },
                 )
                 .map_err(|err| io("rendering output")(err.into()))?;

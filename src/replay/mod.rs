@@ -138,6 +138,10 @@ struct Line<'a, P: Serialize> {
     topic: &'a str,
     payload: P,
     retain: bool,
+    /// Virtual time of the output (`--timed`): the arrival of the record it
+    /// came with, or the end of the drain.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    at: Option<Millis>,
 }
 
 /// Replay failures (exit 1).
@@ -370,6 +374,17 @@ pub struct Options<'a> {
     pub state_dir: Option<&'a Path>,
     /// At the end, emit every open window (a final watermark at +∞).
     pub flush: bool,
+    /// Each output line carries `"at"`, its virtual time (in-memory replays).
+    pub timed: bool,
+}
+
+/// How an in-memory replay ends and writes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Finish {
+    /// Emit every open window at the end.
+    pub flush: bool,
+    /// Give each output line its virtual time.
+    pub timed: bool,
 }
 
 /// Runs a replay per `opts`.
@@ -388,7 +403,10 @@ pub fn run(cfg: &Config, opts: &Options<'_>) -> Result<(Engine, Summary), Replay
                 BufReader::new(file),
                 std::io::BufWriter::new(out),
                 opts.drain_ms,
-                opts.flush,
+                Finish {
+                    flush: opts.flush,
+                    timed: opts.timed,
+                },
             )
         }
         Some(dir) => run_durable(cfg, file, opts.output, dir, opts.drain_ms, opts.flush),
@@ -402,17 +420,18 @@ pub fn run_memory<R: BufRead + Send, W: Write + Send>(
     out: W,
     drain_ms: Millis,
 ) -> Result<(Engine, Summary), ReplayError> {
-    run_memory_with(cfg, input, out, drain_ms, false)
+    run_memory_with(cfg, input, out, drain_ms, Finish::default())
 }
 
-/// In-memory replay; `flush` emits every open window at the end.
+/// In-memory replay, ending and writing as `finish` says.
 pub fn run_memory_with<R: BufRead + Send, W: Write + Send>(
     cfg: &Config,
     input: R,
     mut out: W,
     drain_ms: Millis,
-    flush: bool,
+    finish: Finish,
 ) -> Result<(Engine, Summary), ReplayError> {
+    let Finish { flush, timed } = finish;
     let mut rp = Driver::new(
         Engine::new(&cfg.engine),
         &cfg.gateway,
@@ -438,12 +457,18 @@ pub fn run_memory_with<R: BufRead + Send, W: Write + Send>(
         let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Batch, ReplayError>>(4);
         let (free_tx, free_rx) = std::sync::mpsc::sync_channel::<Batch>(8);
         s.spawn(move || read_ahead(input, &decoder, &tx, &free_rx));
-        let (out_tx, out_rx) = std::sync::mpsc::sync_channel::<Vec<Output>>(4);
+        let (out_tx, out_rx) = std::sync::mpsc::sync_channel::<(Vec<Output>, Vec<Millis>)>(4);
         let writer = s.spawn(move || write_outputs(prefix, &out_rx, &mut out));
+        // Virtual times of the outputs not sent yet (`--timed`).
+        let mut times: Vec<Millis> = Vec::new();
         // A batch's outputs go at once. A closed channel: the writer stopped on an
         // error, which its join reports.
-        let send =
-            |rp: &mut Driver| rp.outputs().is_empty() || out_tx.send(rp.take_outputs()).is_ok();
+        let send = |rp: &mut Driver, times: &mut Vec<Millis>| {
+            rp.outputs().is_empty()
+                || out_tx
+                    .send((rp.take_outputs(), std::mem::take(times)))
+                    .is_ok()
+        };
         let mut decoded = Decoded::default();
         let read = (|| {
             for batch in rx {
@@ -467,6 +492,9 @@ pub fn run_memory_with<R: BufRead + Send, W: Write + Send>(
                     });
                     let now = a.now;
                     rp.message_decoded(now, topic, payload, ahead);
+                    if timed {
+                        times.resize(rp.outputs().len(), now.wall);
+                    }
                     // Replay has no site broker to ask for rebirths.
                     rp.engine_mut().take_commands();
                     records += 1;
@@ -477,20 +505,24 @@ pub fn run_memory_with<R: BufRead + Send, W: Write + Send>(
                     }));
                 }
                 let _ = free_tx.try_send(batch);
-                if !send(&mut rp) {
+                if !send(&mut rp, &mut times) {
                     return Ok(());
                 }
             }
             if let Some(last) = last {
+                let end = last.wall.saturating_add(drain_ms);
                 rp.ticks_until(Now {
-                    wall: last.wall.saturating_add(drain_ms),
+                    wall: end,
                     mono: last.mono.saturating_add(drain_ms),
                     synced: last.synced,
                 });
                 if flush {
                     rp.flush();
                 }
-                send(&mut rp);
+                if timed {
+                    times.resize(rp.outputs().len(), end);
+                }
+                send(&mut rp, &mut times);
             }
             Ok::<(), ReplayError>(())
         })();
@@ -513,13 +545,13 @@ pub fn run_memory_with<R: BufRead + Send, W: Write + Send>(
 /// Renders and writes outputs as they come, in order; how many it wrote.
 fn write_outputs<W: Write>(
     prefix: &str,
-    rx: &std::sync::mpsc::Receiver<Vec<Output>>,
+    rx: &std::sync::mpsc::Receiver<(Vec<Output>, Vec<Millis>)>,
     out: &mut W,
 ) -> Result<u64, ReplayError> {
     let mut line = Vec::new();
     let mut n = 0;
-    for outputs in rx {
-        for o in outputs {
+    for (outputs, times) in rx {
+        for (i, o) in outputs.into_iter().enumerate() {
             line.clear();
             let topic = o.topic(prefix);
             serde_json::to_writer(
@@ -528,6 +560,7 @@ fn write_outputs<W: Write>(
                     topic: &topic,
                     payload: PayloadRef::from(&o),
                     retain: o.retain(),
+                    at: times.get(i).copied(),
                 },
             )
             .map_err(|e| io("rendering output")(e.into()))?;

@@ -32,7 +32,7 @@ fn sequential(cfg: &Config, capture: &str, flush: bool) -> Vec<u8> {
             mono: l.mono.max(now.mono),
             synced: now.synced,
         }));
-        tx.send(rp.take_outputs()).unwrap();
+        tx.send((rp.take_outputs(), Vec::new())).unwrap();
     }
     if let Some(last) = last {
         rp.ticks_until(Now {
@@ -43,7 +43,7 @@ fn sequential(cfg: &Config, capture: &str, flush: bool) -> Vec<u8> {
         if flush {
             rp.flush();
         }
-        tx.send(rp.take_outputs()).unwrap();
+        tx.send((rp.take_outputs(), Vec::new())).unwrap();
     }
     drop(tx);
     let mut out = Vec::new();
@@ -121,8 +121,17 @@ fn read_ahead_decoding_and_the_writer_thread_change_no_output_byte() {
         }
         for flush in [false, true] {
             let mut piped = Vec::new();
-            let (_, summary) =
-                run_memory_with(&cfg, capture.as_bytes(), &mut piped, 120_000, flush).unwrap();
+            let (_, summary) = run_memory_with(
+                &cfg,
+                capture.as_bytes(),
+                &mut piped,
+                120_000,
+                Finish {
+                    flush,
+                    timed: false,
+                },
+            )
+            .unwrap();
             let want = sequential(&cfg, &capture, flush);
             assert_eq!(summary.records, n as u64);
             assert_eq!(
@@ -169,7 +178,16 @@ fn an_output_that_cannot_be_written_fails_the_replay() {
             Ok(())
         }
     }
-    let Err(e) = run_memory_with(&cfg, capture.as_bytes(), Full, 60_000, true) else {
+    let Err(e) = run_memory_with(
+        &cfg,
+        capture.as_bytes(),
+        Full,
+        60_000,
+        Finish {
+            flush: true,
+            timed: false,
+        },
+    ) else {
         panic!("a replay into a full output succeeded");
     };
     assert!(e.to_string().starts_with("writing output"), "{e}");
