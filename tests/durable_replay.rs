@@ -30,10 +30,18 @@ fn replay_args(dir: &Path, extra: &[&str]) -> Vec<String> {
     v
 }
 
+/// "auto" bound and lateness (SPEC §5) for every group.
+const AUTO: &str = "[group_defaults]\nout_of_orderness_ms = \"auto\"\nallowed_lateness_ms = \"auto\"\n\
+    adaptive = { quantile = 0.99, min_ms = 100, max_ms = 300000, horizon_s = 120 }\n";
+
 /// A temp dir with the config and a synthetic capture of `devices` × `seconds`.
 fn setup(devices: usize, seconds: i64) -> tempfile::TempDir {
+    setup_with(devices, seconds, CONFIG)
+}
+
+fn setup_with(devices: usize, seconds: i64, config: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("c.toml"), CONFIG).unwrap();
+    std::fs::write(dir.path().join("c.toml"), config).unwrap();
     std::fs::write(
         dir.path().join("capture.jsonl"),
         support::engine::synthetic_capture(devices, seconds),
@@ -107,8 +115,34 @@ fn parse(text: &str) -> (BTreeMap<String, String>, BTreeSet<String>) {
 
 #[test]
 fn kill_9_at_random_moments_loses_nothing_and_changes_no_result() {
-    let dir = setup(60, 600);
+    crash_and_compare(&setup(60, 600), 20, true);
+}
 
+/// The same with "auto" bound and lateness: what they learned is part of the
+/// state, so a resumed run decides exactly as an uncrashed one.
+#[test]
+fn kill_9_with_adaptive_watermarks_changes_no_result() {
+    let dir = setup_with(60, 600, &format!("{CONFIG}{AUTO}"));
+    crash_and_compare(&dir, 8, false);
+    let v = inspect_json(&dir.path().join("state"));
+    let groups = v["groups"].as_array().unwrap();
+    assert!(
+        groups.iter().all(|g| g["bound_ms"]
+            .as_i64()
+            .is_some_and(|b| (100..=300_000).contains(&b))
+            && g["lateness_ms"]
+                .as_i64()
+                .is_some_and(|l| (100..=300_000).contains(&l))),
+        "{groups:?}"
+    );
+    // The bursts of buffered readings taught the lateness.
+    assert!(
+        groups.iter().any(|g| g["lateness_ms"].as_i64() > Some(100)),
+        "{groups:?}"
+    );
+}
+
+fn crash_and_compare(dir: &tempfile::TempDir, kills_wanted: usize, fixed: bool) {
     let reference = dir.path().join("reference.jsonl");
     let r = tidemark()
         .args(replay_args(
@@ -129,7 +163,7 @@ fn kill_9_at_random_moments_loses_nothing_and_changes_no_result() {
         "capture too small: {} windows",
         ref_windows.len()
     );
-    assert!(ref_others.iter().any(|l| l.contains("/late/")));
+    assert!(!fixed || ref_others.iter().any(|l| l.contains("/late/")));
     assert!(ref_others.iter().any(|l| l.contains("/alerts/")));
     assert!(ref_others.iter().any(|l| l.contains("/rejected")));
 
@@ -194,7 +228,7 @@ fn kill_9_at_random_moments_loses_nothing_and_changes_no_result() {
                 let mut err = String::new();
                 std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
                 assert_eq!(status.code(), Some(0), "{err}");
-                if kills >= 20 {
+                if kills >= kills_wanted {
                     break;
                 }
                 // Finished before enough kills: start over to get more crash rounds.
@@ -220,7 +254,7 @@ fn kill_9_at_random_moments_loses_nothing_and_changes_no_result() {
         }
     }
     eprintln!("{kills} SIGKILL rounds over {runs} runs");
-    assert!(kills >= 20, "only {kills} crash rounds");
+    assert!(kills >= kills_wanted, "only {kills} crash rounds");
     let (windows, others) = parse(&std::fs::read_to_string(&crashed).unwrap());
     assert_eq!(windows.len(), ref_windows.len());
     assert!(

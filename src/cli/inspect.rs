@@ -106,6 +106,10 @@ fn json_doc(seen: &Seen<'_>) {
                     "max_event_time_utc": utc_opt(g.max_event),
                     "open_windows": windows_per_group.get(g.name.as_str()).copied().unwrap_or(0),
                     "readings_missing": missing_per_group.get(g.name.as_str()).copied().unwrap_or(0),
+                    // Learned by "auto" (SPEC §5); null: the config's fixed value.
+                    "bound_ms": g.adaptive.as_ref().map(|a| a.bound.value),
+                    "lateness_ms": g.adaptive.as_ref().map(|a| a.lateness.value),
+                    "lateness_frontier": g.adaptive.as_ref().and_then(|a| a.frontier),
                 })
             })
             .collect();
@@ -152,18 +156,28 @@ fn text(seen: &Seen<'_>) {
     );
     println!();
     println!(
-        "{:<24} {:<35} {:<35} {:>12} {:>8}",
-        "GROUP", "WATERMARK (UTC, ms)", "MAX EVENT (UTC, ms)", "OPEN WINDOWS", "MISSING"
+        "{:<24} {:<35} {:<35} {:>12} {:>8} {:>10} {:>11}",
+        "GROUP",
+        "WATERMARK (UTC, ms)",
+        "MAX EVENT (UTC, ms)",
+        "OPEN WINDOWS",
+        "MISSING",
+        "BOUND MS",
+        "LATENESS MS"
     );
     for g in &s.groups {
         let open = windows_per_group.get(g.name.as_str()).copied().unwrap_or(0);
+        // Learned by "auto"; a fixed value is the config's.
+        let learned = |v: Option<i64>| v.map_or_else(|| "fixed".to_owned(), |v| v.to_string());
         println!(
-            "{:<24} {:<35} {:<35} {:>12} {:>8}",
+            "{:<24} {:<35} {:<35} {:>12} {:>8} {:>10} {:>11}",
             g.name,
             when(g.wm),
             when(g.max_event),
             open,
-            missing_per_group.get(g.name.as_str()).copied().unwrap_or(0)
+            missing_per_group.get(g.name.as_str()).copied().unwrap_or(0),
+            learned(g.adaptive.as_ref().map(|a| a.bound.value)),
+            learned(g.adaptive.as_ref().map(|a| a.lateness.value))
         );
     }
     println!();

@@ -161,6 +161,12 @@ pub struct GroupStatus {
     pub devices_offline: u64,
     /// Windows open in the group.
     pub open_windows: u64,
+    /// The watermark bound in force (learned when "auto", SPEC §5).
+    #[serde(default)]
+    pub bound_ms: Millis,
+    /// The allowed lateness in force (learned when "auto").
+    #[serde(default)]
+    pub lateness_ms: Millis,
 }
 
 /// A device's clock as the status shows it.
@@ -284,6 +290,8 @@ fn status(engine: &Engine, now: Now, registry: &Registry, links: Links) -> Statu
             devices_idle: g.devices_idle,
             devices_offline: g.devices_offline,
             open_windows: g.open_windows,
+            bound_ms: g.bound_ms,
+            lateness_ms: g.lateness_ms,
         })
         .collect();
     Status {

@@ -18,6 +18,10 @@ pub(super) struct Group {
     pub(super) devices_offline: u64,
     readings_missing: u64,
     timestamps_invalid: u64,
+    /// The watermark bound in force (learned when "auto", SPEC §5).
+    pub(super) bound_ms: Millis,
+    /// The allowed lateness in force (learned when "auto").
+    pub(super) lateness_ms: Millis,
     /// Live status only (not in `P/metrics`).
     #[serde(skip)]
     pub(super) open_windows: u64,
@@ -362,6 +366,28 @@ impl Metrics {
             }
         }
         p.head(
+            "watermark_bound_ms",
+            "gauge",
+            "The watermark bound in force: out_of_orderness_ms, or what \"auto\" learned (SPEC §5).",
+        );
+        for (g, s) in &self.groups {
+            let (g, b) = (label(g), s.bound_ms);
+            p.line(format_args!(
+                "tidemark_watermark_bound_ms{{group=\"{g}\"}} {b}"
+            ));
+        }
+        p.head(
+            "allowed_lateness_ms",
+            "gauge",
+            "The allowed lateness in force: allowed_lateness_ms, or what \"auto\" learned.",
+        );
+        for (g, s) in &self.groups {
+            let (g, l) = (label(g), s.lateness_ms);
+            p.line(format_args!(
+                "tidemark_allowed_lateness_ms{{group=\"{g}\"}} {l}"
+            ));
+        }
+        p.head(
             "readings_missing_total",
             "gauge",
             "Readings lost before the gateway (sequence-number gaps); a late arrival takes its count back.",
@@ -467,6 +493,8 @@ pub fn gather(engine: &Engine, now: Now, shared: &Registry, source_up: bool) -> 
                     devices_offline: g.offline,
                     readings_missing: g.missing,
                     timestamps_invalid: g.timestamps_invalid,
+                    bound_ms: g.bound_ms,
+                    lateness_ms: g.lateness_ms,
                     open_windows: g.open_windows,
                 },
             )

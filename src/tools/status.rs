@@ -301,20 +301,30 @@ fn header(t: &mut String, s: &Status) {
 fn groups(t: &mut String, s: &Status) {
     let _ = writeln!(
         t,
-        "\n{:<20} {:<20} {:>10} {:>7} {:>6} {:>8} {:>13}",
-        "GROUP", "WATERMARK (UTC)", "LAG", "ACTIVE", "IDLE", "OFFLINE", "OPEN WINDOWS"
+        "\n{:<20} {:<20} {:>10} {:>7} {:>6} {:>8} {:>13} {:>8} {:>9}",
+        "GROUP",
+        "WATERMARK (UTC)",
+        "LAG",
+        "ACTIVE",
+        "IDLE",
+        "OFFLINE",
+        "OPEN WINDOWS",
+        "BOUND",
+        "LATENESS"
     );
     for g in &s.groups {
         let _ = writeln!(
             t,
-            "{:<20} {:<20} {:>10} {:>7} {:>6} {:>8} {:>13}",
+            "{:<20} {:<20} {:>10} {:>7} {:>6} {:>8} {:>13} {:>8} {:>9}",
             g.group,
             utc(g.watermark),
             dur(g.lag_ms),
             g.devices_active,
             g.devices_idle,
             g.devices_offline,
-            g.open_windows
+            g.open_windows,
+            dur(Some(g.bound_ms)),
+            dur(Some(g.lateness_ms))
         );
     }
 }
