@@ -172,3 +172,106 @@ proptest! {
         prop_assert_eq!(windows, again);
     }
 }
+
+const FIXED: &str = "[time]\npolicy = \"device\"\n[group_defaults]\nout_of_orderness_ms = 2000\n\
+    allowed_lateness_ms = 30000\nwindow = { kind = \"tumbling\", size_ms = 10000 }\n";
+
+fn group(sim: &Sim, at: i64) -> tidemark::engine::GroupStats {
+    sim.engine().group_stats(Now::at(at)).remove(0)
+}
+
+/// Four devices, one reading per second each, every `disorder`-th one `late_by` ms
+/// behind its device's latest; from `from` for `seconds`.
+fn stream(sim: &mut Sim, from: i64, seconds: i64, late_by: i64) -> i64 {
+    let mut at = from;
+    for s in 0..seconds {
+        for d in 0..4 {
+            at = from + s * 1000 + d * 10;
+            let t = if late_by > 0 && s % 10 == 5 {
+                at - late_by
+            } else {
+                at - 50
+            };
+            sim.reading(at, "g", &format!("d{d}"), t, 1.0);
+        }
+    }
+    at
+}
+
+#[test]
+fn the_bound_rises_with_the_first_disorder_falls_back_and_a_reload_switches_fixed_and_auto() {
+    let mut sim = Sim::new(FIXED, T0);
+    let mut at = stream(&mut sim, T0, 30, 0);
+    assert_eq!(
+        (group(&sim, at).bound_ms, group(&sim, at).lateness_ms),
+        (2000, 30000)
+    );
+    let auto = FIXED
+        .replace(
+            "out_of_orderness_ms = 2000",
+            "out_of_orderness_ms = \"auto\"",
+        )
+        .replace(
+            "allowed_lateness_ms = 30000",
+            "allowed_lateness_ms = \"auto\"\nadaptive = { horizon_s = 120 }",
+        );
+    let text = format!("[gateway]\nid = \"gw\"\n{auto}");
+    let cfg = tidemark::config::load_str(&text, &BTreeMap::new()).unwrap();
+    sim.engine_mut().reconfigure(&cfg.engine);
+    // In order: the lower clamp.
+    at = stream(&mut sim, at + 1000, 30, 0);
+    sim.advance(at + 500);
+    assert_eq!(
+        (group(&sim, at).bound_ms, group(&sim, at).lateness_ms),
+        (100, 100)
+    );
+    let wm_before = group(&sim, at).watermark.unwrap();
+    // Readings 5.95 s behind their device's latest: the bound takes that at once
+    // (within its histogram bucket, 5 %), W holds.
+    at = stream(&mut sim, at + 1000, 6, 7_000);
+    sim.advance(at + 300);
+    let g = group(&sim, at);
+    assert!(
+        (5_950..=5_950 * 105 / 100).contains(&g.bound_ms),
+        "{}",
+        g.bound_ms
+    );
+    assert!(g.watermark.unwrap() >= wm_before);
+    // In order again: back to the clamp within the horizon (event time).
+    at = stream(&mut sim, at + 1000, 120, 0);
+    sim.advance(at + 300);
+    assert_eq!(group(&sim, at).bound_ms, 100);
+    // A device silent for 5 minutes comes back with its backlog: the lateness
+    // learns how far behind it was, and its readings are first results.
+    let late_before = sim.engine().counters().late;
+    let silent_from = at;
+    for s in 0..300 {
+        for d in 0..3 {
+            at = silent_from + s * 1000 + d * 10;
+            sim.reading(at, "g", &format!("d{d}"), at - 50, 1.0);
+        }
+    }
+    for k in 0..300 {
+        sim.reading(at + 5, "g", "d3", silent_from + k * 1000, 1.0);
+    }
+    sim.advance(at + 1000);
+    let g = group(&sim, at + 1000);
+    assert!(g.lateness_ms > 250_000, "{}", g.lateness_ms);
+    // Only the readings of the window it went silent in can be late: that window
+    // was fired and gone (a lateness of 100 ms then); every later one is new.
+    let late = sim.engine().counters().late - late_before;
+    assert!(late <= 10, "{late} of the backlog late");
+    // Back to fixed values: the group's learning is dropped, the values are the config's.
+    let cfg = tidemark::config::load_str(
+        &format!("[gateway]\nid = \"gw\"\n{FIXED}"),
+        &BTreeMap::new(),
+    )
+    .unwrap();
+    sim.engine_mut().reconfigure(&cfg.engine);
+    at = stream(&mut sim, at + 2000, 5, 0);
+    assert_eq!(
+        (group(&sim, at).bound_ms, group(&sim, at).lateness_ms),
+        (2000, 30000)
+    );
+    assert!(sim.engine().groups().all(|g| g.adaptive.is_none()));
+}

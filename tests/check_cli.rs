@@ -150,6 +150,10 @@ fn broken_configs_exit_2_naming_the_key() {
         (ex.replace("probe_timeout_ms = 3000", "probe_timeout_ms = 0"), "source.probe_timeout_ms: must be positive"),
         (ex.replace("probe_topic = \"tidemark/{gateway}/probe\"", "probe_topic = \"t/+/probe\""), "source.probe_topic: \"t/+/probe\" must be a topic name"),
         (ex.replace("ack_timeout_ms = 5000", "ack_timeout_ms = 0"), "sink.ack_timeout_ms: must be positive"),
+        (ex.replace("out_of_orderness_ms = 2000         # or", "out_of_orderness_ms = \"soon\" # or"), "group_defaults.out_of_orderness_ms: invalid value: string \"soon\", expected a number of milliseconds or \"auto\""),
+        (ex.replace("quantile = 0.999", "quantile = 1.5"), "group_defaults.adaptive.quantile: 1.5 must be between 0 and 1"),
+        (format!("{ex}\n[groups.a]\nallowed_lateness_ms = \"auto\"\nadaptive = {{ min_ms = 9000, max_ms = 10 }}\n"), "groups.a.adaptive.min_ms: 9000 must be <= max_ms (10)"),
+        (ex.replace("horizon_s = 900", "horizon_s = 0"), "group_defaults.adaptive.horizon_s: must be 1..=604800"),
         ("this is = = not toml".to_string(), "c.toml: line 1, column 6: key with no value"),
     ];
     assert!(cases.len() >= 12);

@@ -80,7 +80,9 @@ fn figures(counters: &Value, groups: &[(String, Value)]) -> Value {
                 name,
                 g["devices_active"],
                 g["devices_idle"],
-                g["devices_offline"]
+                g["devices_offline"],
+                g["bound_ms"],
+                g["lateness_ms"]
             ])
         })
         .collect();
@@ -128,7 +130,8 @@ fn api_status_cli_metrics_and_the_page_in_chromium_agree_on_a_fleet_with_offline
         &broker,
         http,
         "",
-        "[group_defaults]\nidle_timeout_ms = 2000\nheartbeat_timeout_ms = 3000\n",
+        "[group_defaults]\nidle_timeout_ms = 2000\nheartbeat_timeout_ms = 3000\n\
+         [groups.lab]\nout_of_orderness_ms = \"auto\"\nallowed_lateness_ms = \"auto\"\n",
     );
     let up = Collector::start(broker.port, "tidemark/gw/#", "status-test-up");
     let gw = Gateway::start(&cfg, &dir.path().join("gw.log"));
@@ -300,12 +303,39 @@ fn api_status_cli_metrics_and_the_page_in_chromium_agree_on_a_fleet_with_offline
         },
         || format!("views disagree: {}", why.borrow()),
     );
+    // The bound in force: hall's fixed value, what lab learned (SPEC §5), in every view.
+    let s = api(http, "/api/v1/status");
+    let group = |name: &str| {
+        s["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["group"] == name)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(
+        (
+            group("hall")["bound_ms"].as_i64(),
+            group("hall")["lateness_ms"].as_i64()
+        ),
+        (Some(2000), Some(30_000))
+    );
+    let lab = group("lab")["bound_ms"].as_i64().unwrap();
+    assert!((100..=600_000).contains(&lab), "{lab}");
+    let prom = support::metrics(http);
+    assert!(
+        prom.contains("tidemark_watermark_bound_ms{group=\"hall\"} 2000")
+            && prom.contains("tidemark_watermark_bound_ms{group=\"lab\"}")
+            && prom.contains("tidemark_allowed_lateness_ms{group=\"hall\"} 30000"),
+        "{prom}"
+    );
     // The text view names what needs a look.
     let text = status_cli(&["--url", &url]);
     assert!(text.status.success());
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(
-        text.contains("distrusted") && text.contains("offline"),
+        text.contains("distrusted") && text.contains("offline") && text.contains("BOUND"),
         "{text}"
     );
     // Filters: only the offline devices of lab, the same ones the API lists (states
@@ -342,6 +372,10 @@ fn api_status_cli_metrics_and_the_page_in_chromium_agree_on_a_fleet_with_offline
         );
     }
     assert!(dom.contains(">distrusted<") && dom.contains(">offline<"));
+    assert!(
+        dom.contains(">bound</th>") && dom.contains(">2000 ms</td>"),
+        "bound column"
+    );
     let received = api(http, "/api/v1/status")["counters"]["received"].to_string();
     assert!(
         dom.contains(&format!("<div class=\"v \">{received}</div>")),

@@ -228,9 +228,6 @@ fn adaptive(
     (bound, lateness): (bool, bool),
     a: &RawAdaptive,
 ) -> Option<AdaptiveConfig> {
-    if !bound && !lateness {
-        return None;
-    }
     let k = format!("{key}.adaptive");
     if !(a.quantile > 0.0 && a.quantile < 1.0) {
         p.add(
@@ -249,7 +246,7 @@ fn adaptive(
     if a.horizon_s == 0 || a.horizon_s > 7 * 86_400 {
         p.add(&format!("{k}.horizon_s"), "must be 1..=604800");
     }
-    Some(AdaptiveConfig {
+    (bound || lateness).then_some(AdaptiveConfig {
         bound,
         lateness,
         // Millionths: exact enough, and the rules stay comparable (Eq) and serializable.

@@ -8,7 +8,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::Millis;
 
-/// Slices the horizon is kept in: the oldest is dropped whole as time moves on.
+/// Slices of `horizon / SLOTS` kept: the one being filled and the six before it
+/// count (the oldest is the next to be filled), so a sample counts for 6/8 to
+/// 7/8 of the horizon and a value that rose is back within it.
 pub const SLOTS: usize = 8;
 
 /// Upper edges of the histogram's buckets (ms): 0, then +1 ms steps while 5 %
@@ -149,25 +151,32 @@ impl Estimator {
         false
     }
 
+    /// The peak, falling back linearly to nothing over half the horizon (the
+    /// quantile keeps what the evidence in bulk says for longer).
     fn decayed_peak(&self, t: Millis, cfg: &AdaptiveConfig) -> Millis {
-        if self.peak_at == Millis::MIN || cfg.horizon_ms <= 0 {
+        let span = cfg.horizon_ms / 2;
+        if self.peak_at == Millis::MIN || span <= 0 {
             return 0;
         }
-        let gone = t.saturating_sub(self.peak_at).clamp(0, cfg.horizon_ms);
+        let gone = t.saturating_sub(self.peak_at).clamp(0, span);
         // i128: peak × horizon does not fit i64 for long horizons.
-        let left =
-            i128::from(self.peak) * i128::from(cfg.horizon_ms - gone) / i128::from(cfg.horizon_ms);
+        let left = i128::from(self.peak) * i128::from(span - gone) / i128::from(span);
         Millis::try_from(left).unwrap_or(Millis::MAX)
     }
 
-    /// The quantile of the samples in the horizon (the upper edge of its bucket).
+    /// The quantile of the samples in the slices that count, placed within its
+    /// bucket by its rank there.
     pub fn quantile(&self, cfg: &AdaptiveConfig) -> Option<Millis> {
         if self.slots.is_empty() {
             return None;
         }
+        let oldest = (usize::from(self.cur) + 1) % SLOTS;
         let mut sum = [0u64; BUCKETS];
         let mut n = 0u64;
-        for s in self.slots.chunks_exact(BUCKETS) {
+        for (i, s) in self.slots.chunks_exact(BUCKETS).enumerate() {
+            if i == oldest {
+                continue;
+            }
             for (t, &c) in sum.iter_mut().zip(s) {
                 *t += u64::from(c);
                 n += u64::from(c);
@@ -181,10 +190,16 @@ impl Estimator {
         let k = u64::try_from(k).unwrap_or(n).clamp(1, n);
         let mut cum = 0u64;
         for (b, &c) in sum.iter().enumerate() {
-            cum += c;
-            if cum >= k {
-                return Some(EDGES[b]);
+            if cum + c >= k {
+                if b == 0 {
+                    return Some(0);
+                }
+                let (lo, hi) = (EDGES[b - 1], EDGES[b]);
+                let r = i128::from(k - cum);
+                let v = i128::from(lo) + i128::from(hi - lo) * r / i128::from(c);
+                return Some(Millis::try_from(v).unwrap_or(hi));
             }
+            cum += c;
         }
         Some(EDGES[BUCKETS - 1])
     }
@@ -312,16 +327,20 @@ mod tests {
         // One sample of 20 s: at once.
         assert!(e.observe(20_000, 10_001, &CFG));
         assert_eq!(e.value, 20_000);
-        // Halfway through the horizon, half of it; the quantile alone is small.
-        assert_eq!(e.refresh(10_001 + 450_000, &CFG), 10_000);
-        assert_eq!(e.refresh(10_001 + 900_000, &CFG), 100);
-        // Evidence in bulk holds the quantile up until its slices are dropped.
+        // A quarter of the horizon on, half of it; gone after half the horizon
+        // (one sample in 10 001 is not the quantile).
+        assert_eq!(e.refresh(10_001 + 225_000, &CFG), 10_000);
+        assert_eq!(e.refresh(10_001 + 450_000, &CFG), 100);
+        // Evidence in bulk holds the quantile up until its slice no longer counts:
+        // 7/8 of the horizon after its slice began (slices start every 112.5 s from 0).
         for i in 0..1_000 {
             e.observe(5_000 + i, 1_000_000 + i, &CFG);
         }
         let v = e.refresh(1_001_000, &CFG);
-        assert!((5_000..=5_999 * 105 / 100).contains(&v), "{v}");
-        assert_eq!(e.refresh(1_000_000 + 900_000 + 112_500, &CFG), 100);
+        assert!((5_990..=5_999 * 105 / 100).contains(&v), "{v}");
+        assert_eq!(e.refresh(1_600_000, &CFG), v);
+        assert_eq!(e.refresh(900_000 + 7 * 112_500 - 1, &CFG), v);
+        assert_eq!(e.refresh(900_000 + 7 * 112_500, &CFG), 100);
     }
 
     #[test]
