@@ -89,10 +89,19 @@ pub(super) fn purged_s(start: Millis) -> u32 {
 impl Engine {
     /// The evidence of one timed event of device `di`, before its state moves: a
     /// device back from idleness gives how far it is behind the watermark (the
-    /// lateness), any other how far it is behind its own latest event (the bound).
+    /// lateness), any other how far it is behind its own latest event — or behind
+    /// the group's slowest active device when that is earlier: the part of its
+    /// disorder the watermark sees (the bound).
     pub(super) fn observe_disorder(&mut self, gi: usize, di: usize, event: Millis, now: Now) {
+        let Some(a) = self.groups[gi].cfg.adaptive else {
+            return;
+        };
+        let slowest = if a.bound {
+            self.active_min(gi, now)
+        } else {
+            None
+        };
         let g = &mut self.groups[gi];
-        let Some(a) = g.cfg.adaptive else { return };
         let d = &self.devices[di].state;
         let returning = d.max_event.is_some()
             && now.mono.saturating_sub(d.last_arrival) >= g.cfg.idle_timeout_ms;
@@ -107,8 +116,18 @@ impl Engine {
                 st.lateness.observe(behind, t, &a);
             }
         } else if a.bound {
-            let behind = d.max_event.map_or(0, |m| m.saturating_sub(event).max(0));
-            st.bound.observe(behind, t, &a);
+            let own = d.max_event.map_or(0, |m| m.saturating_sub(event).max(0));
+            let seen = d.max_event.map_or(0, |m| {
+                let front = slowest.map_or(m, |s| s.min(m));
+                front.saturating_sub(event).max(0)
+            });
+            st.bound.observe(seen, t, &a);
+            // Far behind its own device while the watermark is held by slower ones
+            // (twice what the bulk of the evidence says): the delays moved (a
+            // spike ending), which the watermark sees next.
+            if own > st.bound.bulk.saturating_mul(2) {
+                st.bound.raise(own, t, &a);
+            }
         }
         self.mark_group(gi);
     }

@@ -92,6 +92,9 @@ pub struct Estimator {
     peak_at: Millis,
     /// The value in force (clamped), as of the last [`Estimator::refresh`].
     pub value: Millis,
+    /// The quantile part of it alone (clamped), as of the last refresh.
+    #[serde(default)]
+    pub bulk: Millis,
 }
 
 impl Estimator {
@@ -104,6 +107,7 @@ impl Estimator {
             peak: 0,
             peak_at: Millis::MIN,
             value: cfg.clamp(0),
+            bulk: cfg.clamp(0),
         }
     }
 
@@ -142,13 +146,19 @@ impl Estimator {
         }
         let b = usize::from(self.cur) * BUCKETS + bucket(sample.max(0));
         self.slots[b] = self.slots[b].saturating_add(1);
-        if sample > self.value && sample > self.decayed_peak(t, cfg) {
-            self.peak = sample;
-            self.peak_at = t;
-            self.value = cfg.clamp(sample).max(self.value);
-            return true;
+        sample > self.value && self.raise(sample, t, cfg)
+    }
+
+    /// Evidence that the value in force is too small, now: it takes `sample` at
+    /// once, and lets it fall back over half the horizon.
+    pub fn raise(&mut self, sample: Millis, t: Millis, cfg: &AdaptiveConfig) -> bool {
+        if sample <= self.decayed_peak(t, cfg) {
+            return false;
         }
-        false
+        self.peak = sample;
+        self.peak_at = t;
+        self.value = cfg.clamp(sample).max(self.value);
+        true
     }
 
     /// The peak, falling back linearly to nothing over half the horizon (the
@@ -209,6 +219,7 @@ impl Estimator {
     pub fn refresh(&mut self, t: Millis, cfg: &AdaptiveConfig) -> Millis {
         self.rotate(t, cfg);
         let q = self.quantile(cfg).unwrap_or(0);
+        self.bulk = cfg.clamp(q);
         self.value = cfg.clamp(q.max(self.decayed_peak(t, cfg)));
         self.value
     }
@@ -258,16 +269,18 @@ impl AdaptiveState {
 
     /// What a refresh may change, in a few words: compared to tell whether the
     /// group must be written again (a silent fleet writes nothing).
-    pub fn signature(&self) -> [Millis; 7] {
-        let e = |e: &Estimator| [e.value, Millis::from(e.cur), e.slot_from];
+    pub fn signature(&self) -> [Millis; 9] {
+        let e = |e: &Estimator| [e.value, e.bulk, Millis::from(e.cur), e.slot_from];
         let (b, l) = (e(&self.bound), e(&self.lateness));
         [
             b[0],
             b[1],
             b[2],
+            b[3],
             l[0],
             l[1],
             l[2],
+            l[3],
             self.frontier.unwrap_or(Millis::MIN),
         ]
     }
