@@ -82,16 +82,16 @@ def write_capture(path, readings):
                                separators=(",", ":")) + "\n")
 
 
-def config(path, state, bound, lateness):
+def config(path, state, bound, lateness, policy="device", window_ms=10_000):
     q = lambda v: f'"{v}"' if v == "auto" else str(v)
     with open(path, "w") as f:
         f.write(f"""[gateway]
 id = "bench"
 state_dir = "{state}"
 [time]
-policy = "device"
+policy = "{policy}"
 [group_defaults]
-window = {{ kind = "tumbling", size_ms = 10000 }}
+window = {{ kind = "tumbling", size_ms = {window_ms} }}
 out_of_orderness_ms = {q(bound)}
 allowed_lateness_ms = {q(lateness)}
 """)
@@ -148,6 +148,8 @@ def main():
     ap.add_argument("--keep", help="keep captures and outputs in this directory")
     ap.add_argument("--traces", default="steady,spike,backlog,populations")
     ap.add_argument("--no-write", action="store_true", help="print only, do not touch BENCHMARKS.md")
+    ap.add_argument("--policy", default="device", help="[time] policy (device | calibrated | arrival)")
+    ap.add_argument("--window-ms", type=int, default=10_000)
     a = ap.parse_args()
     bin = report.tidemark_bin()
     work = a.keep or tempfile.mkdtemp(prefix="tm-bench-adaptive-")
@@ -161,7 +163,7 @@ def main():
         write_capture(capture, readings)
         for name, bound, lateness in configs:
             cfg = os.path.join(work, f"{trace}-{name.replace(' ', '_')}.toml")
-            config(cfg, os.path.join(work, "state"), bound, lateness)
+            config(cfg, os.path.join(work, "state"), bound, lateness, a.policy, a.window_ms)
             first, revs, late = run(bin, cfg, capture, cfg.replace(".toml", ".out"))
             s = summarize(first, revs, late, len(readings))
             s["first"] = first
