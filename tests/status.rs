@@ -327,7 +327,7 @@ fn api_status_cli_metrics_and_the_page_in_chromium_agree_on_a_fleet_with_offline
     assert!(
         prom.contains("tidemark_watermark_bound_ms{group=\"hall\"} 2000")
             && prom.contains("tidemark_watermark_bound_ms{group=\"lab\"}")
-            && prom.contains("tidemark_allowed_lateness_ms{group=\"hall\"} 30000"),
+            && prom.contains("tidemark_group_allowed_lateness_seconds{group=\"hall\"} 30.000"),
         "{prom}"
     );
     // The text view names what needs a look.

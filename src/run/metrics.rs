@@ -377,14 +377,14 @@ impl Metrics {
             ));
         }
         p.head(
-            "allowed_lateness_ms",
+            "group_allowed_lateness_seconds",
             "gauge",
             "The allowed lateness in force: allowed_lateness_ms, or what \"auto\" learned.",
         );
         for (g, s) in &self.groups {
-            let (g, l) = (label(g), s.lateness_ms);
+            let (g, l) = (label(g), seconds(s.lateness_ms));
             p.line(format_args!(
-                "tidemark_allowed_lateness_ms{{group=\"{g}\"}} {l}"
+                "tidemark_group_allowed_lateness_seconds{{group=\"{g}\"}} {l}"
             ));
         }
         p.head(
