@@ -474,13 +474,34 @@ fn two_gateways_take_signed_documents_reject_bad_ones_roll_back_a_broken_source_
         "{r}"
     );
     unchanged("v1");
-    // gw2 has `accept_v1 = true`: the same v1 document applies there.
+    // gw2 has `accept_v1 = true`: the same v1 document applies there, and so
+    // does one `fleet push --v1` signs (for gateways of an earlier release).
     let r = send_raw(&up, &results, "gw2", 2, &v1);
     assert_eq!(r["result"], "applied", "{r}\n{}", gw2.log_text());
     wait_until(
         Duration::from_secs(10),
         "gw2's status names document 2",
         || status(&up, "gw2")["config_id"] == 2,
+    );
+    let o = tidemark(&[
+        "fleet",
+        "push",
+        "--url",
+        &up.url(),
+        "--key",
+        &key.display().to_string(),
+        "--gateway",
+        "gw2",
+        "--id",
+        "3",
+        "--v1",
+        &doc1_path.display().to_string(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    wait_until(
+        Duration::from_secs(10),
+        "gw2's status names document 3",
+        || status(&up, "gw2")["config_id"] == 3,
     );
     assert!(
         status(&up, "gw1")["config_id"] == 1,

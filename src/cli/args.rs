@@ -229,6 +229,10 @@ pub struct PushArgs {
     /// The gateway refuses the document once this many seconds have passed (`not_after`).
     #[arg(long)]
     pub expires_in_s: Option<u64>,
+    /// Sign the v1 form (no targets), for a gateway of an earlier release; a
+    /// gateway of this one takes it only with `[fleet] accept_v1 = true`.
+    #[arg(long)]
+    pub v1: bool,
     /// The TOML document (the remote layer).
     pub config: PathBuf,
 }

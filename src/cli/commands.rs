@@ -152,6 +152,7 @@ fn fleet(command: FleetCommand) -> Result<(), Failure> {
             config: &a.config,
             timeout: Duration::from_secs(a.timeout_s),
             not_after: not_after(a.expires_in_s),
+            v1: a.v1,
         })
         .map(|r| {
             println!("{}", serde_json::to_string(&r).unwrap_or_default());

@@ -54,6 +54,8 @@ pub struct PushOptions<'a> {
     pub timeout: Duration,
     /// Epoch ms after which the gateway refuses it.
     pub not_after: Option<i64>,
+    /// Sign the v1 form (no targets) for a gateway of an earlier release.
+    pub v1: bool,
 }
 
 /// The signing key and the document's TOML, checked.
@@ -77,9 +79,18 @@ pub(super) fn key_and_text(key: &Path, config: &Path) -> Result<(PrivateKey, Str
 pub fn push(o: &PushOptions<'_>) -> Result<ConfigResult, FleetError> {
     let (key, text) = key_and_text(o.key, o.config)?;
     let prefix = o.prefix.replace("{gateway}", o.gateway);
-    let targets = vec![o.gateway.to_owned()];
-    let doc = serde_json::to_vec(&Document::signed(o.id, text, (targets, o.not_after), &key))
-        .map_err(|e| FleetError::Failed(e.to_string()))?;
+    let doc = if o.v1 {
+        if o.not_after.is_some() {
+            return Err(FleetError::Usage(
+                "--expires-in-s needs a v2 document (not with --v1)".into(),
+            ));
+        }
+        Document::signed_v1(o.id, text, &key)
+    } else {
+        let targets = vec![o.gateway.to_owned()];
+        Document::signed(o.id, text, (targets, o.not_after), &key)
+    };
+    let doc = serde_json::to_vec(&doc).map_err(|e| FleetError::Failed(e.to_string()))?;
     let (client, mut lp) = connect(o.url, "push")?;
     let result_topic = format!("{prefix}/config/result");
     let set_topic = format!("{prefix}/config/set");
