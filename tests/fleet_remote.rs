@@ -49,17 +49,8 @@ impl Gw {
         fleet_extra: &str,
     ) -> Self {
         let config = dir.join(format!("{id}.toml"));
-        let keys: Vec<String> = keys
-            .iter()
-            .map(|k| format!("{:?}", k.display().to_string()))
-            .collect();
-        support::GatewayConfig::new(id, &dir.join(format!("{id}-state")), site, up)
+        support::fleet::remote_config(dir, id, (site, up), keys, CONFIRM_S)
             .set("gateway", "commit_interval_ms = 100")
-            .set("source", &format!("client_id = \"{id}-in\""))
-            .set("sink", &format!("client_id = \"{id}-out\""))
-            .set("fleet", "enabled = true")
-            .set("fleet", &format!("trusted_keys = [{}]", keys.join(", ")))
-            .set("fleet", &format!("confirm_s = {CONFIRM_S}"))
             .set("fleet", fleet_extra)
             .merge("fleet", FLEET)
             .write(&config);
@@ -184,11 +175,7 @@ fn two_gateways_take_signed_documents_reject_bad_ones_roll_back_a_broken_source_
 
     // Keys: ours from `fleet keygen`, one from OpenSSL, one nobody trusts.
     let key = d.join("op.key");
-    assert!(
-        tidemark(&["fleet", "keygen", "--out", &key.display().to_string()])
-            .status
-            .success()
-    );
+    support::fleet::keygen(&key);
     let mode =
         std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&key).unwrap().permissions());
     assert_eq!(mode & 0o777, 0o600);
@@ -224,11 +211,7 @@ fn two_gateways_take_signed_documents_reject_bad_ones_roll_back_a_broken_source_
         std::fs::read_to_string(d.join("op.key.pub")).unwrap()
     );
     let stranger = d.join("stranger.key");
-    assert!(
-        tidemark(&["fleet", "keygen", "--out", &stranger.display().to_string()])
-            .status
-            .success()
-    );
+    support::fleet::keygen(&stranger);
 
     let results = Collector::start(up.port, "tidemark/+/config/result", "results");
     let up_all = Collector::start(up.port, "tidemark/gw1/windows/#", "windows");

@@ -205,42 +205,9 @@ pub struct KeygenArgs {
     pub out: PathBuf,
 }
 
-/// Signs CONFIG for one gateway, publishes it, waits for the result; exit 0 if applied.
+/// What `push` and `rollout` share: the broker, the signing key, the document.
 #[derive(clap::Args)]
-pub struct PushArgs {
-    /// The upstream broker (the gateway's sink).
-    #[arg(long)]
-    pub url: String,
-    /// The private key (PEM, PKCS#8).
-    #[arg(long)]
-    pub key: PathBuf,
-    /// The gateway's id.
-    #[arg(long)]
-    pub gateway: String,
-    /// The document id: above the last one the gateway applied.
-    #[arg(long)]
-    pub id: u64,
-    /// The gateway's `sink.topic_prefix`.
-    #[arg(long, default_value = "tidemark/{gateway}")]
-    pub prefix: String,
-    /// How long to wait for the result.
-    #[arg(long, default_value_t = 120)]
-    pub timeout_s: u64,
-    /// The gateway refuses the document once this many seconds have passed (`not_after`).
-    #[arg(long)]
-    pub expires_in_s: Option<u64>,
-    /// Sign the v1 form (no targets), for a gateway of an earlier release; a
-    /// gateway of this one takes it only with `[fleet] accept_v1 = true`.
-    #[arg(long)]
-    pub v1: bool,
-    /// The TOML document (the remote layer).
-    pub config: PathBuf,
-}
-
-/// Signs CONFIG for many gateways and pushes it in stages (SPEC §12).
-#[derive(clap::Args)]
-#[command(group(clap::ArgGroup::new("which").required(true).args(["gateways", "match_", "all"])))]
-pub struct RolloutArgs {
+pub struct SignArgs {
     /// The upstream broker (the gateways' sink).
     #[arg(long)]
     pub url: String,
@@ -250,6 +217,37 @@ pub struct RolloutArgs {
     /// The document id: above the last one each gateway took.
     #[arg(long)]
     pub id: u64,
+    /// The gateways' `sink.topic_prefix`.
+    #[arg(long, default_value = "tidemark/{gateway}")]
+    pub prefix: String,
+    /// How long to wait for a result (push) or for one stage's results (rollout), seconds.
+    #[arg(long, default_value_t = 120)]
+    pub timeout_s: u64,
+    /// Gateways refuse the document once this many seconds have passed (`not_after`).
+    #[arg(long)]
+    pub expires_in_s: Option<u64>,
+    /// The TOML document (the remote layer).
+    pub config: PathBuf,
+}
+
+/// Signs CONFIG for one gateway, publishes it, waits for the result; exit 0 if applied.
+#[derive(clap::Args)]
+pub struct PushArgs {
+    /// The gateway's id.
+    #[arg(long)]
+    pub gateway: String,
+    /// Sign the v1 form (no targets), for a gateway of an earlier release; a
+    /// gateway of this one takes it only with `[fleet] accept_v1 = true`.
+    #[arg(long)]
+    pub v1: bool,
+    #[command(flatten)]
+    pub sign: SignArgs,
+}
+
+/// Signs CONFIG for many gateways and pushes it in stages (SPEC §12).
+#[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["gateways", "match_", "all"])))]
+pub struct RolloutArgs {
     /// These gateways, comma-separated (pushed in this order).
     #[arg(long, value_delimiter = ',')]
     pub gateways: Vec<String>,
@@ -272,20 +270,11 @@ pub struct RolloutArgs {
     /// through, so gateways away now take it when they come back.
     #[arg(long)]
     pub desired: bool,
-    /// The gateways' `sink.topic_prefix`.
-    #[arg(long, default_value = "tidemark/{gateway}")]
-    pub prefix: String,
-    /// Longest wait for one stage's results, seconds.
-    #[arg(long, default_value_t = 120)]
-    pub timeout_s: u64,
-    /// Gateways refuse the document once this many seconds have passed (`not_after`).
-    #[arg(long)]
-    pub expires_in_s: Option<u64>,
     /// The report as JSON on stdout instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// The TOML document (the remote layer).
-    pub config: PathBuf,
+    #[command(flatten)]
+    pub sign: SignArgs,
 }
 
 #[derive(clap::Args)]

@@ -144,14 +144,14 @@ fn fleet(command: FleetCommand) -> Result<(), Failure> {
             Ok(())
         }),
         FleetCommand::Push(a) => fleet::push(&fleet::PushOptions {
-            url: &a.url,
-            key: &a.key,
+            url: &a.sign.url,
+            key: &a.sign.key,
             gateway: &a.gateway,
-            prefix: &a.prefix,
-            id: a.id,
-            config: &a.config,
-            timeout: Duration::from_secs(a.timeout_s),
-            not_after: not_after(a.expires_in_s),
+            prefix: &a.sign.prefix,
+            id: a.sign.id,
+            config: &a.sign.config,
+            timeout: Duration::from_secs(a.sign.timeout_s),
+            not_after: not_after(a.sign.expires_in_s),
             v1: a.v1,
         })
         .map(|r| {
@@ -185,18 +185,18 @@ fn rollout(a: &RolloutArgs) -> Result<Result<(), Failure>, fleet::FleetError> {
         (None, false) => Select::Gateways(a.gateways.clone()),
     };
     let report = rollout::rollout(&rollout::RolloutOptions {
-        url: &a.url,
-        key: &a.key,
-        id: a.id,
-        config: &a.config,
-        prefix: &a.prefix,
+        url: &a.sign.url,
+        key: &a.sign.key,
+        id: a.sign.id,
+        config: &a.sign.config,
+        prefix: &a.sign.prefix,
         select,
         canary: a.canary,
         batch: a.batch,
         max_failures: a.max_failures,
         desired: a.desired,
-        timeout: Duration::from_secs(a.timeout_s),
-        not_after: not_after(a.expires_in_s),
+        timeout: Duration::from_secs(a.sign.timeout_s),
+        not_after: not_after(a.sign.expires_in_s),
     })?;
     if a.json {
         println!(

@@ -21,6 +21,37 @@ pub fn write_config(
         .write(&dir.join("gateway.toml"))
 }
 
+/// Gateway `id` taking signed documents (SPEC §12) from keys in these public key
+/// files, its state in `dir/{id}-state`, its MQTT client ids its own.
+pub fn remote_config(
+    dir: &Path,
+    id: &str,
+    (site, up): (&Mosquitto, &Mosquitto),
+    keys: &[&Path],
+    confirm_s: u64,
+) -> super::GatewayConfig {
+    let keys: Vec<String> = keys
+        .iter()
+        .map(|k| format!("{:?}", k.display().to_string()))
+        .collect();
+    super::GatewayConfig::new(id, &dir.join(format!("{id}-state")), site, up)
+        .set("source", &format!("client_id = \"{id}-in\""))
+        .set("sink", &format!("client_id = \"{id}-out\""))
+        .set("fleet", "enabled = true")
+        .set("fleet", &format!("trusted_keys = [{}]", keys.join(", ")))
+        .set("fleet", &format!("confirm_s = {confirm_s}"))
+}
+
+/// `tidemark fleet keygen --out FILE`, which must succeed; FILE.pub is the public key.
+pub fn keygen(out: &Path) {
+    let o = super::tidemark()
+        .args(["fleet", "keygen", "--out"])
+        .arg(out)
+        .output()
+        .expect("tidemark fleet keygen");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 pub fn reading(ts: i64, seq: u64, temp: f64) -> Vec<u8> {
     format!(r#"{{"ts": {ts}, "seq": {seq}, "temp": {temp}, "hum": 40}}"#).into_bytes()
 }
