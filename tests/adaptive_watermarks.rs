@@ -275,3 +275,34 @@ fn the_bound_rises_with_the_first_disorder_falls_back_and_a_reload_switches_fixe
     );
     assert!(sim.engine().groups().all(|g| g.adaptive.is_none()));
 }
+
+/// Windows gone under fixed values carry no per-device mark: after a reload to
+/// "auto" lateness, an event for one is late, never a second first result.
+#[test]
+fn a_reload_to_auto_lateness_never_brings_back_a_window_gone_before_it() {
+    let fixed = FIXED.replace("allowed_lateness_ms = 30000", "allowed_lateness_ms = 1000");
+    let mut sim = Sim::new(&fixed, T0);
+    let at = stream(&mut sim, T0, 40, 0);
+    sim.advance(at + 500);
+    let first: Vec<String> = sim.windows().iter().map(|w| w.id.clone()).collect();
+    assert!(
+        first.iter().any(|id| id.ends_with(&format!("d0/{T0}/0"))),
+        "{first:?}"
+    );
+    let auto = fixed.replace(
+        "allowed_lateness_ms = 1000",
+        "allowed_lateness_ms = \"auto\"",
+    );
+    let cfg =
+        tidemark::config::load_str(&format!("[gateway]\nid = \"gw\"\n{auto}"), &BTreeMap::new())
+            .unwrap();
+    sim.engine_mut().reconfigure(&cfg.engine);
+    let late = sim.engine().counters().late;
+    // A reading for d0's first window, long fired and gone.
+    sim.reading(at + 600, "g", "d0", T0 + 5_000, 1.0);
+    sim.advance(at + 2_000);
+    assert_eq!(sim.engine().counters().late, late + 1);
+    let ids: Vec<&str> = sim.windows().iter().map(|w| w.id.as_str()).collect();
+    let first_id = format!("g/d0/{T0}/0");
+    assert_eq!(ids.iter().filter(|i| **i == first_id).count(), 1, "{ids:?}");
+}

@@ -13,7 +13,9 @@ impl GroupSlot {
     pub(super) fn fit_adaptive(&mut self) -> bool {
         match (&self.cfg.adaptive, &self.state.adaptive) {
             (Some(a), None) => {
-                self.state.adaptive = Some(AdaptiveState::new(a));
+                let mut st = AdaptiveState::new(a);
+                st.floor = self.state.wm;
+                self.state.adaptive = Some(st);
                 true
             }
             (None, Some(_)) => {
@@ -60,12 +62,13 @@ impl GroupSlot {
     /// behind) as a first result without giving any id a second content.
     pub(super) fn fresh(&self, purged_to_s: u32) -> Option<Fresh> {
         match self.learned() {
-            Some((a, _)) if a.lateness => Some(Fresh {
+            Some((a, s)) if a.lateness => Some(Fresh {
                 after: if purged_to_s == 0 {
                     Millis::MIN
                 } else {
                     Millis::from(purged_to_s) * 1000
-                },
+                }
+                .max(s.floor.unwrap_or(Millis::MIN)),
                 reach: a.max_ms,
             }),
             _ => None,

@@ -241,6 +241,11 @@ pub struct AdaptiveState {
     /// (the largest W − lateness so far: a lateness that rises never brings a
     /// purged window back, so a window id never gets two contents).
     pub frontier: Option<Millis>,
+    /// The watermark when "auto" lateness began (a reload from fixed values): the
+    /// windows gone before ended by then, and the devices kept no mark of them, so
+    /// only windows starting after it count as never having existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floor: Option<Millis>,
 }
 
 impl AdaptiveState {
@@ -250,6 +255,7 @@ impl AdaptiveState {
             bound: Estimator::new(cfg),
             lateness: Estimator::new(cfg),
             frontier: None,
+            floor: None,
         }
     }
 
