@@ -79,6 +79,13 @@ outbox_max_messages = 1000000
 outbox_max_mb = 0
 max_inflight = 4096
 ack_timeout_ms = 5000
+plain = true
+
+[sink.sparkplug]
+enabled = false
+group_id = "tidemark"
+edge_node_id = ""
+primary_host_id = ""
 
 [metrics]
 interval_s = 10
@@ -418,6 +425,24 @@ pub struct RawSink {
     pub max_inflight: u64,
     /// A QoS 1 publish or ping unanswered this long: the uplink is down (a disconnect).
     pub ack_timeout_ms: u64,
+    /// Publish results on the plain topics of SPEC §8.
+    pub plain: bool,
+    /// Results as a Sparkplug B edge node (SPEC §10b).
+    pub sparkplug: RawSinkSparkplug,
+}
+
+/// `[sink.sparkplug]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSinkSparkplug {
+    /// Publish results as a Sparkplug B 3.0 edge node on the sink broker.
+    pub enabled: bool,
+    /// Sparkplug group id.
+    pub group_id: String,
+    /// Edge node id ("" = `gateway.id`).
+    pub edge_node_id: String,
+    /// Wait for this Primary Host Application's STATE online; hold results while it is offline.
+    pub primary_host_id: String,
 }
 
 /// `[metrics]`

@@ -52,6 +52,13 @@ impl Config {
     pub fn needs_restart(&self, new: &Config) -> Vec<&'static str> {
         let mut keys = self.gateway.needs_restart(&new.gateway);
         keys.extend(self.broker.needs_restart(&new.broker));
+        // The edge node's session and task are made at start (its bdSeq, its will).
+        if self.sink.plain != new.sink.plain {
+            keys.push("sink.plain");
+        }
+        if self.sink.sparkplug != new.sink.sparkplug {
+            keys.push("sink.sparkplug");
+        }
         keys
     }
 }

@@ -264,6 +264,10 @@ pub struct Sink {
     pub ack_timeout_ms: u64,
     /// Subscribe to `P/config/set` (`[fleet] enabled`).
     pub documents: bool,
+    /// Results on the plain topics (`sink.plain`).
+    pub plain: bool,
+    /// Results as a Sparkplug B edge node (`[sink.sparkplug] enabled`).
+    pub sparkplug: Option<crate::sparkplug::node::NodeConfig>,
 }
 
 impl Sink {
@@ -311,6 +315,8 @@ impl Sink {
             },
             ack_timeout_ms: s.ack_timeout_ms,
             documents: raw.fleet.enabled,
+            plain: s.plain,
+            sparkplug: edge_node(p, raw, gateway),
         }
     }
 
@@ -318,6 +324,62 @@ impl Sink {
     pub fn topic(&self, leaf: &str) -> String {
         format!("{}/{leaf}", self.prefix)
     }
+}
+
+/// `[sink.sparkplug]`, validated (None: off).
+fn edge_node(
+    p: &mut Problems,
+    raw: &RawConfig,
+    gateway: &str,
+) -> Option<crate::sparkplug::node::NodeConfig> {
+    let s = &raw.sink.sparkplug;
+    let rule = "must be 1..64 chars of [A-Za-z0-9_.:-] (it is a Sparkplug topic level)";
+    if !crate::model::valid_id(&s.group_id) {
+        p.add("sink.sparkplug.group_id", format!("{:?} {rule}", s.group_id));
+    }
+    if !s.edge_node_id.is_empty() && !crate::model::valid_id(&s.edge_node_id) {
+        p.add(
+            "sink.sparkplug.edge_node_id",
+            format!("{:?} {rule}", s.edge_node_id),
+        );
+    }
+    if !s.primary_host_id.is_empty() && !crate::model::valid_id(&s.primary_host_id) {
+        p.add(
+            "sink.sparkplug.primary_host_id",
+            format!("{:?} {rule}", s.primary_host_id),
+        );
+    }
+    if !raw.sink.plain && !s.enabled {
+        p.add(
+            "sink.plain",
+            "false while [sink.sparkplug] is off would publish no results at all",
+        );
+    }
+    if !s.enabled {
+        return None;
+    }
+    let ingest = &raw.sparkplug;
+    if ingest.enabled
+        && raw.source.url == raw.sink.url
+        && (ingest.group_ids.is_empty() || ingest.group_ids.contains(&s.group_id))
+    {
+        p.add(
+            "sink.sparkplug.group_id",
+            format!(
+                "{:?} is also taken by [sparkplug] ingest on the same broker: the gateway would read its own results (list other ids in sparkplug.group_ids, or use another group_id)",
+                s.group_id
+            ),
+        );
+    }
+    Some(crate::sparkplug::node::NodeConfig {
+        group_id: s.group_id.clone(),
+        edge_node_id: if s.edge_node_id.is_empty() {
+            gateway.to_string()
+        } else {
+            s.edge_node_id.clone()
+        },
+        primary_host_id: (!s.primary_host_id.is_empty()).then(|| s.primary_host_id.clone()),
+    })
 }
 
 /// `[metrics]`: `P/metrics` and the local HTTP endpoint.

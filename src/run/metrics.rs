@@ -125,6 +125,23 @@ impl Metrics {
         format.encode(self)
     }
 
+    /// The counters an edge node carries (SPEC §10b), in [`crate::sparkplug::node::COUNTERS`] order.
+    pub fn sparkplug_counters(&self) -> [u64; crate::sparkplug::node::COUNTERS.len()] {
+        let c = &self.counters;
+        [
+            c.received,
+            c.accepted,
+            c.late,
+            c.duplicates,
+            c.readings_missing,
+            c.timestamps_invalid,
+            c.windows_emitted,
+            c.alerts,
+            c.outbox_depth,
+            c.outbox_dropped,
+        ]
+    }
+
     /// Prometheus text exposition format (0.0.4).
     pub fn prometheus(&self) -> String {
         let mut p = Prom(String::with_capacity(2048 + self.groups.len() * 400));

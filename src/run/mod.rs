@@ -29,6 +29,7 @@ mod registry;
 mod reload;
 mod restore;
 mod sink;
+mod spb;
 mod source;
 mod storer;
 mod wiring;

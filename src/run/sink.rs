@@ -89,6 +89,8 @@ pub struct Sink {
     clock: crate::sys::clock::SystemClock,
     /// A PINGREQ is unanswered.
     ping_pending: bool,
+    /// The Sparkplug edge node's task (`[sink.sparkplug]`), fed the same entries.
+    spb: Option<tokio::sync::mpsc::UnboundedSender<super::spb::SpbMsg>>,
 }
 
 impl Sink {
@@ -126,7 +128,23 @@ impl Sink {
             heard: 0,
             clock,
             ping_pending: false,
+            spb: None,
         })
+    }
+
+    /// Hands every entry, the counters, reloads and the stop to the edge node too.
+    pub fn with_edge_node(
+        mut self,
+        spb: tokio::sync::mpsc::UnboundedSender<super::spb::SpbMsg>,
+    ) -> Self {
+        self.spb = Some(spb);
+        self
+    }
+
+    fn to_edge_node(&self, m: super::spb::SpbMsg) {
+        if let Some(s) = &self.spb {
+            let _ = s.send(m);
+        }
     }
 
     fn status(&self, cfg: &SinkConfig, state: &str) -> Vec<u8> {
@@ -154,14 +172,16 @@ impl Sink {
         let mut alarm = super::alarm::Alarm::new(self.clock);
         loop {
             self.send_notices();
-            fill(
-                &mut self.d,
-                &self.client,
-                &self.reader,
-                self.cfg.endpoint.qos,
-            )
-            .await;
-            if drain.is_some() && self.d.drained() {
+            if self.cfg.plain {
+                fill(
+                    &mut self.d,
+                    &self.client,
+                    &self.reader,
+                    self.cfg.endpoint.qos,
+                )
+                .await;
+            }
+            if drain.is_some() && (self.d.drained() || !self.cfg.plain) {
                 break;
             }
             let owed = self.d.is_connected() && (self.d.in_flight() > 0 || self.ping_pending);
@@ -202,10 +222,12 @@ impl Sink {
                 }
                 msg = self.rx.recv(), if rx_open => match msg {
                     Some(SinkMsg::Apply(cfg)) => {
+                        self.to_edge_node(super::spb::SpbMsg::Apply(cfg.clone()));
                         self.apply(cfg).await;
                         backoff = None;
                     }
                     Some(SinkMsg::Stop) | None => {
+                        self.to_edge_node(super::spb::SpbMsg::Stop);
                         if !self.d.is_connected() {
                             // Down: what is left stays in the outbox for the next start.
                             break;
@@ -265,7 +287,7 @@ impl Sink {
                 tracing::error!(topics = ?[self.cfg.topic("config/set"), self.cfg.topic("config/desired")],
                     "the upstream broker refused the fleet subscriptions: no remote configuration");
             }
-            Event::Heard => self.ping_pending = false,
+            Event::Heard | Event::UnsubAck => self.ping_pending = false,
             _ => {}
         }
     }
@@ -283,7 +305,14 @@ impl Sink {
     /// A message from the other components (but a reload and the stop).
     fn on_msg(&mut self, m: SinkMsg) {
         match m {
-            SinkMsg::Live(list) => self.d.live(list),
+            SinkMsg::Live(list) => {
+                if self.spb.is_some() {
+                    self.to_edge_node(super::spb::SpbMsg::Live(list.clone()));
+                }
+                if self.cfg.plain {
+                    self.d.live(list);
+                }
+            }
             SinkMsg::Notice(n) => {
                 self.registry
                     .alerts
@@ -294,6 +323,7 @@ impl Sink {
                 self.notices.push_back(n);
             }
             SinkMsg::Metrics(m) => {
+                self.to_edge_node(super::spb::SpbMsg::Counters(m.sparkplug_counters()));
                 if self.d.is_connected() {
                     let payload = m.encode(self.cfg.format);
                     let _ = self
@@ -481,6 +511,7 @@ fn build(cfg: &SinkConfig, offline: Vec<u8>) -> Result<(Client, Loop), LinkError
         session_expiry_s: 0,
         manual_acks: false,
         will: Some((cfg.topic("status"), offline)),
+        will_retain: true,
         inflight: cfg.window,
     })
 }

@@ -32,6 +32,7 @@ pub fn build(cfg: &SourceConfig, started_at: Millis) -> Result<(Client, Loop), L
         session_expiry_s: cfg.session_expiry_s,
         manual_acks: true,
         will: cfg.host_state(started_at).map(|(t, _, dead)| (t, dead)),
+        will_retain: true,
         inflight: 100,
     })
 }
@@ -221,7 +222,7 @@ impl Source {
                 true
             }
             // A PINGRESP says the connection is up, not that subscriptions deliver.
-            Ok(Event::Heard | Event::PingSent | Event::Other) => true,
+            Ok(Event::Heard | Event::UnsubAck | Event::PingSent | Event::Other) => true,
             Err(e) => self.on_error(e).await,
         }
     }

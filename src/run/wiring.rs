@@ -97,15 +97,44 @@ pub fn start(
     let (acked_tx, acked_rx) = watch::channel(0u64);
     let (wake_tx, wake_rx) = watch::channel(cfg.gateway.wake_every_ms());
     let (documents_tx, documents) = mpsc::unbounded_channel();
+    let mut spb_senders = Vec::new();
 
-    let sink = Sink::new(
+    // With a Sparkplug edge node, an entry leaves the outbox once both uplinks have it.
+    let mut edge_tasks = Vec::new();
+    let plain_tx = match &cfg.sink.sparkplug {
+        None => delivered_tx,
+        Some(node) => {
+            let (plain_tx, plain_rx) = watch::channel(0u64);
+            let (edge_tx, edge_rx) = watch::channel(0u64);
+            let (spb_tx, spb_rx) = mpsc::unbounded_channel();
+            let edge = super::spb::EdgeSink::new(
+                cfg.sink.clone(),
+                node.clone(),
+                (restored.durable.store().reader(), spb_rx),
+                edge_tx,
+                (&cfg.gateway.state_dir, seed.rotate_left(29), clock),
+            )?;
+            edge_tasks.push(tokio::spawn(edge.run()));
+            edge_tasks.push(tokio::spawn(both_delivered(
+                cfg.sink.plain.then_some(plain_rx),
+                edge_rx,
+                delivered_tx,
+            )));
+            spb_senders.push(spb_tx);
+            plain_tx
+        }
+    };
+    let mut sink = Sink::new(
         cfg.sink.clone(),
         restored.durable.store().reader(),
         sink_rx,
         registry.clone(),
-        (delivered_tx, documents_tx),
+        (plain_tx, documents_tx),
         (seed.rotate_left(17), started_at, clock),
     )?;
+    if let Some(spb) = spb_senders.pop() {
+        sink = sink.with_edge_node(spb);
+    }
     let core = Core::new(
         restored.driver,
         clock,
@@ -149,13 +178,14 @@ pub fn start(
     );
     let threads = spawn_threads(core, restored.durable, store_links, clock, fatal_tx)?;
     // Stopped in this order: the ack task's flush ends the source, the store's last batch the sink.
-    let tasks = vec![
+    let mut tasks = vec![
         tokio::spawn(health::watchdog(registry.health.clone(), stop_rx.clone())),
         tokio::spawn(core::wake(core_tx.clone(), wake_rx, stop_rx.clone())),
         tokio::spawn(super::acks::acks(acks_rx, current_rx, acked_tx, flushed_tx)),
         tokio::spawn(source.run()),
         tokio::spawn(sink.run()),
     ];
+    tasks.extend(edge_tasks);
     let http = Http::start(
         listener,
         &cfg.metrics,
@@ -185,6 +215,34 @@ pub fn start(
         threads,
         registry,
     })
+}
+
+/// The lower of the two uplinks' delivered marks (the plain one absent: the edge node's).
+async fn both_delivered(
+    mut plain: Option<watch::Receiver<u64>>,
+    mut edge: watch::Receiver<u64>,
+    out: watch::Sender<u64>,
+) {
+    loop {
+        let e = *edge.borrow_and_update();
+        let upto = match plain.as_mut() {
+            Some(p) => e.min(*p.borrow_and_update()),
+            None => e,
+        };
+        if upto > *out.borrow() {
+            out.send_replace(upto);
+        }
+        let changed = match plain.as_mut() {
+            Some(p) => tokio::select! {
+                r = edge.changed() => r,
+                r = p.changed() => r,
+            },
+            None => edge.changed().await,
+        };
+        if changed.is_err() {
+            return;
+        }
+    }
 }
 
 impl Running {

@@ -58,6 +58,8 @@ pub enum Event {
         /// Refused filters.
         refused: usize,
     },
+    /// UNSUBACK: the broker has read every packet sent before the UNSUBSCRIBE.
+    UnsubAck,
     /// A PINGREQ went out: the broker owes a PINGRESP.
     PingSent,
     /// Another packet from the broker (a PINGRESP, an UNSUBACK): the path works.
@@ -78,8 +80,10 @@ pub struct LinkOptions<'a> {
     pub session_expiry_s: u32,
     /// Acks are sent by the caller.
     pub manual_acks: bool,
-    /// Last will: topic, payload, retained at QoS 1.
+    /// Last will: topic, payload, at QoS 1.
     pub will: Option<(String, Vec<u8>)>,
+    /// The will is retained (a status); Sparkplug's NDEATH is not.
+    pub will_retain: bool,
     /// Outgoing in-flight QoS 1 publishes at most.
     pub inflight: u16,
 }
@@ -95,6 +99,7 @@ impl<'a> LinkOptions<'a> {
             session_expiry_s: 0,
             manual_acks: false,
             will: None,
+            will_retain: false,
             inflight,
         }
     }
@@ -217,7 +222,7 @@ pub fn build(o: &LinkOptions<'_>) -> Result<(Client, Loop), LinkError> {
                 topic.clone(),
                 payload.clone(),
                 QoS::AtLeastOnce,
-                true,
+                o.will_retain,
                 None,
             ));
         }
@@ -243,7 +248,7 @@ pub fn build(o: &LinkOptions<'_>) -> Result<(Client, Loop), LinkError> {
                 topic.clone(),
                 payload.clone(),
                 QoS::AtLeastOnce,
-                true,
+                o.will_retain,
             ));
         }
         if let Some(t) = transport {
@@ -424,6 +429,7 @@ impl Loop {
                             .filter(|c| matches!(c, rumqttc::SubscribeReasonCode::Failure))
                             .count(),
                     }),
+                    Ok(E::Incoming(Packet::UnsubAck(_))) => Ok(Event::UnsubAck),
                     Ok(E::Incoming(_)) => Ok(Event::Heard),
                     Ok(E::Outgoing(rumqttc::Outgoing::PingReq)) => Ok(Event::PingSent),
                     Ok(_) => Ok(Event::Other),
@@ -464,6 +470,7 @@ impl Loop {
                             })
                             .count(),
                     }),
+                    Ok(E::Incoming(Packet::UnsubAck(_))) => Ok(Event::UnsubAck),
                     Ok(E::Incoming(_)) => Ok(Event::Heard),
                     Ok(E::Outgoing(rumqttc::Outgoing::PingReq)) => Ok(Event::PingSent),
                     Ok(_) => Ok(Event::Other),

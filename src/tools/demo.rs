@@ -529,6 +529,7 @@ fn watch(
         session_expiry_s: 0,
         manual_acks: false,
         will: None,
+        will_retain: true,
         inflight: 10,
     })?;
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -81,6 +81,7 @@ async fn reach(endpoint: &Endpoint, v5: bool, url: &str) -> Result<bool, Simulat
                 session_expiry_s: 0,
                 manual_acks: false,
                 will: None,
+                will_retain: true,
                 inflight: 10,
             })?;
             let answer = tokio::time::timeout(Duration::from_secs(3), async {
@@ -162,6 +163,7 @@ pub fn run(o: &SimulateOptions, fleet: SimConfig) -> Result<Summary, SimulateErr
             session_expiry_s: 0,
             manual_acks: false,
             will: None,
+            will_retain: true,
             inflight: 1000,
         })?;
         conns.push(Arc::new(Conn {

@@ -3,6 +3,8 @@
 //! code, no `protoc` at build time), topics, metric values, and the state an
 //! edge node leaves behind (births, aliases, sequence numbers).
 
+pub mod node;
+
 use std::collections::BTreeMap;
 
 use prost::Message as _;
