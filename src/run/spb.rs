@@ -202,8 +202,9 @@ impl EdgeSink {
                         }
                     }
                     Some(SpbMsg::Apply(cfg)) => {
-                        if cfg != self.cfg {
-                            self.cfg = cfg;
+                        let moved = cfg.endpoint != self.cfg.endpoint || cfg.v5 != self.cfg.v5;
+                        self.cfg = cfg;
+                        if moved {
                             self.end_session().await;
                             backoff = None;
                         }
@@ -308,7 +309,7 @@ impl EdgeSink {
             match self.d.next() {
                 Next::Publish(seq, e) => {
                     let now = self.now();
-                    let msgs = match node::classify(&e.topic, &e.payload, self.cfg.format) {
+                    let msgs = match node::classify(&e.topic, &e.payload) {
                         Entry::Window(w) => self.node.window(&w, now, e.at < self.born_at),
                         Entry::Offline(id) => self.node.offline(&id, now).into_iter().collect(),
                         Entry::Online(id) => self.node.online(&id, now).into_iter().collect(),

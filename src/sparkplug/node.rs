@@ -8,7 +8,6 @@ use prost::Message as _;
 use serde::Deserialize;
 
 use super::{BD_SEQ, Metric, NAMESPACE, Payload, REBIRTH, datatype};
-use crate::output::SinkFormat;
 
 /// `[sink.sparkplug]`, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,10 +94,13 @@ pub enum Entry {
     Other,
 }
 
-fn decode<T: for<'de> Deserialize<'de>>(payload: &[u8], format: SinkFormat) -> Option<T> {
-    match format {
-        SinkFormat::Json => serde_json::from_slice(payload).ok(),
-        SinkFormat::Cbor => ciborium::de::from_reader(payload).ok(),
+/// JSON or CBOR, whichever the entry is (a reload may change `sink.format`
+/// while older entries wait in the outbox).
+fn decode<T: for<'de> Deserialize<'de>>(payload: &[u8]) -> Option<T> {
+    if payload.first() == Some(&b'{') {
+        serde_json::from_slice(payload).ok()
+    } else {
+        ciborium::de::from_reader(payload).ok()
     }
 }
 
@@ -108,15 +110,15 @@ pub fn device_id(group: &str, device: &str) -> String {
 }
 
 /// Reads an outbox entry (`P/windows/G/D`, `P/alerts/G/D`; ids hold no `/`).
-pub fn classify(topic: &str, payload: &[u8], format: SinkFormat) -> Entry {
+pub fn classify(topic: &str, payload: &[u8]) -> Entry {
     let mut tail = topic.rsplitn(4, '/');
     let (Some(_), Some(_), Some(kind)) = (tail.next(), tail.next(), tail.next()) else {
         return Entry::Other;
     };
     match kind {
-        "windows" => decode::<WindowIn>(payload, format)
+        "windows" => decode::<WindowIn>(payload)
             .map_or(Entry::Other, |w| Entry::Window(Box::new(w))),
-        "alerts" => match decode::<AlertIn>(payload, format) {
+        "alerts" => match decode::<AlertIn>(payload) {
             Some(a) if a.kind == "offline" => Entry::Offline(device_id(&a.group, &a.device)),
             Some(a) if a.kind == "online" => Entry::Online(device_id(&a.group, &a.device)),
             _ => Entry::Other,
@@ -496,7 +498,7 @@ mod tests {
     }
 
     fn window(fields: &[&str], revision: u64) -> WindowIn {
-        match classify("t/gw1/windows/g/d", &result(fields, revision), SinkFormat::Json) {
+        match classify("t/gw1/windows/g/d", &result(fields, revision)) {
             Entry::Window(w) => *w,
             e => panic!("{e:?}"),
         }
@@ -508,19 +510,18 @@ mod tests {
 
     #[test]
     fn entries_are_told_apart_by_topic_and_payload() {
-        let f = SinkFormat::Json;
-        assert!(matches!(classify("p/late/g/d", b"{}", f), Entry::Other));
-        assert!(matches!(classify("p/rejected", b"{}", f), Entry::Other));
-        assert!(matches!(classify("windows/x/rejected", b"{}", f), Entry::Other));
+        assert!(matches!(classify("p/late/g/d", b"{}"), Entry::Other));
+        assert!(matches!(classify("p/rejected", b"{}"), Entry::Other));
+        assert!(matches!(classify("windows/x/rejected", b"{}"), Entry::Other));
         let off = br#"{"type":"offline","group":"g","device":"d","at":1}"#;
-        assert!(matches!(classify("p/alerts/g/d", off, f), Entry::Offline(d) if d == "g:d"));
+        assert!(matches!(classify("p/alerts/g/d", off), Entry::Offline(d) if d == "g:d"));
         let skew = br#"{"type":"clock_skew","group":"g","device":"d","at":1}"#;
-        assert!(matches!(classify("p/alerts/g/d", skew, f), Entry::Other));
+        assert!(matches!(classify("p/alerts/g/d", skew), Entry::Other));
         let mut cbor = Vec::new();
         let v: serde_json::Value = serde_json::from_slice(&result(&["t"], 0)).unwrap();
         ciborium::ser::into_writer(&v, &mut cbor).unwrap();
         assert!(matches!(
-            classify("p/windows/g/d", &cbor, SinkFormat::Cbor),
+            classify("p/windows/g/d", &cbor),
             Entry::Window(_)
         ));
     }

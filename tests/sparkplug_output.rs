@@ -1,0 +1,265 @@
+//! tidemark as a Sparkplug B edge node (SPEC §10b), seen by a host application
+//! nobody here wrote the decoder of: tests/sparkplug/host.js on Eclipse Tahu's
+//! payload library, which checks the edge-node rules of Sparkplug 3.0 on every
+//! message, a stock mosquitto between it and `tidemark run`.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::fleet::{FLEET, Fleet, MIN, counted, wait_counted, write_config};
+use support::*;
+
+/// The host application process.
+struct Host {
+    child: Child,
+    stdin: ChildStdin,
+    events: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Host {
+    fn start(port: u16, node: &str, host_id: &str) -> Self {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sparkplug");
+        assert!(
+            dir.join("node_modules/sparkplug-payload").exists(),
+            "tests/sparkplug/node_modules missing: scripts/test.sh runs `npm ci` there"
+        );
+        let mut child = Command::new("node")
+            .arg(dir.join("host.js"))
+            .args([&format!("mqtt://127.0.0.1:{port}"), "tidemark", node, host_id])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("node (scripts/test.sh installs nodejs)");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = child.stdout.take().expect("stdout");
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let ev = events.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                    ev.lock().unwrap().push(v);
+                }
+            }
+        });
+        let h = Self {
+            child,
+            stdin,
+            events,
+        };
+        wait_until(MIN, "host application subscribed", || h.count("ready") > 0);
+        if !host_id.is_empty() {
+            wait_until(MIN, "host STATE online", || h.count("done") > 0);
+        }
+        h
+    }
+
+    fn all(&self) -> Vec<Value> {
+        self.events.lock().unwrap().clone()
+    }
+
+    fn of(&self, ev: &str) -> Vec<Value> {
+        self.all().into_iter().filter(|v| v["ev"] == ev).collect()
+    }
+
+    fn count(&self, ev: &str) -> usize {
+        self.of(ev).len()
+    }
+
+    fn op(&mut self, op: &str) {
+        let before = self.count("done");
+        writeln!(self.stdin, "{}", json!({ "op": op })).expect("host stdin");
+        wait_until(MIN, "host op done", || self.count("done") > before);
+    }
+
+    fn violations(&self) -> Vec<Value> {
+        self.of("violation")
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A plain result as the DDATA metrics should carry it.
+fn expected(w: &Value) -> BTreeMap<String, f64> {
+    let mut m = BTreeMap::new();
+    for k in ["count", "heartbeats", "start", "revision"] {
+        m.insert(format!("window/{k}"), w[k].as_f64().unwrap());
+    }
+    for (field, s) in w["metrics"].as_object().unwrap() {
+        for k in ["mean", "min", "max", "sum", "count", "first", "last"] {
+            m.insert(format!("{field}/{k}"), s[k].as_f64().unwrap());
+        }
+    }
+    m
+}
+
+fn ddata_key(d: &Value) -> String {
+    let m = &d["m"];
+    format!(
+        "{} {} {}",
+        d["device"].as_str().unwrap(),
+        m["window/start"],
+        m["window/revision"]
+    )
+}
+
+fn got(d: &Value) -> BTreeMap<String, f64> {
+    d["m"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_f64().unwrap()))
+        .collect()
+}
+
+#[test]
+#[allow(clippy::too_many_lines)]
+fn results_reach_a_primary_host_once_each_held_while_it_is_away_and_the_session_survives_a_kill()
+{
+    let broker = Mosquitto::stock();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &broker,
+        &broker,
+        &format!(
+            "{FLEET}[sink.sparkplug]\nenabled = true\ngroup_id = \"tidemark\"\nprimary_host_id = \"scada\"\n"
+        ),
+    );
+    let log = dir.path().join("gw.log");
+    let up = Collector::start(broker.port, "tidemark/gw/windows/#", "spb-plain");
+    let mut host = Host::start(broker.port, "gw", "scada");
+    let gw = Gateway::start(&config, &log);
+    wait_until(MIN, "NBIRTH after the host's STATE", || {
+        host.count("NBIRTH") == 1
+    });
+    let first_bd = host.of("NBIRTH")[0]["bdSeq"].as_u64().unwrap();
+
+    // The first half live.
+    let mut publisher = Publisher::connect(broker.port, "spb-fleet");
+    let mut fleet = Fleet::new(10, 200);
+    while fleet.next < fleet.total() / 2 {
+        fleet.send(&mut publisher, 10);
+    }
+    publisher.flush();
+    wait_until(MIN, "the first half in closed windows", || {
+        counted(&up) >= fleet.next
+    });
+    wait_until(MIN, "live results as DDATA", || {
+        host.count("DDATA") == up.on("/windows/").len()
+    });
+    let before_away = host.count("DDATA");
+
+    // The host goes away for 30 s: the edge node ends its session and holds everything.
+    host.op("offline");
+    let away = Instant::now();
+    wait_until(MIN, "NDEATH once the host is offline", || {
+        host.count("NDEATH") == 1
+    });
+    while fleet.send(&mut publisher, 10) {}
+    // A late reading of d0's first window: a revision.
+    publisher.send(
+        "sensors/fleet/d0/reading",
+        &support::fleet::reading(fleet.base + 10, 10_000, 5.0),
+    );
+    publisher.flush();
+    let held_from = up.on("/windows/").len();
+    wait_until(MIN, "every result on the plain topics meanwhile", || {
+        counted_with_revision(&up) && counted(&up) > fleet.total()
+    });
+    assert!(up.on("/windows/").len() > held_from);
+    std::thread::sleep(Duration::from_secs(30).saturating_sub(away.elapsed()));
+    assert_eq!(
+        host.count("DDATA"),
+        before_away,
+        "nothing published while the primary host is offline"
+    );
+    host.op("online");
+    let plain = up.on("/windows/");
+    wait_until(MIN, "the held results after the host is back", || {
+        host.count("DDATA") >= plain.len()
+    });
+    // A moment for anything extra to show up (duplicates would be a failure).
+    let settled = host.count("DDATA");
+    host.op("rebirth");
+    wait_until(MIN, "NBIRTH and every DBIRTH again after NCMD rebirth", || {
+        host.count("rebirth_complete") == 1
+    });
+    assert_eq!(host.of("rebirth_complete")[0]["devices"], 10);
+    assert_eq!(host.count("DDATA"), settled);
+
+    // Every plain result exactly once as DDATA, same values, the window end as timestamp.
+    let ddata = host.of("DDATA");
+    // Both come out of the same outbox entries, in its order.
+    let keys: Vec<String> = ddata.iter().map(ddata_key).collect();
+    let plain_keys: Vec<String> = plain
+        .iter()
+        .map(|s| {
+            let w = s.json();
+            format!("fleet:{} {} {}", w["device"].as_str().unwrap(), w["start"], w["revision"])
+        })
+        .collect();
+    assert_eq!(keys, plain_keys, "one DDATA per result, in order");
+    for (s, d) in plain.iter().zip(&ddata) {
+        let w = s.json();
+        assert_eq!(got(d), expected(&w), "{w}");
+        assert_eq!(d["stamps"], json!([w["end"]]), "{w}");
+    }
+    // Held ones historical, in order; the earlier live ones not.
+    assert!(ddata[..before_away].iter().all(|d| d["historical"] == false));
+    let held = &ddata[before_away..];
+    assert!(!held.is_empty());
+    assert!(held.iter().all(|d| d["historical"] == true), "{held:?}");
+    assert!(
+        ddata.iter().any(|d| d["m"]["window/revision"] == 1.0),
+        "the revision arrived"
+    );
+
+    // kill -9: the broker publishes the NDEATH will with this session's bdSeq; a restart moves it on.
+    let bd = host.of("NBIRTH").last().unwrap()["bdSeq"].as_u64().unwrap();
+    assert_ne!(bd, first_bd, "the host's absence ended a session");
+    gw.kill9();
+    wait_until(MIN, "NDEATH will after kill -9", || host.count("NDEATH") == 2);
+    assert_eq!(host.of("NDEATH")[1]["bdSeq"], bd);
+    let gw = Gateway::start(&config, &log);
+    wait_until(MIN, "NBIRTH after the restart", || {
+        host.of("NBIRTH").last().unwrap()["bdSeq"] != bd
+    });
+    assert_eq!(
+        host.of("NBIRTH").last().unwrap()["bdSeq"],
+        json!((bd + 1) % 256)
+    );
+    let (code, _) = gw.terminate();
+    assert_eq!(code, Some(0));
+    wait_until(MIN, "NDEATH before a deliberate disconnect", || {
+        host.count("NDEATH") == 3
+    });
+    wait_counted(&fleet, &up, &log, MIN);
+    assert_eq!(counted(&up), fleet.total() + 1, "every reading once, the late one too");
+    let v = host.violations();
+    assert!(v.is_empty(), "Sparkplug rules broken: {v:?}");
+    eprintln!(
+        "{} results as DDATA, {} held while the host was away",
+        ddata.len(),
+        held.len()
+    );
+}
+
+/// The late reading made d0's first window revision 1.
+fn counted_with_revision(up: &Collector) -> bool {
+    up.on("/windows/")
+        .iter()
+        .any(|s| s.json()["revision"] == 1)
+}
