@@ -140,16 +140,28 @@ fn results_reach_a_primary_host_once_each_held_while_it_is_away_and_the_session_
     );
     let log = dir.path().join("gw.log");
     let up = Collector::start(broker.port, "tidemark/gw/windows/#", "spb-plain");
-    let mut host = Host::start(broker.port, "gw", "scada");
+    let spb = Collector::start(broker.port, "spBv1.0/tidemark/#", "spb-early");
+    // The gateway first: connected, it waits for the primary host's STATE before NBIRTH.
     let gw = Gateway::start(&config, &log);
+    wait_until(MIN, "edge node connected", || {
+        gw.log_text().contains("Sparkplug edge node connected")
+    });
+    let mut publisher = Publisher::connect(broker.port, "spb-fleet");
+    let mut fleet = Fleet::new(10, 200);
+    fleet.send(&mut publisher, 10);
+    publisher.flush();
+    wait_until(MIN, "a first result on the plain topics", || {
+        !up.on("/windows/").is_empty()
+    });
+    assert!(spb.all().is_empty(), "nothing before the host's STATE: {:?}", spb.all());
+    let mut host = Host::start(broker.port, "gw", "scada");
     wait_until(MIN, "NBIRTH after the host's STATE", || {
         host.count("NBIRTH") == 1
     });
     let first_bd = host.of("NBIRTH")[0]["bdSeq"].as_u64().unwrap();
+    let first_birth_at = now_ms();
 
     // The first half live.
-    let mut publisher = Publisher::connect(broker.port, "spb-fleet");
-    let mut fleet = Fleet::new(10, 200);
     while fleet.next < fleet.total() / 2 {
         fleet.send(&mut publisher, 10);
     }
@@ -217,8 +229,12 @@ fn results_reach_a_primary_host_once_each_held_while_it_is_away_and_the_session_
         assert_eq!(got(d), expected(&w), "{w}");
         assert_eq!(d["stamps"], json!([w["end"]]), "{w}");
     }
-    // Held ones historical, in order; the earlier live ones not.
-    assert!(ddata[..before_away].iter().all(|d| d["historical"] == false));
+    // Held ones historical, in order; the ones published live not (but those made
+    // before the host first came, which were held too).
+    let early = up.on("/windows/").iter().filter(|s| s.at <= first_birth_at).count();
+    assert!(early > 0 && early < before_away);
+    assert!(ddata[..early].iter().all(|d| d["historical"] == true));
+    assert!(ddata[early..before_away].iter().all(|d| d["historical"] == false));
     let held = &ddata[before_away..];
     assert!(!held.is_empty());
     assert!(held.iter().all(|d| d["historical"] == true), "{held:?}");
@@ -262,4 +278,61 @@ fn counted_with_revision(up: &Collector) -> bool {
     up.on("/windows/")
         .iter()
         .any(|s| s.json()["revision"] == 1)
+}
+
+#[test]
+fn over_mqtt_3_1_1_in_cbor_without_plain_topics_kill_9_loses_no_result() {
+    let broker = Mosquitto::start(false);
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &broker,
+        &broker,
+        &format!(
+            "{FLEET}[sink]\nprotocol = \"v311\"\nformat = \"cbor\"\nplain = false\n\
+             [sink.sparkplug]\nenabled = true\nedge_node_id = \"edge-7\"\n"
+        ),
+    );
+    let log = dir.path().join("gw.log");
+    let plain = Collector::start(broker.port, "tidemark/gw/windows/#", "spb-no-plain");
+    let host = Host::start(broker.port, "edge-7", "");
+    let mut publisher = Publisher::connect(broker.port, "spb-kill-fleet");
+    let mut fleet = Fleet::new(8, 300);
+    let mut gw = Gateway::start(&config, &log);
+    for round in 1..=2 {
+        // Killed once results flow (and the outbox holds some not yet confirmed).
+        let target = fleet.total() * round / 3;
+        while fleet.next < target {
+            fleet.send(&mut publisher, 8);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let seen = host.count("DDATA");
+        wait_until(MIN, "progress as DDATA", || host.count("DDATA") > seen);
+        gw.kill9();
+        wait_until(MIN, "NDEATH will", || host.count("NDEATH") as u64 == round);
+        gw = Gateway::start(&config, &log);
+    }
+    while fleet.send(&mut publisher, 8) {}
+    publisher.flush();
+    let readings = |host: &Host| -> u64 {
+        let mut unique = BTreeMap::new();
+        for d in host.of("DDATA") {
+            let n = d["m"]["window/count"].as_f64().unwrap();
+            unique.insert(ddata_key(&d), n);
+        }
+        unique.values().map(|n| *n as u64).sum()
+    };
+    wait_or_explain(
+        MIN,
+        || readings(&host) >= fleet.total(),
+        || format!("{} of {} readings as DDATA\n{}", readings(&host), fleet.total(), gw.log_text()),
+    );
+    let (code, _) = gw.terminate();
+    assert_eq!(code, Some(0));
+    assert_eq!(readings(&host), fleet.total(), "every reading once, deduplicated by window");
+    assert!(plain.all().is_empty(), "sink.plain = false: no plain results");
+    let bds: Vec<u64> = host.of("NBIRTH").iter().map(|b| b["bdSeq"].as_u64().unwrap()).collect();
+    assert_eq!(bds, vec![0, 1, 2], "one bdSeq per session, kept across kill -9");
+    let v = host.violations();
+    assert!(v.is_empty(), "Sparkplug rules broken: {v:?}");
 }
