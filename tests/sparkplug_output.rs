@@ -32,7 +32,12 @@ impl Host {
         );
         let mut child = Command::new("node")
             .arg(dir.join("host.js"))
-            .args([&format!("mqtt://127.0.0.1:{port}"), "tidemark", node, host_id])
+            .args([
+                &format!("mqtt://127.0.0.1:{port}"),
+                "tidemark",
+                node,
+                host_id,
+            ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -126,8 +131,7 @@ fn got(d: &Value) -> BTreeMap<String, f64> {
 
 #[test]
 #[allow(clippy::too_many_lines)]
-fn results_reach_a_primary_host_once_each_held_while_it_is_away_and_the_session_survives_a_kill()
-{
+fn results_reach_a_primary_host_once_each_held_while_it_is_away_and_the_session_survives_a_kill() {
     let broker = Mosquitto::stock();
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(
@@ -153,7 +157,11 @@ fn results_reach_a_primary_host_once_each_held_while_it_is_away_and_the_session_
     wait_until(MIN, "a first result on the plain topics", || {
         !up.on("/windows/").is_empty()
     });
-    assert!(spb.all().is_empty(), "nothing before the host's STATE: {:?}", spb.all());
+    assert!(
+        spb.all().is_empty(),
+        "nothing before the host's STATE: {:?}",
+        spb.all()
+    );
     let mut host = Host::start(broker.port, "gw", "scada");
     wait_until(MIN, "NBIRTH after the host's STATE", || {
         host.count("NBIRTH") == 1
@@ -206,9 +214,11 @@ fn results_reach_a_primary_host_once_each_held_while_it_is_away_and_the_session_
     // A moment for anything extra to show up (duplicates would be a failure).
     let settled = host.count("DDATA");
     host.op("rebirth");
-    wait_until(MIN, "NBIRTH and every DBIRTH again after NCMD rebirth", || {
-        host.count("rebirth_complete") == 1
-    });
+    wait_until(
+        MIN,
+        "NBIRTH and every DBIRTH again after NCMD rebirth",
+        || host.count("rebirth_complete") == 1,
+    );
     assert_eq!(host.of("rebirth_complete")[0]["devices"], 10);
     assert_eq!(host.count("DDATA"), settled);
 
@@ -220,7 +230,12 @@ fn results_reach_a_primary_host_once_each_held_while_it_is_away_and_the_session_
         .iter()
         .map(|s| {
             let w = s.json();
-            format!("fleet:{} {} {}", w["device"].as_str().unwrap(), w["start"], w["revision"])
+            format!(
+                "fleet:{} {} {}",
+                w["device"].as_str().unwrap(),
+                w["start"],
+                w["revision"]
+            )
         })
         .collect();
     assert_eq!(keys, plain_keys, "one DDATA per result, in order");
@@ -231,10 +246,18 @@ fn results_reach_a_primary_host_once_each_held_while_it_is_away_and_the_session_
     }
     // Held ones historical, in order; the ones published live not (but those made
     // before the host first came, which were held too).
-    let early = up.on("/windows/").iter().filter(|s| s.at <= first_birth_at).count();
+    let early = up
+        .on("/windows/")
+        .iter()
+        .filter(|s| s.at <= first_birth_at)
+        .count();
     assert!(early > 0 && early < before_away);
     assert!(ddata[..early].iter().all(|d| d["historical"] == true));
-    assert!(ddata[early..before_away].iter().all(|d| d["historical"] == false));
+    assert!(
+        ddata[early..before_away]
+            .iter()
+            .all(|d| d["historical"] == false)
+    );
     let held = &ddata[before_away..];
     assert!(!held.is_empty());
     assert!(held.iter().all(|d| d["historical"] == true), "{held:?}");
@@ -247,7 +270,9 @@ fn results_reach_a_primary_host_once_each_held_while_it_is_away_and_the_session_
     let bd = host.of("NBIRTH").last().unwrap()["bdSeq"].as_u64().unwrap();
     assert_ne!(bd, first_bd, "the host's absence ended a session");
     gw.kill9();
-    wait_until(MIN, "NDEATH will after kill -9", || host.count("NDEATH") == 2);
+    wait_until(MIN, "NDEATH will after kill -9", || {
+        host.count("NDEATH") == 2
+    });
     assert_eq!(host.of("NDEATH")[1]["bdSeq"], bd);
     let gw = Gateway::start(&config, &log);
     wait_until(MIN, "NBIRTH after the restart", || {
@@ -263,7 +288,11 @@ fn results_reach_a_primary_host_once_each_held_while_it_is_away_and_the_session_
         host.count("NDEATH") == 3
     });
     wait_counted(&fleet, &up, &log, MIN);
-    assert_eq!(counted(&up), fleet.total() + 1, "every reading once, the late one too");
+    assert_eq!(
+        counted(&up),
+        fleet.total() + 1,
+        "every reading once, the late one too"
+    );
     let v = host.violations();
     assert!(v.is_empty(), "Sparkplug rules broken: {v:?}");
     eprintln!(
@@ -275,9 +304,7 @@ fn results_reach_a_primary_host_once_each_held_while_it_is_away_and_the_session_
 
 /// The late reading made d0's first window revision 1.
 fn counted_with_revision(up: &Collector) -> bool {
-    up.on("/windows/")
-        .iter()
-        .any(|s| s.json()["revision"] == 1)
+    up.on("/windows/").iter().any(|s| s.json()["revision"] == 1)
 }
 
 #[test]
@@ -325,14 +352,36 @@ fn over_mqtt_3_1_1_in_cbor_without_plain_topics_kill_9_loses_no_result() {
     wait_or_explain(
         MIN,
         || readings(&host) >= fleet.total(),
-        || format!("{} of {} readings as DDATA\n{}", readings(&host), fleet.total(), gw.log_text()),
+        || {
+            format!(
+                "{} of {} readings as DDATA\n{}",
+                readings(&host),
+                fleet.total(),
+                gw.log_text()
+            )
+        },
     );
     let (code, _) = gw.terminate();
     assert_eq!(code, Some(0));
-    assert_eq!(readings(&host), fleet.total(), "every reading once, deduplicated by window");
-    assert!(plain.all().is_empty(), "sink.plain = false: no plain results");
-    let bds: Vec<u64> = host.of("NBIRTH").iter().map(|b| b["bdSeq"].as_u64().unwrap()).collect();
-    assert_eq!(bds, vec![0, 1, 2], "one bdSeq per session, kept across kill -9");
+    assert_eq!(
+        readings(&host),
+        fleet.total(),
+        "every reading once, deduplicated by window"
+    );
+    assert!(
+        plain.all().is_empty(),
+        "sink.plain = false: no plain results"
+    );
+    let bds: Vec<u64> = host
+        .of("NBIRTH")
+        .iter()
+        .map(|b| b["bdSeq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        bds,
+        vec![0, 1, 2],
+        "one bdSeq per session, kept across kill -9"
+    );
     let v = host.violations();
     assert!(v.is_empty(), "Sparkplug rules broken: {v:?}");
 }

@@ -167,5 +167,17 @@ mod tests {
         )
         .unwrap();
         assert_eq!(cfg("").needs_restart(&dir), vec!["gateway.state_dir"]);
+        // The edge node's session is made at start.
+        let edge = cfg("[sink.sparkplug]\nenabled = true\n");
+        assert_eq!(cfg("").needs_restart(&edge), vec!["sink.sparkplug"]);
+        let renamed = cfg("[sink.sparkplug]\nenabled = true\nedge_node_id = \"e2\"\n");
+        assert_eq!(edge.needs_restart(&renamed), vec!["sink.sparkplug"]);
+        let only = cfg("[sink]\nplain = false\n[sink.sparkplug]\nenabled = true\n");
+        assert_eq!(edge.needs_restart(&only), vec!["sink.plain"]);
+        assert!(
+            cfg("[sink]\nmax_inflight = 9\n")
+                .needs_restart(&cfg(""))
+                .is_empty()
+        );
     }
 }

@@ -335,7 +335,10 @@ fn edge_node(
     let s = &raw.sink.sparkplug;
     let rule = "must be 1..64 chars of [A-Za-z0-9_.:-] (it is a Sparkplug topic level)";
     if !crate::model::valid_id(&s.group_id) {
-        p.add("sink.sparkplug.group_id", format!("{:?} {rule}", s.group_id));
+        p.add(
+            "sink.sparkplug.group_id",
+            format!("{:?} {rule}", s.group_id),
+        );
     }
     if !s.edge_node_id.is_empty() && !crate::model::valid_id(&s.edge_node_id) {
         p.add(

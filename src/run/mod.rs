@@ -29,8 +29,8 @@ mod registry;
 mod reload;
 mod restore;
 mod sink;
-mod spb;
 mod source;
+mod spb;
 mod storer;
 mod wiring;
 

@@ -222,7 +222,7 @@ impl Sink {
                 }
                 msg = self.rx.recv(), if rx_open => match msg {
                     Some(SinkMsg::Apply(cfg)) => {
-                        self.to_edge_node(super::spb::SpbMsg::Apply(cfg.clone()));
+                        self.to_edge_node(super::spb::SpbMsg::Apply(Box::new(cfg.clone())));
                         self.apply(cfg).await;
                         backoff = None;
                     }

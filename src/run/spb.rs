@@ -26,7 +26,7 @@ pub enum SpbMsg {
     /// The counters of the latest `P/metrics`: an NDATA.
     Counters([u64; COUNTERS.len()]),
     /// A reload: the sink's new settings.
-    Apply(super::sink::SinkConfig),
+    Apply(Box<super::sink::SinkConfig>),
     /// Drain, then NDEATH and disconnect.
     Stop,
 }
@@ -106,7 +106,11 @@ fn next_bd_seq(path: &Path) -> u64 {
     bd
 }
 
-fn build(cfg: &super::sink::SinkConfig, node: &Node, now: Millis) -> Result<(Client, Loop), LinkError> {
+fn build(
+    cfg: &super::sink::SinkConfig,
+    node: &Node,
+    now: Millis,
+) -> Result<(Client, Loop), LinkError> {
     let mut endpoint = cfg.endpoint.clone();
     endpoint.client_id = format!("{}-spb", endpoint.client_id);
     let death = node.death(u64::try_from(now).unwrap_or(0));
@@ -202,6 +206,7 @@ impl EdgeSink {
                         }
                     }
                     Some(SpbMsg::Apply(cfg)) => {
+                        let cfg = *cfg;
                         let moved = cfg.endpoint != self.cfg.endpoint || cfg.v5 != self.cfg.v5;
                         self.cfg = cfg;
                         if moved {

@@ -116,8 +116,9 @@ pub fn classify(topic: &str, payload: &[u8]) -> Entry {
         return Entry::Other;
     };
     match kind {
-        "windows" => decode::<WindowIn>(payload)
-            .map_or(Entry::Other, |w| Entry::Window(Box::new(w))),
+        "windows" => {
+            decode::<WindowIn>(payload).map_or(Entry::Other, |w| Entry::Window(Box::new(w)))
+        }
         "alerts" => match decode::<AlertIn>(payload) {
             Some(a) if a.kind == "offline" => Entry::Offline(device_id(&a.group, &a.device)),
             Some(a) if a.kind == "online" => Entry::Online(device_id(&a.group, &a.device)),
@@ -512,7 +513,10 @@ mod tests {
     fn entries_are_told_apart_by_topic_and_payload() {
         assert!(matches!(classify("p/late/g/d", b"{}"), Entry::Other));
         assert!(matches!(classify("p/rejected", b"{}"), Entry::Other));
-        assert!(matches!(classify("windows/x/rejected", b"{}"), Entry::Other));
+        assert!(matches!(
+            classify("windows/x/rejected", b"{}"),
+            Entry::Other
+        ));
         let off = br#"{"type":"offline","group":"g","device":"d","at":1}"#;
         assert!(matches!(classify("p/alerts/g/d", off), Entry::Offline(d) if d == "g:d"));
         let skew = br#"{"type":"clock_skew","group":"g","device":"d","at":1}"#;
@@ -520,10 +524,7 @@ mod tests {
         let mut cbor = Vec::new();
         let v: serde_json::Value = serde_json::from_slice(&result(&["t"], 0)).unwrap();
         ciborium::ser::into_writer(&v, &mut cbor).unwrap();
-        assert!(matches!(
-            classify("p/windows/g/d", &cbor),
-            Entry::Window(_)
-        ));
+        assert!(matches!(classify("p/windows/g/d", &cbor), Entry::Window(_)));
     }
 
     #[test]
@@ -589,7 +590,11 @@ mod tests {
         let death = n.offline("g:d", 2).unwrap();
         assert_eq!(death.topic, "spBv1.0/plant/DDEATH/gw1/g:d");
         assert!(n.offline("g:d", 2).is_none(), "dead once");
-        assert_eq!(n.births(3, &[0; COUNTERS.len()]).len(), 1, "offline: not reborn");
+        assert_eq!(
+            n.births(3, &[0; COUNTERS.len()]).len(),
+            1,
+            "offline: not reborn"
+        );
         let birth = n.online("g:d", 4).unwrap();
         assert_eq!(birth.topic, "spBv1.0/plant/DBIRTH/gw1/g:d");
         // A result of a dead device is born first.
