@@ -7,7 +7,7 @@
 // Stdin ops: {"op":"online"}, {"op":"offline"}, {"op":"rebirth"}.
 // Events: {"ev":"ready"}, {"ev":"NBIRTH","bdSeq"}, {"ev":"NDEATH","bdSeq"},
 // {"ev":"DBIRTH","device"}, {"ev":"DDEATH","device"}, {"ev":"NDATA"},
-// {"ev":"DDATA","device","historical","stamps":[...],"m":{name:value}},
+// {"ev":"DDATA","device","historical","stamps":[...],"m":{name:value},"bytes"},
 // {"ev":"rebirth_complete","devices":n}, {"ev":"violation","what"}.
 "use strict";
 const readline = require("readline");
@@ -173,7 +173,7 @@ client.on("message", (topic, buf, packet) => {
         historical = h;
         m[def.name] = num(x.value);
       }
-      say({ ev: "DDATA", device, historical: historical === true, stamps: [...stamps], m });
+      say({ ev: "DDATA", device, historical: historical === true, stamps: [...stamps], m, bytes: buf.length });
       break;
     }
     default:
