@@ -301,13 +301,7 @@ fn results_reach_a_primary_host_once_each_held_while_it_is_away_and_the_session_
         "{} results as DDATA, {} held while the host was away; bytes per result: DDATA {:.0}, plain JSON {:.0}",
         ddata.len(),
         held.len(),
-        bytes(
-            ddata.len(),
-            ddata
-                .iter()
-                .map(|d| d["bytes"].as_u64().unwrap() as usize)
-                .sum()
-        ),
+        bytes(ddata.len(), ddata.iter().map(|d| d["bytes"].as_u64().unwrap() as usize).sum()),
         bytes(plain.len(), plain.iter().map(|s| s.payload.len()).sum()),
     );
 }

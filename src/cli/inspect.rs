@@ -126,7 +126,7 @@ fn json_doc(seen: &Seen<'_>) {
                     "last_seen_utc": utc_opt(d.max_event),
                     "status": if d.offline { "offline" } else { "online" },
                     "readings_missing": d.missing,
-                    "open_windows": d.windows.all().iter().map(|w| json!({
+                    "open_windows": d.windows.iter().map(|w| json!({
                         "start": w.start, "end": w.end, "start_utc": utc(w.start),
                         "count": w.count, "heartbeats": w.heartbeats,
                         "emitted_revision": w.emitted,

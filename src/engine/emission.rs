@@ -113,15 +113,24 @@ impl Engine {
 
     /// Emits every window of a device with unemitted events that ends at or before `upto`.
     pub(super) fn emit_windows(&mut self, di: usize, upto: Millis, out: &mut dyn Emit) -> bool {
+        let mut emitted = false;
         let dev = &mut self.devices[di].state;
-        let (counters, gateway, names) = (&mut self.counters, &self.gateway, &self.metric_names);
-        let (group, id) = (&dev.group, &dev.id);
-        dev.windows.emit(upto, |w, revision| {
-            counters.windows_emitted += 1;
+        for w in dev.windows.iter_mut().filter(|w| w.dirty && upto >= w.end) {
+            let revision = w.emitted.map_or(0, |r| r + 1);
+            w.emitted = Some(revision);
+            w.dirty = false;
+            emitted = true;
+            self.counters.windows_emitted += 1;
             out.emit(Output::Window(window_result(
-                gateway, group, id, w, revision, names,
+                &self.gateway,
+                &dev.group,
+                &dev.id,
+                w,
+                revision,
+                &self.metric_names,
             )));
-        })
+        }
+        emitted
     }
 
     pub(super) fn close_device(
@@ -140,11 +149,23 @@ impl Engine {
         );
         let mut changed = self.emit_windows(di, wm, out);
         let dev = &mut self.devices[di].state;
-        let (purged, gone) = dev.windows.purge(wm, lateness);
-        if let Some(s) = gone.filter(|_| auto) {
-            dev.purged_to_s = dev.purged_to_s.max(super::adaptive::purged_s(s));
+        let before = dev.windows.len();
+        if auto {
+            let mut gone = None;
+            dev.windows.retain(|w| {
+                let keep = wm < w.end + lateness;
+                if !keep {
+                    gone = gone.max(Some(w.start));
+                }
+                keep
+            });
+            if let Some(s) = gone {
+                dev.purged_to_s = dev.purged_to_s.max(super::adaptive::purged_s(s));
+            }
+        } else {
+            dev.windows.retain(|w| wm < w.end + lateness);
         }
-        changed |= purged;
+        changed |= dev.windows.len() != before;
         let offline_now = !dev.offline && dev.max_event.is_some_and(|seen| wm >= seen + hb);
         if offline_now {
             dev.offline = true;

@@ -89,13 +89,13 @@ impl Engine {
 /// window (its end), purge one (end + allowed lateness), go offline (last
 /// event + heartbeat timeout). Everything below it was done at the last visit.
 pub(super) fn deadline(d: &Device, lateness: Millis, heartbeat_timeout: Millis) -> Option<Millis> {
+    let windows = d.windows.iter().map(|w| {
+        let purge = w.end.saturating_add(lateness);
+        if w.dirty { w.end.min(purge) } else { purge }
+    });
     let offline = d
         .max_event
         .filter(|_| !d.offline)
         .map(|m| m.saturating_add(heartbeat_timeout));
-    d.windows
-        .deadline(lateness)
-        .into_iter()
-        .chain(offline)
-        .min()
+    windows.chain(offline).min()
 }

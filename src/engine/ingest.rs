@@ -287,7 +287,7 @@ impl Engine {
                 lateness,
                 fresh,
             };
-            dev.windows.apply(rule, event, wm, heartbeat, &metrics)
+            window::apply(&mut dev.windows, rule, event, wm, heartbeat, &metrics)
         });
         if !taken {
             self.counters.late += 1;

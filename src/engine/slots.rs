@@ -115,7 +115,7 @@ impl Engine {
                 offline: false,
                 announced: false,
                 seq: SeqWindow::default(),
-                windows: crate::time::window::Windows::default(),
+                windows: Vec::new(),
                 missing: 0,
                 timestamps_invalid: 0,
                 accepted: 0,

@@ -8,7 +8,7 @@ use crate::time::adaptive::AdaptiveState;
 use crate::time::gateway::GatewayClock;
 use crate::time::seq::SeqWindow;
 use crate::time::skew::SkewEstimator;
-use crate::time::window::{WindowSpec, Windows};
+use crate::time::window::{Window, WindowSpec};
 
 /// Totals since the state was created.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,8 +67,8 @@ pub struct Device {
     pub announced: bool,
     /// Duplicate filter.
     pub seq: SeqWindow,
-    /// Open windows and fired ones kept for lateness, sorted by start.
-    pub windows: Windows,
+    /// Open windows, sorted by start.
+    pub windows: Vec<Window>,
     /// Readings lost before the gateway (sequence numbers skipped and not arrived since).
     #[serde(default)]
     pub missing: u64,
@@ -401,10 +401,9 @@ mod tests {
     }
 }
 /// The per-device state holds what "auto" lateness needs without growing (SPEC §5:
-/// nothing per device is added): 336 bytes on 64-bit targets, 16 of them the
-/// buffer of packed fired windows (each of which took ~280 bytes unpacked).
+/// nothing per device is added): 320 bytes on 64-bit targets.
 #[cfg(all(test, target_pointer_width = "64"))]
 #[test]
-fn a_device_stays_336_bytes() {
-    assert_eq!(std::mem::size_of::<Device>(), 336);
+fn a_device_stays_320_bytes() {
+    assert_eq!(std::mem::size_of::<Device>(), 320);
 }

@@ -265,7 +265,6 @@ pub fn answer(engine: &Engine, q: &Query, now: Now, registry: &Registry, links: 
                 row: row(engine, d, corrected),
                 open_windows: d
                     .windows
-                    .all()
                     .iter()
                     .map(|w| OpenWindow {
                         start: w.start,

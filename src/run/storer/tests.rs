@@ -267,7 +267,6 @@ fn a_crash_after_a_journaled_reload_recovers_each_message_under_its_own_rules() 
             e.device("g", "d")
                 .unwrap()
                 .windows
-                .all()
                 .iter()
                 .map(|w| (w.start, w.end, w.count))
                 .collect()
