@@ -90,13 +90,15 @@ def stop_peak(gw):
     return usage.ru_maxrss / 1024
 
 
-def steady(bin, devices, every_s, seconds):
+def steady(bin, devices, every_s, seconds, window_ms=0):
     """RSS once every device's clock estimator is full: `devices` send one reading
     each every `every_s` seconds for `seconds`; RSS every 5 s, the peak (VmHWM), and
     the settled RSS once the load has stopped and the outbox is empty."""
     src, up = report.Mosquitto(), report.Mosquitto()
     state = tempfile.mkdtemp(prefix="tm-bench-mem-")
-    gw = report.Gateway(bin, state, src.url, up.url)
+    extra = (f'[group_defaults]\nwindow = {{ kind = "tumbling", size_ms = {window_ms} }}\n'
+             if window_ms else "")
+    gw = report.Gateway(bin, state, src.url, up.url, extra=extra)
     src.wait_subscribed("tidemark-bench-in")
     report.wait_for(lambda: gw.metric("tidemark_received_total") is not None, "metrics")
     rate = max(1, round(devices / every_s))
@@ -118,6 +120,7 @@ def steady(bin, devices, every_s, seconds):
     time.sleep(6)
     m = gw.metrics() or {}
     out = {"devices": devices, "every_s": every_s, "seconds": seconds, "rate": rate,
+           "window_ms": window_ms or 60000,
            "received": m.get("tidemark_received_total", sent),
            "windows": m.get("tidemark_windows_emitted_total", 0),
            "last_under_load": samples[-1][1] if samples else 0.0,
@@ -149,14 +152,15 @@ def main():
     ap.add_argument("--quick", action="store_true",
                     help="print the tables, write nothing (with --minutes 0: sizes only)")
     ap.add_argument("--steady", default="",
-                    help="DEVICES:EVERY_S:SECONDS[,...]: only the steady-state rows, printed")
+                    help="DEVICES:EVERY_S:SECONDS[:WINDOW_MS][,...]: only the steady-state rows, "
+                         "printed (WINDOW_MS: tumbling window size, default the config's 60 s)")
     a = ap.parse_args()
     report.ensure_mosquitto()
     bin = report.tidemark_bin()
     if a.steady:
         for spec in a.steady.split(","):
-            d, e, s = spec.split(":")
-            print(steady(bin, int(d), float(e), int(s)), flush=True)
+            d, e, s, *w = spec.split(":")
+            print(steady(bin, int(d), float(e), int(s), int(w[0]) if w else 0), flush=True)
         return
     rows = []
     for n in (int(x) for x in a.sizes.split(",")):
