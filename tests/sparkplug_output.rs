@@ -301,7 +301,13 @@ fn results_reach_a_primary_host_once_each_held_while_it_is_away_and_the_session_
         "{} results as DDATA, {} held while the host was away; bytes per result: DDATA {:.0}, plain JSON {:.0}",
         ddata.len(),
         held.len(),
-        bytes(ddata.len(), ddata.iter().map(|d| d["bytes"].as_u64().unwrap() as usize).sum()),
+        bytes(
+            ddata.len(),
+            ddata
+                .iter()
+                .map(|d| d["bytes"].as_u64().unwrap() as usize)
+                .sum()
+        ),
         bytes(plain.len(), plain.iter().map(|s| s.payload.len()).sum()),
     );
 }
@@ -386,6 +392,39 @@ fn over_mqtt_3_1_1_in_cbor_without_plain_topics_kill_9_loses_no_result() {
         vec![0, 1, 2],
         "one bdSeq per session, kept across kill -9"
     );
+    let v = host.violations();
+    assert!(v.is_empty(), "Sparkplug rules broken: {v:?}");
+}
+
+#[test]
+fn a_rebirth_of_more_devices_than_the_link_queues_at_once_arrives_whole() {
+    let broker = Mosquitto::start(false);
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &broker,
+        &broker,
+        &format!("{FLEET}[sink.sparkplug]\nenabled = true\n"),
+    );
+    let log = dir.path().join("gw.log");
+    let mut host = Host::start(broker.port, "gw", "");
+    let gw = Gateway::start(&config, &log);
+    wait_until(MIN, "NBIRTH", || host.count("NBIRTH") == 1);
+    // 1 500 devices: a rebirth is 1 501 births, more than the link's request queue (1 024).
+    let mut publisher = Publisher::connect(broker.port, "spb-many");
+    let mut fleet = Fleet::new(1500, 2);
+    while fleet.send(&mut publisher, 100) {}
+    publisher.flush();
+    wait_until(MIN, "a result of every device as DDATA", || {
+        host.count("DDATA") >= 1500
+    });
+    host.op("rebirth");
+    wait_until(MIN, "NBIRTH and every DBIRTH again", || {
+        host.count("rebirth_complete") == 1
+    });
+    assert_eq!(host.of("rebirth_complete")[0]["devices"], 1500);
+    let (code, _) = gw.terminate();
+    assert_eq!(code, Some(0));
     let v = host.violations();
     assert!(v.is_empty(), "Sparkplug rules broken: {v:?}");
 }

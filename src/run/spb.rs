@@ -71,6 +71,8 @@ pub struct EdgeSink {
     barriers: VecDeque<usize>,
     /// Entries sent since the last barrier.
     unconfirmed: usize,
+    /// Births and node data waiting for room in the link's request queue, in order.
+    pending: VecDeque<node::Msg>,
     backoff: Backoff,
     clock: SystemClock,
 }
@@ -154,6 +156,7 @@ impl EdgeSink {
             born_at: 0,
             barriers: VecDeque::new(),
             unconfirmed: 0,
+            pending: VecDeque::new(),
             backoff: Backoff::new(seed),
             clock,
         })
@@ -173,10 +176,16 @@ impl EdgeSink {
         let mut backoff: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
         let mut rx_open = true;
         loop {
-            if self.phase == Phase::Live {
+            // Births first (thousands of DBIRTHs go as the link takes them), then data.
+            self.flush_pending();
+            if self.phase == Phase::Live && self.pending.is_empty() {
                 self.fill().await;
             }
-            if drain.is_some() && self.d.drained() && self.barriers.is_empty() {
+            if drain.is_some()
+                && self.d.drained()
+                && self.barriers.is_empty()
+                && self.pending.is_empty()
+            {
                 break;
             }
             tokio::select! {
@@ -202,7 +211,7 @@ impl EdgeSink {
                         self.counters = c;
                         if self.phase == Phase::Live {
                             let m = self.node.counters(self.now(), &c);
-                            let _ = self.client.publish(&m.topic, m.payload, 0, false);
+                            self.pending.push_back(m);
                         }
                     }
                     Some(SpbMsg::Apply(cfg)) => {
@@ -272,9 +281,8 @@ impl EdgeSink {
                 {
                     tracing::info!("Sparkplug rebirth requested");
                     let now = self.now();
-                    for m in self.node.births(now, &self.counters) {
-                        let _ = self.client.publish(&m.topic, m.payload, 0, false);
-                    }
+                    let births = self.node.births(now, &self.counters);
+                    self.pending.extend(births);
                 }
             }
             Event::UnsubAck => {
@@ -298,14 +306,31 @@ impl EdgeSink {
     /// unconfirmed entry (the last session's barriers are void).
     fn births(&mut self) {
         let now = self.now();
-        for m in self.node.births(now, &self.counters) {
-            let _ = self.client.publish(&m.topic, m.payload, 0, false);
-        }
+        self.pending.clear();
+        let births = self.node.births(now, &self.counters);
+        self.pending.extend(births);
         self.born_at = self.clock.now().wall;
         self.phase = Phase::Live;
         self.barriers.clear();
         self.unconfirmed = 0;
         self.d.connected(None);
+    }
+
+    /// Hands waiting births and node data to the link while its queue has room.
+    fn flush_pending(&mut self) {
+        if self.phase == Phase::Down {
+            return;
+        }
+        while let Some(m) = self.pending.front() {
+            if self
+                .client
+                .publish(&m.topic, m.payload.clone(), 0, false)
+                .is_err()
+            {
+                break;
+            }
+            self.pending.pop_front();
+        }
     }
 
     /// Publishes entries until the window is full, then a barrier behind them.
@@ -349,6 +374,7 @@ impl EdgeSink {
     /// The session is over (the link failed): a new one gets the next `bdSeq`.
     fn session_over(&mut self) {
         self.phase = Phase::Down;
+        self.pending.clear();
         self.d.disconnected();
         self.barriers.clear();
         self.unconfirmed = 0;
@@ -377,6 +403,7 @@ impl EdgeSink {
         let _ = self.client.publish(&death.topic, death.payload, 1, false);
         let _ = self.client.disconnect();
         // The loop reports the closed connection, which starts the next session.
+        self.pending.clear();
         self.phase = Phase::Waiting;
         self.d.disconnected();
     }
