@@ -4,55 +4,25 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use support::node::NodeScript;
 use support::*;
 
 const WAIT: Duration = Duration::from_secs(30);
 
 /// The Tahu edge node process.
-struct Edge {
-    child: Child,
-    stdin: ChildStdin,
-    events: Arc<Mutex<Vec<Value>>>,
-}
+struct Edge(NodeScript);
 
 impl Edge {
     fn start(port: u16, group: &str, node: &str) -> Self {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sparkplug");
-        assert!(
-            dir.join("node_modules/sparkplug-client").exists(),
-            "tests/sparkplug/node_modules missing: scripts/test.sh runs `npm ci` there"
-        );
-        let mut child = Command::new("node")
-            .arg(dir.join("edge.js"))
-            .args([&format!("mqtt://127.0.0.1:{port}"), group, node])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("node (scripts/test.sh installs nodejs)");
-        let stdin = child.stdin.take().expect("stdin");
-        let stdout = child.stdout.take().expect("stdout");
-        let events = Arc::new(Mutex::new(Vec::new()));
-        let ev = events.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                    ev.lock().unwrap().push(v);
-                }
-            }
-        });
-        let e = Self {
-            child,
-            stdin,
-            events,
-        };
+        let args = [
+            format!("mqtt://127.0.0.1:{port}"),
+            group.into(),
+            node.into(),
+        ];
+        let e = Self(NodeScript::start("edge.js", &args, "sparkplug-client"));
         wait_until(WAIT, "Tahu edge node connected", || {
             e.count("connected") > 0
         });
@@ -60,34 +30,15 @@ impl Edge {
     }
 
     fn count(&self, event: &str) -> usize {
-        self.events
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|v| v["event"] == event)
-            .count()
+        self.0.with("event", event).len()
     }
 
     /// Sends one op and waits until the client has published it; returns its "done" event.
     fn op(&mut self, op: Value) -> Value {
         let before = self.count("done");
-        writeln!(self.stdin, "{op}").expect("edge stdin");
+        self.0.send(&op);
         wait_until(WAIT, "edge op done", || self.count("done") > before);
-        self.events
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|v| v["event"] == "done")
-            .nth(before)
-            .cloned()
-            .expect("done event")
-    }
-}
-
-impl Drop for Edge {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.0.with("event", "done")[before].clone()
     }
 }
 
@@ -200,7 +151,7 @@ fn a_tahu_edge_node_births_data_deaths_and_rebirths_through_tidemark() {
     assert_eq!(alerts(&out, "edge1", "offline"), 0);
     // The client process killed: the broker publishes its NDEATH (the will).
     let mut child = edge;
-    let _ = child.child.kill();
+    child.0.kill();
     wait_until(WAIT, "edge node offline by its NDEATH", || {
         alerts(&out, "edge1", "offline") == 1
     });

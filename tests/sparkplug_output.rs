@@ -6,59 +6,25 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::fleet::{FLEET, Fleet, MIN, counted, wait_counted, write_config};
+use support::node::NodeScript;
 use support::*;
 
 /// The host application process.
-struct Host {
-    child: Child,
-    stdin: ChildStdin,
-    events: Arc<Mutex<Vec<Value>>>,
-}
+struct Host(NodeScript);
 
 impl Host {
     fn start(port: u16, node: &str, host_id: &str) -> Self {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sparkplug");
-        assert!(
-            dir.join("node_modules/sparkplug-payload").exists(),
-            "tests/sparkplug/node_modules missing: scripts/test.sh runs `npm ci` there"
-        );
-        let mut child = Command::new("node")
-            .arg(dir.join("host.js"))
-            .args([
-                &format!("mqtt://127.0.0.1:{port}"),
-                "tidemark",
-                node,
-                host_id,
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("node (scripts/test.sh installs nodejs)");
-        let stdin = child.stdin.take().expect("stdin");
-        let stdout = child.stdout.take().expect("stdout");
-        let events = Arc::new(Mutex::new(Vec::new()));
-        let ev = events.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                    ev.lock().unwrap().push(v);
-                }
-            }
-        });
-        let h = Self {
-            child,
-            stdin,
-            events,
-        };
+        let args = [
+            format!("mqtt://127.0.0.1:{port}"),
+            "tidemark".into(),
+            node.into(),
+            host_id.into(),
+        ];
+        let h = Self(NodeScript::start("host.js", &args, "sparkplug-payload"));
         wait_until(MIN, "host application subscribed", || h.count("ready") > 0);
         if !host_id.is_empty() {
             wait_until(MIN, "host STATE online", || h.count("done") > 0);
@@ -66,12 +32,8 @@ impl Host {
         h
     }
 
-    fn all(&self) -> Vec<Value> {
-        self.events.lock().unwrap().clone()
-    }
-
     fn of(&self, ev: &str) -> Vec<Value> {
-        self.all().into_iter().filter(|v| v["ev"] == ev).collect()
+        self.0.with("ev", ev)
     }
 
     fn count(&self, ev: &str) -> usize {
@@ -80,19 +42,12 @@ impl Host {
 
     fn op(&mut self, op: &str) {
         let before = self.count("done");
-        writeln!(self.stdin, "{}", json!({ "op": op })).expect("host stdin");
+        self.0.send(&json!({ "op": op }));
         wait_until(MIN, "host op done", || self.count("done") > before);
     }
 
     fn violations(&self) -> Vec<Value> {
         self.of("violation")
-    }
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -154,9 +109,12 @@ fn results_reach_a_primary_host_once_each_held_while_it_is_away_and_the_session_
     let mut fleet = Fleet::new(10, 200);
     fleet.send(&mut publisher, 10);
     publisher.flush();
-    wait_until(MIN, "a first result on the plain topics", || {
-        !up.on("/windows/").is_empty()
-    });
+    // Every result of these readings is out before the host comes: all of them held.
+    wait_until(
+        MIN,
+        "the first readings' results on the plain topics",
+        || counted(&up) >= fleet.next,
+    );
     assert!(
         spb.all().is_empty(),
         "nothing before the host's STATE: {:?}",
@@ -167,6 +125,22 @@ fn results_reach_a_primary_host_once_each_held_while_it_is_away_and_the_session_
         host.count("NBIRTH") == 1
     });
     let first_bd = host.of("NBIRTH")[0]["bdSeq"].as_u64().unwrap();
+    // Node metrics: the counters of P/metrics.
+    for name in [
+        "bdSeq",
+        "Node Control/Rebirth",
+        "received",
+        "rejected",
+        "windows_emitted",
+    ] {
+        assert!(
+            host.of("NBIRTH")[0]["names"]
+                .as_array()
+                .unwrap()
+                .contains(&json!(name)),
+            "{name}"
+        );
+    }
     let first_birth_at = now_ms();
 
     // The first half live.
@@ -222,6 +196,12 @@ fn results_reach_a_primary_host_once_each_held_while_it_is_away_and_the_session_
     );
     assert_eq!(host.of("rebirth_complete")[0]["devices"], 10);
     assert_eq!(host.count("DDATA"), settled);
+    // NDATA carries the counters as they move (P/metrics every second here).
+    wait_until(MIN, "NDATA with the readings counted", || {
+        host.of("NDATA")
+            .iter()
+            .any(|d| d["m"]["received"].as_u64() >= Some(fleet.total()))
+    });
 
     // Every plain result exactly once as DDATA, same values, the window end as timestamp.
     let ddata = host.of("DDATA");

@@ -135,6 +135,7 @@ impl Metrics {
             c.duplicates,
             c.readings_missing,
             c.timestamps_invalid,
+            c.rejected.values().sum(),
             c.windows_emitted,
             c.alerts,
             c.outbox_depth,

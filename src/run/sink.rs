@@ -539,7 +539,8 @@ async fn fill(d: &mut Delivery, client: &Client, reader: &OutboxReader, qos: u8)
     }
 }
 
-async fn read_from(
+/// Up to a backlog step of outbox entries after `after`, read off the async threads.
+pub(super) async fn read_from(
     reader: &OutboxReader,
     after: Option<u64>,
 ) -> Result<Vec<(u64, OutboxEntry)>, crate::store::StoreError> {

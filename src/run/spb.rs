@@ -12,6 +12,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::watch;
 
 use super::delivery::{Acked, Delivery, Next};
+use super::sink::read_from;
 use crate::model::Millis;
 use crate::sparkplug::node::{self, COUNTERS, Entry, Node, NodeConfig};
 use crate::store::{OutboxEntry, OutboxReader};
@@ -33,8 +34,6 @@ pub enum SpbMsg {
 
 /// Entries published but not yet confirmed, at most (each is one or two messages).
 const WINDOW: u16 = 256;
-/// Outbox entries read per backlog step.
-const BACKLOG_READ: usize = 512;
 /// Time given to drain at shutdown.
 const DRAIN: Duration = Duration::from_secs(3);
 /// Never subscribed: its UNSUBACK only says the broker read what came before.
@@ -415,19 +414,4 @@ impl EdgeSink {
         }
         self.session_over();
     }
-}
-
-async fn read_from(
-    reader: &OutboxReader,
-    after: Option<u64>,
-) -> Result<Vec<(u64, OutboxEntry)>, crate::store::StoreError> {
-    let r = reader.clone();
-    tokio::task::spawn_blocking(move || r.outbox_after(after, BACKLOG_READ))
-        .await
-        .unwrap_or_else(|e| {
-            Ok({
-                tracing::error!(error = %e, "outbox reader task failed");
-                Vec::new()
-            })
-        })
 }

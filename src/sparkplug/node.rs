@@ -139,13 +139,14 @@ const WINDOW: [&str; 4] = [
 ];
 
 /// Counters of `P/metrics` carried as node metrics (NBIRTH, NDATA).
-pub const COUNTERS: [&str; 10] = [
+pub const COUNTERS: [&str; 11] = [
     "received",
     "accepted",
     "late",
     "duplicates",
     "readings_missing",
     "timestamps_invalid",
+    "rejected",
     "windows_emitted",
     "alerts",
     "outbox_depth",

@@ -5,8 +5,8 @@
 //   node host.js URL GROUP NODE HOST_ID
 // HOST_ID non-empty: act as that Primary Host (retained STATE, offline as its will).
 // Stdin ops: {"op":"online"}, {"op":"offline"}, {"op":"rebirth"}.
-// Events: {"ev":"ready"}, {"ev":"NBIRTH","bdSeq"}, {"ev":"NDEATH","bdSeq"},
-// {"ev":"DBIRTH","device"}, {"ev":"DDEATH","device"}, {"ev":"NDATA"},
+// Events: {"ev":"ready"}, {"ev":"NBIRTH","bdSeq","names"}, {"ev":"NDEATH","bdSeq"},
+// {"ev":"DBIRTH","device"}, {"ev":"DDEATH","device"}, {"ev":"NDATA","m":{name:value}},
 // {"ev":"DDATA","device","historical","stamps":[...],"m":{name:value},"bytes"},
 // {"ev":"rebirth_complete","devices":n}, {"ev":"violation","what"}.
 "use strict";
@@ -99,7 +99,7 @@ client.on("message", (topic, buf, packet) => {
       session.born = true;
       for (const d of session.devices.values()) d.alive = false;
       if (session.rebirthWanted) session.rebirthNbirth = true;
-      say({ ev: "NBIRTH", bdSeq: session.bdSeq });
+      say({ ev: "NBIRTH", bdSeq: session.bdSeq, names: metrics.map((m) => m.name) });
       break;
     }
     case "NDEATH": {
@@ -115,7 +115,7 @@ client.on("message", (topic, buf, packet) => {
       if (!session.born) violation("NDATA before NBIRTH");
       checkSeq(kind, p);
       if (packet.qos !== 0) violation(`NDATA qos ${packet.qos}`);
-      say({ ev: "NDATA" });
+      say({ ev: "NDATA", m: Object.fromEntries(metrics.map((m) => [m.name, num(m.value)])) });
       break;
     }
     case "DBIRTH": {

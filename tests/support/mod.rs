@@ -16,6 +16,7 @@ use rumqttc::{Client, Event, MqttOptions, Packet, QoS};
 pub mod bin;
 pub mod engine;
 pub mod fleet;
+pub mod node;
 mod site;
 
 // Each test binary uses a different part of it.
