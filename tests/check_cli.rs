@@ -160,6 +160,13 @@ fn broken_configs_exit_2_naming_the_key() {
         (ex.replace("Sparkplug host)\nenabled = false", "Sparkplug host)\nenabled = true")
             .replace("enabled = false                   # subscribe spBv1.0", "enabled = true # subscribe spBv1.0"),
             "sink.sparkplug.group_id: \"tidemark\" is also taken by [sparkplug] ingest on the same broker"),
+        (ex.replace("enabled = false                   # both boards", "enabled = true # both boards"), "standby.node: \"\" must be 1..32 chars"),
+        (ex.replace("node = \"\"  ", "node = \"a/b\""), "standby.node: \"a/b\" must be"),
+        (ex.replace("takeover_s = 10 ", "takeover_s = 0 "), "standby.takeover_s: must be 1..=3600"),
+        (ex.replace("enabled = false                   # both boards", "enabled = true # both boards")
+            .replace("node = \"\"  ", "node = \"a\"")
+            .replace("embedded = false", "embedded = true"),
+            "standby.enabled: a pair cannot use the embedded broker"),
         ("this is = = not toml".to_string(), "c.toml: line 1, column 6: key with no value"),
     ];
     assert!(cases.len() >= 12);

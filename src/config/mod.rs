@@ -43,6 +43,8 @@ pub struct Config {
     pub log: Log,
     /// `[fleet]`: signed remote configuration (SPEC §12).
     pub fleet: Fleet,
+    /// `[standby]`: this board's part in a pair (SPEC §13), None when off.
+    pub standby: Option<Standby>,
     /// The layered raw configuration, for `check` to print.
     pub raw: RawConfig,
     /// Dotted key -> the file (or `env VAR`) that set it last; absent keys are defaults.

@@ -108,6 +108,11 @@ enabled = false
 trusted_keys = []
 confirm_s = 60
 accept_v1 = false
+
+[standby]
+enabled = false
+node = ""
+takeover_s = 10
 "#;
 
 /// Upper bound of `time.skew_window` (buckets kept inline per device).
@@ -142,6 +147,20 @@ pub struct RawConfig {
     pub sparkplug: RawSparkplug,
     /// Signed remote configuration (SPEC §12).
     pub fleet: RawFleet,
+    /// Hot standby: two boards, one gateway (SPEC §13).
+    pub standby: RawStandby,
+}
+
+/// `[standby]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStandby {
+    /// This board is one of a pair sharing `gateway.id`.
+    pub enabled: bool,
+    /// This board's name in the pair: `[A-Za-z0-9_-]{1,32}`.
+    pub node: String,
+    /// Silence of the active on the pair's topics after which it is declared dead.
+    pub takeover_s: u64,
 }
 
 /// `[gateway]`

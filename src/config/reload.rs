@@ -59,6 +59,10 @@ impl Config {
         if self.sink.sparkplug != new.sink.sparkplug {
             keys.push("sink.sparkplug");
         }
+        // The pair's role and sessions are decided at start.
+        if self.standby != new.standby {
+            keys.push("standby");
+        }
         keys
     }
 }

@@ -531,3 +531,46 @@ impl Fleet {
         }
     }
 }
+
+/// `[standby]`: this board's part in a pair (SPEC §13); None when off.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Standby {
+    /// This board's name in the pair.
+    pub node: String,
+    /// Silence of the active after which it is declared dead.
+    pub takeover_ms: u64,
+}
+
+impl Standby {
+    pub(super) fn validate(p: &mut Problems, raw: &super::RawConfig) -> Option<Self> {
+        let s = &raw.standby;
+        let node_ok = !s.node.is_empty()
+            && s.node.len() <= 32
+            && s
+                .node
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if (s.enabled || !s.node.is_empty()) && !node_ok {
+            p.add(
+                "standby.node",
+                format!(
+                    "{:?} must be 1..32 chars of [A-Za-z0-9_-] (this board's name in the pair, e.g. \"a\")",
+                    s.node
+                ),
+            );
+        }
+        if s.takeover_s == 0 || s.takeover_s > 3600 {
+            p.add("standby.takeover_s", "must be 1..=3600");
+        }
+        if s.enabled && raw.broker.embedded {
+            p.add(
+                "standby.enabled",
+                "a pair cannot use the embedded broker ([broker] embedded = true): the site broker must outlive either board",
+            );
+        }
+        s.enabled.then(|| Self {
+            node: s.node.clone(),
+            takeover_ms: s.takeover_s.saturating_mul(1000),
+        })
+    }
+}
