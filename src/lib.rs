@@ -26,6 +26,7 @@ pub mod fuzzing;
 pub mod journal;
 pub mod model;
 pub mod output;
+pub mod pair;
 pub mod replay;
 pub mod run;
 pub mod sim;

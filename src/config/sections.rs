@@ -546,8 +546,7 @@ impl Standby {
         let s = &raw.standby;
         let node_ok = !s.node.is_empty()
             && s.node.len() <= 32
-            && s
-                .node
+            && s.node
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
         if (s.enabled || !s.node.is_empty()) && !node_ok {

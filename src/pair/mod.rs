@@ -1,0 +1,489 @@
+//! Hot standby (SPEC §13): what the two boards of a pair tell each other on
+//! the site broker, and the pure rules around it — the active's gate that holds
+//! source acks until its standby reports the record synced, the standby's
+//! reassembly of frames and its check that records follow on without a gap.
+//!
+//! Topics under `tidemark/{gateway}/pair/`:
+//! - `stream`: the active's journal records and snapshots, as [`Frame`]s (CBOR, QoS 1);
+//! - `report/{node}`: the standby's synced position ([`Report`], JSON);
+//! - `beat/{node}`: each board's sign of life, once a second, and its will ([`Beat`], JSON);
+//! - `state`: retained, the active's claim: node and epoch ([`Claim`], JSON).
+
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::Millis;
+
+/// Bytes of a record or snapshot per frame (the link's packet bound is 1 MiB).
+pub const FRAME_BYTES: usize = 256 * 1024;
+
+/// The pair's topics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topics {
+    root: String,
+}
+
+impl Topics {
+    /// The topics of `gateway`'s pair.
+    pub fn new(gateway: &str) -> Self {
+        Self {
+            root: format!("tidemark/{gateway}/pair"),
+        }
+    }
+    /// Records and snapshots.
+    pub fn stream(&self) -> String {
+        format!("{}/stream", self.root)
+    }
+    /// The retained claim of the active.
+    pub fn state(&self) -> String {
+        format!("{}/state", self.root)
+    }
+    /// `node`'s beats (and will).
+    pub fn beat(&self, node: &str) -> String {
+        format!("{}/beat/{node}", self.root)
+    }
+    /// Every node's beats.
+    pub fn beats(&self) -> String {
+        format!("{}/beat/+", self.root)
+    }
+    /// `node`'s reports.
+    pub fn report(&self, node: &str) -> String {
+        format!("{}/report/{node}", self.root)
+    }
+    /// Every node's reports.
+    pub fn reports(&self) -> String {
+        format!("{}/report/+", self.root)
+    }
+    /// The node a beat or report topic is about.
+    pub fn node_of<'a>(&self, topic: &'a str) -> Option<&'a str> {
+        let rest = topic.strip_prefix(self.root.as_str())?;
+        rest.strip_prefix("/beat/")
+            .or_else(|| rest.strip_prefix("/report/"))
+    }
+}
+
+/// What a frame carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Kind {
+    /// A journal record (its body as the active's journal holds it).
+    Record,
+    /// The active's state file at a checkpoint.
+    Snapshot,
+}
+
+/// One piece of a record or snapshot on the stream topic.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Frame {
+    /// Record or snapshot.
+    pub kind: Kind,
+    /// The pair's epoch the active publishes under.
+    pub epoch: u64,
+    /// The active's run (random per activation): positions count within it.
+    pub stream: u64,
+    /// The commit this is (a snapshot: the state after that commit).
+    pub pos: u64,
+    /// This piece, of `parts`.
+    pub part: u32,
+    /// Pieces in all.
+    pub parts: u32,
+    /// The bytes of this piece.
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+}
+
+/// A whole record or snapshot, reassembled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Item {
+    /// Record or snapshot.
+    pub kind: Kind,
+    /// Epoch.
+    pub epoch: u64,
+    /// Stream.
+    pub stream: u64,
+    /// Position.
+    pub pos: u64,
+    /// The body.
+    pub data: Vec<u8>,
+}
+
+/// `body` cut into encoded frames.
+pub fn frames(kind: Kind, epoch: u64, stream: u64, pos: u64, body: &[u8]) -> Vec<Vec<u8>> {
+    let pieces: Vec<&[u8]> = if body.is_empty() {
+        vec![&[]]
+    } else {
+        body.chunks(FRAME_BYTES).collect()
+    };
+    let parts = u32::try_from(pieces.len()).unwrap_or(u32::MAX);
+    pieces
+        .into_iter()
+        .enumerate()
+        .map(|(i, data)| {
+            let f = Frame {
+                kind,
+                epoch,
+                stream,
+                pos,
+                part: u32::try_from(i).unwrap_or(u32::MAX),
+                parts,
+                data: data.to_vec(),
+            };
+            let mut out = Vec::with_capacity(data.len() + 64);
+            // Writing plain data into memory cannot fail.
+            let _ = ciborium::ser::into_writer(&f, &mut out);
+            out
+        })
+        .collect()
+}
+
+/// Reassembles frames that arrive in order (one publisher, one topic, QoS 1).
+#[derive(Debug, Default)]
+pub struct Assembler {
+    current: Option<Item>,
+    next_part: u32,
+    parts: u32,
+}
+
+impl Assembler {
+    /// Takes one encoded frame; a whole item when it was the last piece. A frame
+    /// that does not continue the item under way starts over (a lost piece: the
+    /// position check after it asks for a snapshot).
+    pub fn push(&mut self, bytes: &[u8]) -> Option<Item> {
+        let f: Frame = ciborium::de::from_reader(bytes).ok()?;
+        let continues = self.current.as_ref().is_some_and(|c| {
+            c.kind == f.kind && c.stream == f.stream && c.pos == f.pos && self.next_part == f.part
+        });
+        if !continues {
+            self.current = None;
+            if f.part != 0 {
+                return None;
+            }
+            self.current = Some(Item {
+                kind: f.kind,
+                epoch: f.epoch,
+                stream: f.stream,
+                pos: f.pos,
+                data: Vec::new(),
+            });
+            self.parts = f.parts;
+            self.next_part = 0;
+        }
+        let cur = self.current.as_mut()?;
+        cur.data.extend_from_slice(&f.data);
+        self.next_part += 1;
+        if self.next_part >= self.parts {
+            return self.current.take();
+        }
+        None
+    }
+}
+
+/// A board's role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Holds the sessions and publishes.
+    Active,
+    /// Follows the active's records.
+    Standby,
+}
+
+/// A board's sign of life (and, with `dead`, its will).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Beat {
+    /// The board.
+    pub node: String,
+    /// Its role.
+    pub role: Role,
+    /// The epoch it knows.
+    pub epoch: u64,
+    /// The active: its last commit; the standby: its last synced record.
+    pub pos: u64,
+    /// This process (two processes with one node name are a misconfiguration).
+    pub inst: u64,
+    /// The site broker published this as the board's will.
+    #[serde(default)]
+    pub dead: bool,
+}
+
+/// The standby's position, after each record it synced.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    /// The standby.
+    pub node: String,
+    /// The active's stream it follows (0: none).
+    pub stream: u64,
+    /// The last record it has synced on its disk.
+    pub pos: u64,
+    /// It needs a snapshot (it joined, or a record is missing).
+    pub want: bool,
+}
+
+/// The active's claim, retained on `pair/state`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claim {
+    /// The active board.
+    pub node: String,
+    /// Raised at each takeover.
+    pub epoch: u64,
+    /// Wall time of the claim.
+    pub at: Millis,
+}
+
+impl Claim {
+    /// `self` supersedes `other`: a higher epoch, or the same one claimed by a
+    /// node later in name order (two claims of one epoch: both boards agree which stands).
+    pub fn beats(&self, other: &Claim) -> bool {
+        (self.epoch, &self.node) > (other.epoch, &other.node)
+    }
+}
+
+/// How the standby stands, seen from the active.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PeerState {
+    /// It has every record: acks wait for it.
+    Synced,
+    /// It is installing a snapshot or missed a record: acks do not wait.
+    CatchingUp,
+    /// None heard for `takeover_s`: the active runs alone.
+    Lost,
+}
+
+/// What changed in the active's view of its standby.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// The standby has every record now.
+    Joined(String),
+    /// The standby stopped answering (or fell behind): the active runs alone.
+    Lost(String),
+}
+
+/// The active's gate: acks of each commit are released when the standby has
+/// synced that commit, at once when there is no synced standby.
+#[derive(Debug)]
+pub struct Gate<A> {
+    stream: u64,
+    takeover_ms: Millis,
+    peer: PeerState,
+    peer_node: String,
+    last_seen: Option<Millis>,
+    last_seen_wall: Option<Millis>,
+    synced: u64,
+    /// The position of the last commit.
+    pos: u64,
+    /// Positions of commits with their acks, waiting for the standby.
+    held: VecDeque<(u64, Vec<A>, Millis)>,
+    /// The snapshot under way: its position once sent, and when it was asked for.
+    snapshot: Option<(Option<u64>, Millis)>,
+}
+
+/// A snapshot request not answered for this long is made again.
+const SNAPSHOT_RETRY_MS: Millis = 10_000;
+
+impl<A> Gate<A> {
+    /// A gate for the active's `stream`, no standby yet.
+    pub fn new(stream: u64, takeover_ms: Millis) -> Self {
+        Self {
+            stream,
+            takeover_ms,
+            peer: PeerState::Lost,
+            peer_node: String::new(),
+            last_seen: None,
+            last_seen_wall: None,
+            synced: 0,
+            pos: 0,
+            held: VecDeque::new(),
+            snapshot: None,
+        }
+    }
+
+    /// The standby's state.
+    pub fn peer(&self) -> PeerState {
+        self.peer
+    }
+
+    /// The standby's name ("" before one was heard).
+    pub fn peer_node(&self) -> &str {
+        &self.peer_node
+    }
+
+    /// Wall time the standby was last heard.
+    pub fn last_seen_wall(&self) -> Option<Millis> {
+        self.last_seen_wall
+    }
+
+    /// The last commit's position.
+    pub fn pos(&self) -> u64 {
+        self.pos
+    }
+
+    /// Commits the standby has not synced yet (0 unless it is synced).
+    pub fn lag_records(&self) -> u64 {
+        match self.peer {
+            PeerState::Synced => self.pos.saturating_sub(self.synced),
+            _ => 0,
+        }
+    }
+
+    /// Age of the oldest commit waiting for the standby.
+    pub fn lag_ms(&self, mono: Millis) -> Millis {
+        self.held
+            .front()
+            .map_or(0, |(_, _, at)| mono.saturating_sub(*at))
+    }
+
+    /// Whether records are worth publishing (a standby is there to take them).
+    pub fn publishing(&self) -> bool {
+        self.peer != PeerState::Lost
+    }
+
+    /// A commit at `pos` is durable here; returns the acks that may go now.
+    pub fn committed(&mut self, pos: u64, acks: Vec<A>, mono: Millis) -> Vec<A> {
+        self.pos = pos;
+        if self.peer == PeerState::Synced {
+            self.held.push_back((pos, acks, mono));
+            Vec::new()
+        } else {
+            acks
+        }
+    }
+
+    /// A snapshot at `pos` went out.
+    pub fn snapshot_sent(&mut self, pos: u64, mono: Millis) {
+        self.snapshot = Some((Some(pos), mono));
+    }
+
+    /// A sign of life of `node` (a beat): it counts only for the standby.
+    pub fn heard(&mut self, node: &str, mono: Millis, wall: Millis) {
+        if node == self.peer_node && self.peer != PeerState::Lost {
+            self.last_seen = Some(mono);
+            self.last_seen_wall = Some(wall);
+        }
+    }
+
+    /// A report of the standby. Returns the acks released, a change, and
+    /// whether a snapshot must be made for it.
+    pub fn report(
+        &mut self,
+        r: &Report,
+        mono: Millis,
+        wall: Millis,
+    ) -> (Vec<A>, Option<Change>, bool) {
+        self.peer_node.clone_from(&r.node);
+        self.last_seen = Some(mono);
+        self.last_seen_wall = Some(wall);
+        let on_stream = !r.want && r.stream == self.stream;
+        let mut released = Vec::new();
+        let mut change = None;
+        let mut want_snapshot = false;
+        if on_stream {
+            self.synced = self.synced.max(r.pos);
+            if self.peer != PeerState::Synced {
+                match self.snapshot {
+                    // It installed the snapshot it was sent and synced what followed.
+                    Some((Some(at_pos), _)) if r.pos >= at_pos => {
+                        self.peer = PeerState::Synced;
+                        self.snapshot = None;
+                        change = Some(Change::Joined(r.node.clone()));
+                    }
+                    Some(_) => self.peer = PeerState::CatchingUp,
+                    // On our stream but given up on: it missed records since.
+                    None => {
+                        self.peer = PeerState::CatchingUp;
+                        want_snapshot = true;
+                        self.snapshot = Some((None, mono));
+                    }
+                }
+            }
+            while self.held.front().is_some_and(|(p, _, _)| *p <= self.synced) {
+                if let Some((_, acks, _)) = self.held.pop_front() {
+                    released.extend(acks);
+                }
+            }
+        } else {
+            if self.peer == PeerState::Synced {
+                change = Some(Change::Lost(r.node.clone()));
+                released = self.release_all();
+            }
+            self.peer = PeerState::CatchingUp;
+            let stale = self
+                .snapshot
+                .is_none_or(|(_, at)| mono.saturating_sub(at) >= SNAPSHOT_RETRY_MS);
+            if stale {
+                want_snapshot = true;
+                self.snapshot = Some((None, mono));
+            }
+        }
+        (released, change, want_snapshot)
+    }
+
+    /// The passage of time: a standby silent for `takeover_s` is lost.
+    pub fn tick(&mut self, mono: Millis) -> (Vec<A>, Option<Change>) {
+        let silent = self
+            .last_seen
+            .is_none_or(|t| mono.saturating_sub(t) >= self.takeover_ms);
+        if self.peer != PeerState::Lost && silent {
+            let was_synced = self.peer == PeerState::Synced;
+            self.peer = PeerState::Lost;
+            self.snapshot = None;
+            let released = self.release_all();
+            let change = was_synced.then(|| Change::Lost(self.peer_node.clone()));
+            return (released, change);
+        }
+        (Vec::new(), None)
+    }
+
+    /// Every held ack (the standby is gone or stopping waiting for it).
+    pub fn release_all(&mut self) -> Vec<A> {
+        self.held.drain(..).flat_map(|(_, a, _)| a).collect()
+    }
+}
+
+/// The standby's view of the stream: which item it can apply next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Position {
+    /// The stream followed (0: none yet).
+    pub stream: u64,
+    /// The last record applied (or the snapshot's position).
+    pub pos: u64,
+    /// Highest epoch seen.
+    pub epoch: u64,
+}
+
+/// What the standby does with an item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Install this snapshot.
+    Install,
+    /// Apply this record.
+    Apply,
+    /// Already had it.
+    Skip,
+    /// A record is missing or of another stream: ask for a snapshot.
+    Gap,
+}
+
+impl Position {
+    /// What to do with `item`.
+    pub fn step(&self, item: &Item) -> Step {
+        match item.kind {
+            Kind::Snapshot => Step::Install,
+            Kind::Record if self.stream == 0 => Step::Gap,
+            Kind::Record if item.stream != self.stream => Step::Gap,
+            Kind::Record if item.pos <= self.pos => Step::Skip,
+            Kind::Record if item.pos == self.pos + 1 => Step::Apply,
+            Kind::Record => Step::Gap,
+        }
+    }
+
+    /// `item` was installed or applied.
+    pub fn done(&mut self, item: &Item) {
+        self.stream = item.stream;
+        self.pos = item.pos;
+        self.epoch = self.epoch.max(item.epoch);
+    }
+}
+
+#[cfg(test)]
+mod tests;
