@@ -352,10 +352,9 @@ impl Driver {
     /// Cuts a checkpoint batch: the whole changed state; the journal so far is
     /// covered by it.
     pub fn take_checkpoint(&mut self, now: Now) -> Batch {
-        if let Some(j) = self.journal_mut() {
-            j.clear();
-        }
+        let covered = self.journal_mut().map(Journal::cut).unwrap_or_default();
         let mut batch = self.take_batch(now);
+        batch.covered = covered;
         if let Some(rules) = &self.rules {
             batch
                 .meta

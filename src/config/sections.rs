@@ -538,7 +538,7 @@ pub struct Standby {
     /// This board's name in the pair.
     pub node: String,
     /// Silence of the active after which it is declared dead.
-    pub takeover_ms: u64,
+    pub takeover_ms: crate::model::Millis,
 }
 
 impl Standby {
@@ -569,7 +569,7 @@ impl Standby {
         }
         s.enabled.then(|| Self {
             node: s.node.clone(),
-            takeover_ms: s.takeover_s.saturating_mul(1000),
+            takeover_ms: i64::try_from(s.takeover_s.min(3600) * 1000).unwrap_or(10_000),
         })
     }
 }

@@ -487,3 +487,53 @@ impl Position {
 
 #[cfg(test)]
 mod tests;
+
+/// The pair as `/api/v1/status`, `P/metrics` and `tidemark status` show it (SPEC §13).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    /// This board.
+    pub node: String,
+    /// Its role.
+    pub role: Role,
+    /// The pair's epoch.
+    pub epoch: u64,
+    /// The standby: records behind the active; the active: records its standby lacks.
+    pub lag_records: u64,
+    /// The same in time (the oldest commit waiting).
+    pub lag_ms: u64,
+    /// The other board.
+    pub peer: PeerStatus,
+}
+
+/// The other board of the pair.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerStatus {
+    /// Its name ("" before it was heard).
+    pub node: String,
+    /// Synced, catching up or lost.
+    pub state: PeerStateName,
+    /// Wall time it was last heard.
+    pub last_seen: Option<Millis>,
+}
+
+/// [`PeerState`] as the contract spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PeerStateName {
+    /// Has every record.
+    Synced,
+    /// Installing a snapshot or behind.
+    CatchingUp,
+    /// Not heard for `takeover_s`.
+    Lost,
+}
+
+impl From<PeerState> for PeerStateName {
+    fn from(p: PeerState) -> Self {
+        match p {
+            PeerState::Synced => Self::Synced,
+            PeerState::CatchingUp => Self::CatchingUp,
+            PeerState::Lost => Self::Lost,
+        }
+    }
+}

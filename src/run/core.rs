@@ -77,6 +77,8 @@ pub struct Links {
     pub commands: watch::Receiver<Current>,
     /// Counters and gauges.
     pub registry: Arc<Registry>,
+    /// Snapshots a standby asked for (a count; SPEC §13).
+    pub snapshots: watch::Receiver<u64>,
 }
 
 /// The core: the driver and what it is wired to.
@@ -107,6 +109,8 @@ struct Loop {
     source_since: Millis,
     /// Wall time of the last durable commit (live status).
     last_commit_at: Option<Millis>,
+    /// A standby waits for a snapshot: the next checkpoint is read for it.
+    snapshot: bool,
 }
 
 impl Core {
@@ -139,6 +143,7 @@ impl Core {
             last_give_back: mono,
             source_since: self.clock.now().wall,
             last_commit_at: None,
+            snapshot: false,
         };
         let mut report = Report::new(mono);
         // Counters are totals since the state was created: rates start from the restored ones.
@@ -285,6 +290,11 @@ impl Core {
         if now.mono >= report.next {
             report.rates(driver.engine(), now.mono);
         }
+        if self.links.snapshots.has_changed().unwrap_or(false) {
+            self.links.snapshots.borrow_and_update();
+            st.snapshot = true;
+            st.want_checkpoint = true;
+        }
         let delivered = *self.links.delivered.borrow();
         if delivered != st.committed_delivered || st.want_checkpoint || st.bounds.is_some() {
             // Delivered outputs leave the outbox with the next commit (not urgent:
@@ -304,11 +314,13 @@ impl Core {
             dirty_devices: u64::try_from(driver.engine().dirty_devices()).unwrap_or(u64::MAX),
             want_checkpoint: st.want_checkpoint,
         };
+        let mut snapshot = false;
         let batch = match plan::plan(&pending, &self.cfg.cadence) {
             Commit::Wait => return true,
             Commit::Journal => driver.take_journal(now),
             Commit::Checkpoint => {
                 st.want_checkpoint = false;
+                snapshot = std::mem::take(&mut st.snapshot);
                 driver.take_checkpoint(now)
             }
         };
@@ -320,6 +332,7 @@ impl Core {
             delivered,
             bounds: st.bounds.take(),
             last: st.stopping,
+            snapshot,
         };
         // Blocks while the store is still writing the previous batch: backpressure.
         self.links.store.send(job).is_ok()

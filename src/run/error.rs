@@ -40,4 +40,16 @@ pub enum RunError {
     /// The embedded broker did not start.
     #[error(transparent)]
     Broker(#[from] broker::BrokerError),
+    /// The standby pair's link or state (SPEC §13).
+    #[error("standby pair: {0}")]
+    Pair(String),
+    /// Another board of the pair claimed the gateway with a newer epoch: this
+    /// one stops publishing and rejoins as standby.
+    #[error("deposed by board {node:?} (epoch {epoch})")]
+    Deposed {
+        /// The board now active.
+        node: String,
+        /// Its epoch.
+        epoch: u64,
+    },
 }

@@ -69,6 +69,23 @@ pub struct StoreJob {
     pub bounds: Option<OutboxBounds>,
     /// The final batch of a graceful stop.
     pub last: bool,
+    /// A standby asked for a snapshot: read the state file after this checkpoint.
+    pub snapshot: bool,
+}
+
+/// One durable commit, to the pair task (SPEC §13): it replicates the record
+/// and releases the acks once the standby has it.
+pub struct PairCommit {
+    /// The commit's position in this run.
+    pub pos: u64,
+    /// Its journal record body.
+    pub body: Vec<u8>,
+    /// The state file right after it (a standby asked for one).
+    pub snapshot: Option<Vec<u8>>,
+    /// The acks it releases, with the monotonic time each message was taken.
+    pub acks: Vec<(u64, Held, Millis)>,
+    /// The final commit of a graceful stop.
+    pub last: bool,
 }
 
 /// The state store's health, as a `watch` value: the core stops cutting
@@ -130,6 +147,33 @@ pub enum Notice {
     ConfigRejected {
         /// One line per problem, naming the key.
         errors: Vec<String>,
+        /// Gateway clock.
+        at: Millis,
+    },
+    /// This board took over from a dead active (SPEC §13).
+    Takeover {
+        /// This board.
+        node: String,
+        /// The board it replaced.
+        from: String,
+        /// The new epoch.
+        epoch: u64,
+        /// The last record it had synced from the old active.
+        position: u64,
+        /// Gateway clock.
+        at: Millis,
+    },
+    /// The standby stopped answering (or fell behind): the active runs alone.
+    StandbyLost {
+        /// The standby.
+        node: String,
+        /// Gateway clock.
+        at: Millis,
+    },
+    /// A standby has every record: acks wait for it again.
+    StandbyJoined {
+        /// The standby.
+        node: String,
         /// Gateway clock.
         at: Millis,
     },

@@ -23,6 +23,7 @@ mod events;
 mod health;
 mod http;
 mod metrics;
+mod pair;
 mod plan;
 mod proof;
 mod registry;
@@ -55,15 +56,95 @@ pub fn run(cfg: &Config, opts: ReloadOptions) -> Result<(), RunError> {
     rt.block_on(async {
         // Installed first: from here a SIGHUP reloads instead of killing the process.
         let hangups = crate::sys::hangups()?;
-        serve(
-            cfg,
-            opts,
-            SystemClock::new(),
-            crate::sys::shutdown_signal(),
-            hangups,
-        )
-        .await
+        match &cfg.standby {
+            None => {
+                serve(
+                    cfg,
+                    opts,
+                    SystemClock::new(),
+                    crate::sys::shutdown_signal(),
+                    hangups,
+                    None,
+                )
+                .await
+            }
+            Some(sb) => paired(cfg, opts, sb, hangups).await,
+        }
     })
+}
+
+/// One board of a pair (SPEC §13): standby until the active is dead, then
+/// active until deposed (then standby again) or stopped.
+async fn paired(
+    cfg: &Config,
+    opts: ReloadOptions,
+    sb: &crate::config::Standby,
+    mut hangups: mpsc::UnboundedReceiver<()>,
+) -> Result<(), RunError> {
+    let clock = SystemClock::new();
+    let shutdown = crate::sys::shutdown_signal();
+    tokio::pin!(shutdown);
+    let inst = u64::try_from(clock.now().wall).unwrap_or(1) ^ (u64::from(std::process::id()) << 32);
+    let mut opts = Some(opts);
+    health::notify_ready(&format!("standby pair node {}: electing", sb.node));
+    let mut start = tokio::select! {
+        () = &mut shutdown => return Ok(()),
+        s = pair::elect(cfg, sb, inst) => s?,
+    };
+    loop {
+        let activation = match start {
+            pair::Start::Active(a) => a,
+            pair::Start::Standby(link) => {
+                let status = std::sync::Arc::new(std::sync::Mutex::new(None));
+                match pair::follow(cfg, sb, link, clock, status, &mut shutdown).await? {
+                    pair::Followed::Takeover(a) => a,
+                    pair::Followed::Stopped => return Ok(()),
+                }
+            }
+        };
+        let Some(o) = opts.take() else {
+            return Err(RunError::Pair("reload options used twice".into()));
+        };
+        let paths = o.paths.clone();
+        let remote = o.remote.clone();
+        let (hang_tx, hang_rx) = mpsc::unbounded_channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let run = serve(
+            cfg,
+            o,
+            clock,
+            async move {
+                let _ = stop_rx.await;
+            },
+            hang_rx,
+            Some(activation),
+        );
+        tokio::pin!(run);
+        let mut stop_tx = Some(stop_tx);
+        let ended = loop {
+            tokio::select! {
+                r = &mut run => break r,
+                () = &mut shutdown, if stop_tx.is_some() => {
+                    if let Some(t) = stop_tx.take() {
+                        let _ = t.send(());
+                    }
+                }
+                Some(()) = hangups.recv() => { let _ = hang_tx.send(()); }
+            }
+        };
+        match ended {
+            Err(RunError::Deposed { .. }) => {
+                opts = Some(ReloadOptions {
+                    paths,
+                    log: None,
+                    remote,
+                });
+                let link = pair::PairLink::open(cfg, sb, crate::pair::Role::Standby, inst)?;
+                start = pair::Start::Standby(link);
+            }
+            other => return other,
+        }
+    }
 }
 
 /// The gateway until `shutdown` completes (then the last commit, its acks and
@@ -76,6 +157,7 @@ pub async fn serve(
     clock: SystemClock,
     shutdown: impl std::future::Future<Output = ()>,
     mut hangups: mpsc::UnboundedReceiver<()>,
+    pair: Option<pair::Activation>,
 ) -> Result<(), RunError> {
     let owned = cfg.clone();
     let restored = tokio::task::spawn_blocking(move || restore(&owned, clock)).await??;
@@ -98,7 +180,7 @@ pub async fn serve(
         ),
         None => None,
     };
-    let mut gw = wiring::start(cfg, opts, restored, listener, clock)?;
+    let mut gw = wiring::start(cfg, opts, restored, listener, clock, pair)?;
     tracing::info!(gateway = %cfg.gateway.id, source = %cfg.source.endpoint.url(),
         sink = %cfg.sink.endpoint.url(), config_hash = %cfg.hash(), "tidemark running");
     // State is restored and the source is connecting (or retrying): systemd may go on.
@@ -120,6 +202,9 @@ pub async fn serve(
         }
     };
     if let Some(e) = failed {
+        if matches!(e, RunError::Deposed { .. }) {
+            gw.abort().await;
+        }
         return Err(e);
     }
     tracing::info!("stopping: final commit, then acks and the uplink");

@@ -76,6 +76,8 @@ pub struct Registry {
     pub path_down: [AtomicU64; 2],
     /// The id of the remote document in force, 0 for none (`P/status` `config_id`).
     pub config_id: AtomicU64,
+    /// The standby pair as last seen (pair task), None without `[standby]`.
+    pub pair: Mutex<Option<crate::pair::Status>>,
 }
 
 impl Registry {
@@ -98,7 +100,13 @@ impl Registry {
             links_made: [AtomicU64::new(0), AtomicU64::new(0)],
             path_down: [AtomicU64::new(0), AtomicU64::new(0)],
             config_id: AtomicU64::new(0),
+            pair: Mutex::new(None),
         }
+    }
+
+    /// The pair's status, if this board is one of a pair.
+    pub fn pair(&self) -> Option<crate::pair::Status> {
+        self.pair.lock().ok().and_then(|p| p.clone())
     }
 
     /// The config hash in force.

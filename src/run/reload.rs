@@ -88,6 +88,13 @@ impl Http {
             let _ = t.await;
         }
     }
+
+    /// Stops serving at once.
+    pub fn abort(&self) {
+        if let Some(t) = &self.task {
+            t.abort();
+        }
+    }
 }
 
 /// The components a reload speaks to.

@@ -21,10 +21,10 @@ pub struct Restored {
     pub outbox_dropped: u64,
 }
 
-/// Opens the state dir and brings the engine to the last commit (blocking I/O),
-/// under the rules each journaled message arrived with; then `cfg`'s rules, if
-/// they differ, as a reload would apply them.
-pub fn restore(cfg: &Config, clock: SystemClock) -> Result<Restored, RunError> {
+/// The state dir opened and the engine brought to the last commit, exactly as
+/// written: the checkpoint, then the journal. Returns the engine settings in
+/// force after the journal.
+pub fn open_state(cfg: &Config) -> Result<(storer::Durable, Engine, Vec<u8>), RunError> {
     let (mut store, snap) =
         Store::open_streaming(&cfg.gateway.state_dir, cfg.sink.outbox.messages)?;
     store.set_max_bytes(cfg.sink.outbox.bytes);
@@ -58,16 +58,23 @@ pub fn restore(cfg: &Config, clock: SystemClock) -> Result<Restored, RunError> {
         &mut engine,
         &configured,
     )?;
-    let outbox_depth = durable.store().outbox_depth()?;
-    let outbox_dropped = durable.store().outbox_dropped();
     tracing::info!(
         state = %durable.store().path().display(),
         groups,
         devices,
         journal_records = replayed,
-        outbox_depth,
         "state restored"
     );
+    Ok((durable, engine, in_force))
+}
+
+/// Opens the state dir and brings the engine to the last commit (blocking I/O),
+/// under the rules each journaled message arrived with; then `cfg`'s rules, if
+/// they differ, as a reload would apply them.
+pub fn restore(cfg: &Config, clock: SystemClock) -> Result<Restored, RunError> {
+    let (durable, engine, in_force) = open_state(cfg)?;
+    let outbox_depth = durable.store().outbox_depth()?;
+    let outbox_dropped = durable.store().outbox_dropped();
     let mut driver = Driver::new(
         engine,
         &cfg.gateway,

@@ -61,6 +61,12 @@ struct Status<'a> {
     started_at: Millis,
     /// The remote document in force (SPEC §12).
     config_id: Option<u64>,
+    /// The board of a standby pair publishing (SPEC §13).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    node: Option<String>,
+    /// The pair's epoch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    epoch: Option<u64>,
 }
 
 /// The sink component.
@@ -493,12 +499,15 @@ impl Sink {
 
 /// The `P/status` payload in `cfg`'s format with the config hash in force.
 fn status(cfg: &SinkConfig, registry: &Registry, started_at: Millis, state: &str) -> Vec<u8> {
+    let pair = registry.pair();
     cfg.format.encode(&Status {
         state,
         version: env!("CARGO_PKG_VERSION"),
         config_hash: &registry.config_hash(),
         started_at,
         config_id: Some(registry.config_id.load(Ordering::Relaxed)).filter(|&id| id > 0),
+        node: pair.as_ref().map(|p| p.node.clone()),
+        epoch: pair.map(|p| p.epoch),
     })
 }
 

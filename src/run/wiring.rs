@@ -67,6 +67,7 @@ pub fn start(
     restored: Restored,
     listener: Option<TcpListener>,
     clock: SystemClock,
+    pair: Option<super::pair::Activation>,
 ) -> Result<Running, RunError> {
     let started_at = clock.now().wall;
     let seed = u64::try_from(started_at).unwrap_or(1) ^ u64::from(std::process::id());
@@ -80,6 +81,9 @@ pub fn start(
         opts.remote.as_ref().map_or(0, |r| r.id),
         std::sync::atomic::Ordering::Relaxed,
     );
+    if let Some(a) = &pair {
+        a.show(&registry);
+    }
     let source_link = source::build(&cfg.source, started_at)?;
 
     let (core_tx, core_rx) = mpsc::channel::<Inbound>(8192);
@@ -97,6 +101,8 @@ pub fn start(
     let (acked_tx, acked_rx) = watch::channel(0u64);
     let (wake_tx, wake_rx) = watch::channel(cfg.gateway.wake_every_ms());
     let (documents_tx, documents) = mpsc::unbounded_channel();
+    let (snapshots_tx, snapshots_rx) = watch::channel(0u64);
+    let (pair_tx, pair_rx) = mpsc::unbounded_channel();
     let mut spb_senders = Vec::new();
 
     // With a Sparkplug edge node, an entry leaves the outbox once both uplinks have it.
@@ -148,18 +154,35 @@ pub fn start(
             sink: sink_tx.clone(),
             commands: current_rx.clone(),
             registry: registry.clone(),
+            snapshots: snapshots_rx,
         },
     );
     let store_links = storer::Links {
         rx: store_rx,
-        acks: acks_tx,
+        acks: acks_tx.clone(),
         sink: sink_tx.clone(),
         events: store_events_tx,
         state: store_state_tx,
         delivered: delivered_rx,
         stop: stop_rx.clone(),
         registry: registry.clone(),
+        pair: pair.is_some().then_some(pair_tx),
     };
+    let mut pair_task = None;
+    let mut durable = restored.durable;
+    if let Some(activation) = pair {
+        durable = durable.replicating();
+        let links = super::pair::ActiveLinks {
+            commits: pair_rx,
+            acks: acks_tx.clone(),
+            snapshots: snapshots_tx,
+            sink: sink_tx.clone(),
+            registry: registry.clone(),
+            deposed: fatal_tx.clone(),
+        };
+        let stream = seed.rotate_left(41) | 1;
+        pair_task = Some(super::pair::ActivePair::new(activation, links, clock, stream));
+    }
     let source = Source::new(
         cfg.source.clone(),
         source_link,
@@ -176,7 +199,7 @@ pub fn start(
         },
         (seed, started_at, clock),
     );
-    let threads = spawn_threads(core, restored.durable, store_links, clock, fatal_tx)?;
+    let threads = spawn_threads(core, durable, store_links, clock, fatal_tx)?;
     // Stopped in this order: the ack task's flush ends the source, the store's last batch the sink.
     let mut tasks = vec![
         tokio::spawn(health::watchdog(registry.health.clone(), stop_rx.clone())),
@@ -186,6 +209,9 @@ pub fn start(
         tokio::spawn(sink.run()),
     ];
     tasks.extend(edge_tasks);
+    if let Some(p) = pair_task {
+        tasks.push(tokio::spawn(p.run()));
+    }
     let http = Http::start(
         listener,
         &cfg.metrics,
@@ -246,6 +272,28 @@ async fn both_delivered(
 }
 
 impl Running {
+    /// Deposed (SPEC §13): every task ends at once, nothing more is published
+    /// or acknowledged; the threads end once their channels close.
+    pub async fn abort(self) {
+        let _ = self.stop_tx.send(true);
+        for t in &self.tasks {
+            t.abort();
+        }
+        let http = self.reloader.into_http();
+        http.abort();
+        drop(self.core_tx);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        let threads = self.threads;
+        let _ = tokio::task::spawn_blocking(move || {
+            for t in threads {
+                let _ = t.join();
+            }
+        })
+        .await;
+    }
+
     /// Stop ingest → the core's last batch → its commit and acks → the source
     /// disconnects → the sink drains and goes offline.
     pub async fn stop(mut self) -> Result<(), RunError> {

@@ -129,6 +129,8 @@ pub struct Batch {
     /// `run` between checkpoints: the engine input since the last batch, for the journal
     /// (then `changes` is empty and the batch goes to the journal, not to redb).
     pub journal: Option<Vec<u8>>,
+    /// A checkpoint: the engine input it covers (a standby follows it as a record).
+    pub covered: Vec<u8>,
 }
 
 /// Outputs in the journal and not yet in the outbox table, oldest first,

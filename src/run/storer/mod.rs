@@ -14,7 +14,7 @@ use std::sync::mpsc::Receiver;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::watch;
 
-use super::events::{AckJob, Notice, StoreEvent, StoreJob, StoreState};
+use super::events::{AckJob, Notice, PairCommit, StoreEvent, StoreJob, StoreState};
 use super::registry::Registry;
 use super::sink::SinkMsg;
 use crate::engine::Engine;
@@ -37,6 +37,10 @@ pub struct Durable {
     startup: Option<Batch>,
     /// About the bytes the journal's outputs take once in the outbox table.
     unfolded_bytes: u64,
+    /// A standby follows: each write keeps its record body for it.
+    replicate: bool,
+    /// The last write's record body (with `replicate`).
+    last_body: Vec<u8>,
 }
 
 /// About the bytes `e` takes in the outbox table (CBOR of topic, payload, flags).
@@ -94,6 +98,8 @@ impl Durable {
             buf: Vec::new(),
             startup: None,
             unfolded_bytes: 0,
+            replicate: false,
+            last_body: Vec::new(),
         };
         if replayed > 0 || generation == 0 {
             batch.changes = engine.take_changes();
@@ -203,10 +209,16 @@ impl Durable {
         batch.delivered = delivered.checked_sub(1);
         let Some(ops) = batch.journal.as_ref() else {
             let stats = self.checkpoint(batch)?;
+            let numbered: Vec<(u64, OutboxEntry)> = (stats.first_seq..)
+                .zip(std::mem::take(&mut batch.outputs))
+                .collect();
+            if self.replicate {
+                let refs: Vec<(u64, &OutboxEntry)> = numbered.iter().map(|(s, e)| (*s, e)).collect();
+                self.last_body =
+                    record::encode(&batch.covered, &refs, batch.delivered, &mut self.buf);
+            }
             return Ok((
-                (stats.first_seq..)
-                    .zip(std::mem::take(&mut batch.outputs))
-                    .collect(),
+                numbered,
                 Written {
                     bytes: 0,
                     checkpoint: true,
@@ -219,7 +231,11 @@ impl Durable {
         let body = record::encode(ops, &numbered, batch.delivered, &mut self.buf);
         let path = self.wal.path().to_path_buf();
         let bytes = self.wal.append(&body).map_err(wal_err(&path))?;
-        drop(body);
+        if self.replicate {
+            self.last_body = body;
+        } else {
+            drop(body);
+        }
         self.store
             .reserve_seqs(u64::try_from(batch.outputs.len()).unwrap_or(0));
         let numbered: Vec<(u64, OutboxEntry)> =
@@ -272,6 +288,79 @@ impl Durable {
     }
 }
 
+/// The standby's side (SPEC §13): the active's records applied as recovery applies its own.
+impl Durable {
+    /// Each write keeps its record body for a standby ([`Durable::take_body`]).
+    pub fn replicating(mut self) -> Self {
+        self.replicate = true;
+        self
+    }
+
+    /// The last write's record body.
+    pub fn take_body(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.last_body)
+    }
+
+    /// The state file as it is between two writes (right after a checkpoint:
+    /// everything, the journal empty).
+    pub fn snapshot(&self) -> std::io::Result<Vec<u8>> {
+        std::fs::read(self.store.path())
+    }
+
+    /// One of the active's records: into this journal (synced), into `engine`,
+    /// its outputs into the outbox under the active's numbers; a checkpoint when
+    /// the journal reaches its bound. `in_force` follows the record's reloads.
+    pub fn follow(
+        &mut self,
+        engine: &mut Engine,
+        body: &[u8],
+        in_force: &mut Vec<u8>,
+    ) -> Result<(), StoreError> {
+        let path = self.wal.path().to_path_buf();
+        let corrupt = |detail: String| StoreError::Corrupt {
+            path: path.clone(),
+            table: "pair record",
+            source: detail.into(),
+        };
+        let r = record::decode(body).map_err(&corrupt)?;
+        if let Some((first, _)) = r.outputs.first()
+            && *first != self.store.next_seq()
+        {
+            return Err(corrupt(format!(
+                "outputs numbered from {first}, this outbox is at {}",
+                self.store.next_seq()
+            )));
+        }
+        self.wal.append(body).map_err(wal_err(&path))?;
+        if let Some(rules) =
+            journal::apply(engine, &r.ops).map_err(|e| corrupt(e.to_string()))?
+        {
+            *in_force = rules;
+        }
+        self.store
+            .reserve_seqs(u64::try_from(r.outputs.len()).unwrap_or(0));
+        self.unfolded_bytes += r.outputs.iter().map(|(_, e)| entry_bytes(e)).sum::<u64>();
+        self.store
+            .unfolded()
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend(r.outputs);
+        if let Some(d) = r.delivered {
+            self.forget_delivered(d + 1);
+        }
+        if self.wal.len() >= super::plan::CHECKPOINT_BYTES {
+            let mut batch = Batch {
+                changes: engine.take_changes(),
+                meta: vec![(K_RULES, in_force.clone())],
+                delivered: r.delivered,
+                ..Batch::default()
+            };
+            self.checkpoint(&mut batch)?;
+        }
+        Ok(())
+    }
+}
+
 struct Written {
     bytes: u64,
     checkpoint: bool,
@@ -296,6 +385,8 @@ pub struct Links {
     pub stop: watch::Receiver<bool>,
     /// Counters and gauges.
     pub registry: Arc<Registry>,
+    /// A standby pair: each commit goes to the pair task, which holds its acks.
+    pub pair: Option<UnboundedSender<PairCommit>>,
 }
 
 /// Runs until the last batch or until the core is gone.
@@ -303,6 +394,8 @@ pub fn run(mut durable: Durable, links: Links, clock: SystemClock) -> Result<(),
     let mut outage = Outage::new(clock);
     let mut queued = std::collections::VecDeque::new();
     let registry = links.registry.clone();
+    // Commits counted for a standby (SPEC §13).
+    let mut pos = 0u64;
     if let Some(mut batch) = durable.startup.take() {
         loop {
             let delivered = links.delivered.borrow().checked_sub(1);
@@ -368,7 +461,27 @@ pub fn run(mut durable: Durable, links: Links, clock: SystemClock) -> Result<(),
                 "outbox full: oldest outputs dropped"
             );
         }
-        if !job.acks.is_empty() {
+        if let Some(pair) = &links.pair {
+            pos += 1;
+            let snapshot = if job.snapshot && w.checkpoint {
+                match durable.snapshot() {
+                    Ok(bytes) => Some(bytes),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reading the state file for the standby");
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            let _ = pair.send(PairCommit {
+                pos,
+                body: durable.take_body(),
+                snapshot,
+                acks: job.acks.drain(..).collect(),
+                last: job.last,
+            });
+        } else if !job.acks.is_empty() {
             let now = clock.mono();
             for (_, _, at) in &job.acks {
                 registry.ack_delay.observe(now.saturating_sub(*at));
@@ -383,7 +496,9 @@ pub fn run(mut durable: Durable, links: Links, clock: SystemClock) -> Result<(),
             let _ = links.sink.send(SinkMsg::Live(live));
         }
         if job.last {
-            let _ = links.acks.send(AckJob::Done);
+            if links.pair.is_none() {
+                let _ = links.acks.send(AckJob::Done);
+            }
             let _ = links.sink.send(SinkMsg::Stop);
             break;
         }

@@ -1,0 +1,755 @@
+//! Hot standby on the site broker (SPEC §13): the pair's own link, the
+//! election at start, the active's replication task, and the standby's loop
+//! that follows the active's records until it takes over. The rules are pure,
+//! in [`crate::pair`]; this is their I/O.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use super::error::RunError;
+use super::events::{AckJob, Notice, PairCommit};
+use super::registry::Registry;
+use super::sink::SinkMsg;
+use crate::config::{Config, Standby};
+use crate::engine::Engine;
+use crate::model::Millis;
+use crate::pair::{
+    Assembler, Beat, Change, Claim, Gate, Kind, PeerStateName, PeerStatus, Position, Report, Role,
+    Status, Step, Topics, frames,
+};
+use crate::store::Store;
+use crate::store::wal::Wal;
+use crate::sys::clock::SystemClock;
+use crate::sys::link::{self, Client, Event, LinkOptions};
+
+/// Beats go out this often.
+const BEAT_MS: Millis = 1_000;
+/// Our own beat came back this recently: the path to the site broker works.
+const PATH_PROVEN_MS: Millis = 3_000;
+/// Time given to a claim to come back from the broker.
+const CLAIM_ECHO_MS: u64 = 3_000;
+/// Time given to the retained claim to arrive after subscribing.
+const CLAIM_WAIT_MS: u64 = 1_500;
+
+/// What the pair's link reports.
+#[derive(Debug)]
+pub enum PairEvent {
+    /// Connected and subscribed for the current role.
+    Up,
+    /// The connection dropped (it reconnects).
+    Down,
+    /// A message: topic, payload.
+    Msg(String, bytes::Bytes),
+}
+
+/// The board's own session on the site broker for the pair's topics; its will
+/// is a `dead` beat.
+pub struct PairLink {
+    client: Client,
+    events: mpsc::UnboundedReceiver<PairEvent>,
+    role: watch::Sender<Role>,
+    task: JoinHandle<()>,
+    topics: Topics,
+    node: String,
+    inst: u64,
+}
+
+impl PairLink {
+    /// Connects (in the background, retrying) as `role`.
+    pub fn open(cfg: &Config, sb: &Standby, role: Role, inst: u64) -> Result<Self, RunError> {
+        let topics = Topics::new(cfg.gateway.id.as_ref());
+        let mut endpoint = cfg.source.endpoint.clone();
+        endpoint.client_id = format!("{}-pair-{}", endpoint.client_id, sb.node);
+        let will = serde_json::to_vec(&Beat {
+            node: sb.node.clone(),
+            role,
+            epoch: 0,
+            pos: 0,
+            inst,
+            dead: true,
+        })
+        .unwrap_or_default();
+        let (client, mut lp) = link::build(&LinkOptions {
+            endpoint: &endpoint,
+            v5: cfg.source.v5,
+            persistent: false,
+            session_expiry_s: 0,
+            manual_acks: false,
+            will: Some((topics.beat(&sb.node), will)),
+            will_retain: false,
+            inflight: 64,
+        })?;
+        let (tx, events) = mpsc::unbounded_channel();
+        let (role_tx, mut role_rx) = watch::channel(role);
+        let t = topics.clone();
+        let c = client.clone();
+        let task = tokio::spawn(async move {
+            let filters = |r: Role| match r {
+                Role::Standby => vec![t.state(), t.beats(), t.stream()],
+                Role::Active => vec![t.state(), t.beats(), t.reports()],
+            };
+            let mut subscribed = *role_rx.borrow_and_update();
+            loop {
+                tokio::select! {
+                    ev = lp.poll() => match ev {
+                        Ok(Event::Connected { .. }) => {
+                            subscribed = *role_rx.borrow_and_update();
+                            let _ = c.subscribe(&filters(subscribed), 1);
+                        }
+                        Ok(Event::Subscribed { .. }) => {
+                            let _ = tx.send(PairEvent::Up);
+                        }
+                        Ok(Event::Message { topic, payload, .. }) => {
+                            if tx.send(PairEvent::Msg(topic, payload)).is_err() {
+                                return;
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            tracing::debug!(error = %e, "pair link");
+                            if tx.send(PairEvent::Down).is_err() {
+                                return;
+                            }
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                        }
+                    },
+                    r = role_rx.changed() => {
+                        if r.is_err() {
+                            return;
+                        }
+                        let now = *role_rx.borrow_and_update();
+                        if now != subscribed {
+                            for f in filters(subscribed) {
+                                if !filters(now).contains(&f) {
+                                    let _ = c.unsubscribe(&f);
+                                }
+                            }
+                            let _ = c.subscribe(&filters(now), 1);
+                            subscribed = now;
+                        }
+                    }
+                }
+            }
+        });
+        Ok(Self {
+            client,
+            events,
+            role: role_tx,
+            task,
+            topics,
+            node: sb.node.clone(),
+            inst,
+        })
+    }
+
+    fn beat(&self, role: Role, epoch: u64, pos: u64, dead: bool) {
+        let b = Beat {
+            node: self.node.clone(),
+            role,
+            epoch,
+            pos,
+            inst: self.inst,
+            dead,
+        };
+        let _ = self.client.publish(
+            &self.topics.beat(&self.node),
+            serde_json::to_vec(&b).unwrap_or_default(),
+            0,
+            false,
+        );
+    }
+
+    /// Publishes this board's claim (retained) and waits until the broker sends
+    /// it back: from then on the broker holds it.
+    async fn claim(&mut self, claim: &Claim) -> bool {
+        let body = serde_json::to_vec(claim).unwrap_or_default();
+        if self
+            .client
+            .publish(&self.topics.state(), body, 1, true)
+            .is_err()
+        {
+            return false;
+        }
+        let until = tokio::time::Instant::now() + Duration::from_millis(CLAIM_ECHO_MS);
+        loop {
+            let ev = tokio::time::timeout_at(until, self.events.recv()).await;
+            match ev {
+                Ok(Some(PairEvent::Msg(topic, payload))) if topic == self.topics.state() => {
+                    if serde_json::from_slice::<Claim>(&payload).ok().as_ref() == Some(claim) {
+                        return true;
+                    }
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => return false,
+            }
+        }
+    }
+
+    /// A clean DISCONNECT (no will), then the link is gone.
+    pub async fn close(self, step_down: Option<(u64, u64)>) {
+        if let Some((epoch, pos)) = step_down {
+            // A clean stop of the active: the standby takes over without waiting takeover_s.
+            self.beat(Role::Active, epoch, pos, true);
+        }
+        let _ = self.client.disconnect();
+        let task = self.task;
+        if tokio::time::timeout(Duration::from_millis(1000), async {
+            let mut t = task;
+            let _ = (&mut t).await;
+        })
+        .await
+        .is_err()
+        {
+            tracing::debug!("pair link did not close in time");
+        }
+    }
+}
+
+/// How a board starts: the retained claim decides.
+pub enum Start {
+    /// Active under this epoch.
+    Active(Activation),
+    /// Another board is active: follow it.
+    Standby(PairLink),
+}
+
+/// What an active board's run knows of the pair.
+pub struct Activation {
+    /// The pair's link.
+    pub link: PairLink,
+    /// The epoch claimed.
+    pub epoch: u64,
+    /// After a takeover: the board replaced and the position taken over.
+    pub from: Option<(String, u64)>,
+    /// Silence after which the standby is lost.
+    pub takeover_ms: Millis,
+}
+
+impl Activation {
+    /// The pair as it stands before the replication task runs (the sink's will names the epoch).
+    pub fn show(&self, registry: &Registry) {
+        if let Ok(mut p) = registry.pair.lock() {
+            *p = Some(Status {
+                node: self.link.node.clone(),
+                role: Role::Active,
+                epoch: self.epoch,
+                lag_records: 0,
+                lag_ms: 0,
+                peer: PeerStatus {
+                    node: String::new(),
+                    state: PeerStateName::Lost,
+                    last_seen: None,
+                },
+            });
+        }
+    }
+}
+
+/// At start: the retained claim names another board (follow it) or none or
+/// this one (claim the next epoch).
+pub async fn elect(cfg: &Config, sb: &Standby, inst: u64) -> Result<Start, RunError> {
+    let mut link = PairLink::open(cfg, sb, Role::Standby, inst)?;
+    // Connected and subscribed first (the broker may be down: wait for it).
+    loop {
+        match link.events.recv().await {
+            Some(PairEvent::Up) => break,
+            Some(_) => {}
+            None => return Err(RunError::Pair("pair link ended".into())),
+        }
+    }
+    let state = link.topics.state();
+    let mut seen: Option<Claim> = None;
+    let until = tokio::time::Instant::now() + Duration::from_millis(CLAIM_WAIT_MS);
+    while let Ok(Some(ev)) = tokio::time::timeout_at(until, link.events.recv()).await {
+        if let PairEvent::Msg(topic, payload) = ev
+            && topic == state
+            && let Ok(c) = serde_json::from_slice::<Claim>(&payload)
+        {
+            seen = Some(c);
+            break;
+        }
+    }
+    match seen {
+        Some(c) if c.node != sb.node => {
+            tracing::info!(active = %c.node, epoch = c.epoch, node = %sb.node, "pair: another board is active; this one follows it as standby");
+            Ok(Start::Standby(link))
+        }
+        other => {
+            let epoch = other.map_or(0, |c| c.epoch) + 1;
+            let claim = Claim {
+                node: sb.node.clone(),
+                epoch,
+                at: SystemClock::new().now().wall,
+            };
+            if !link.claim(&claim).await {
+                return Err(RunError::Pair("the claim did not come back from the site broker".into()));
+            }
+            tracing::info!(node = %sb.node, epoch, "pair: this board is active");
+            Ok(Start::Active(Activation {
+                link,
+                epoch,
+                from: None,
+                takeover_ms: sb.takeover_ms,
+            }))
+        }
+    }
+}
+
+/// The active's replication task: each commit's record to the standby, its
+/// acks held until the standby reports it synced.
+pub struct ActivePair {
+    link: PairLink,
+    epoch: u64,
+    stream: u64,
+    gate: Gate<(u64, crate::sys::link::Held, Millis)>,
+    commits: mpsc::UnboundedReceiver<PairCommit>,
+    acks: mpsc::UnboundedSender<AckJob>,
+    snapshots: watch::Sender<u64>,
+    sink: mpsc::UnboundedSender<SinkMsg>,
+    registry: Arc<Registry>,
+    clock: SystemClock,
+    deposed: mpsc::UnboundedSender<RunError>,
+    own: Claim,
+}
+
+/// What the active's pair task is wired to.
+pub struct ActiveLinks {
+    /// Commits from the store thread.
+    pub commits: mpsc::UnboundedReceiver<PairCommit>,
+    /// Acks to the source.
+    pub acks: mpsc::UnboundedSender<AckJob>,
+    /// Snapshot requests to the core.
+    pub snapshots: watch::Sender<u64>,
+    /// Alerts.
+    pub sink: mpsc::UnboundedSender<SinkMsg>,
+    /// Status.
+    pub registry: Arc<Registry>,
+    /// A newer claim: this board must stop publishing.
+    pub deposed: mpsc::UnboundedSender<RunError>,
+}
+
+impl ActivePair {
+    /// The task for `a`, on a stream of its own.
+    pub fn new(a: Activation, links: ActiveLinks, clock: SystemClock, stream: u64) -> Self {
+        let _ = a.link.role.send(Role::Active);
+        let own = Claim {
+            node: a.link.node.clone(),
+            epoch: a.epoch,
+            at: 0,
+        };
+        if let Some((from, position)) = &a.from {
+            let _ = links.sink.send(SinkMsg::Notice(Notice::Takeover {
+                node: own.node.clone(),
+                from: from.clone(),
+                epoch: a.epoch,
+                position: *position,
+                at: clock.now().wall,
+            }));
+        }
+        Self {
+            gate: Gate::new(stream.max(1), a.takeover_ms),
+            epoch: a.epoch,
+            stream: stream.max(1),
+            link: a.link,
+            commits: links.commits,
+            acks: links.acks,
+            snapshots: links.snapshots,
+            sink: links.sink,
+            registry: links.registry,
+            clock,
+            deposed: links.deposed,
+            own,
+        }
+    }
+
+    /// Runs until the store thread's last commit (or the gateway is dropped).
+    pub async fn run(mut self) {
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut next_beat = 0;
+        self.status();
+        loop {
+            tokio::select! {
+                c = self.commits.recv() => match c {
+                    Some(c) => {
+                        let last = c.last;
+                        self.commit(c).await;
+                        if last {
+                            break;
+                        }
+                    }
+                    None => break,
+                },
+                Some(ev) = self.link.events.recv() => self.event(ev),
+                _ = tick.tick() => {
+                    let now = self.clock.now();
+                    let (released, change) = self.gate.tick(now.mono);
+                    self.release(released);
+                    self.changed(change);
+                    if now.mono >= next_beat {
+                        next_beat = now.mono + BEAT_MS;
+                        self.link.beat(Role::Active, self.epoch, self.gate.pos(), false);
+                    }
+                    self.status();
+                }
+            }
+        }
+        let rest = self.gate.release_all();
+        self.release(rest);
+        let _ = self.acks.send(AckJob::Done);
+        let pos = self.gate.pos();
+        self.link.close(Some((self.epoch, pos))).await;
+    }
+
+    async fn commit(&mut self, c: PairCommit) {
+        let mono = self.clock.mono();
+        let stream_topic = self.link.topics.stream();
+        if let Some(snap) = &c.snapshot {
+            tracing::info!(bytes = snap.len(), pos = c.pos, "pair: snapshot to the standby");
+            for f in frames(Kind::Snapshot, self.epoch, self.stream, c.pos, snap) {
+                let _ = self.link.client.publish_wait(&stream_topic, f, 1).await;
+            }
+            self.gate.snapshot_sent(c.pos, mono);
+        } else if self.gate.publishing() {
+            for f in frames(Kind::Record, self.epoch, self.stream, c.pos, &c.body) {
+                let _ = self.link.client.publish_wait(&stream_topic, f, 1).await;
+            }
+        }
+        let released = self.gate.committed(c.pos, c.acks, mono);
+        self.release(released);
+    }
+
+    fn event(&mut self, ev: PairEvent) {
+        let PairEvent::Msg(topic, payload) = ev else {
+            return;
+        };
+        let now = self.clock.now();
+        if topic == self.link.topics.state() {
+            if let Ok(c) = serde_json::from_slice::<Claim>(&payload)
+                && c.node != self.own.node
+                && c.beats(&self.own)
+            {
+                tracing::warn!(active = %c.node, epoch = c.epoch, own_epoch = self.epoch,
+                    "pair: another board claims the gateway with a newer epoch; this one stops publishing and rejoins as standby");
+                let _ = self.deposed.send(RunError::Deposed {
+                    node: c.node,
+                    epoch: c.epoch,
+                });
+            }
+            return;
+        }
+        let Some(node) = self.link.topics.node_of(&topic).map(str::to_string) else {
+            return;
+        };
+        if topic == self.link.topics.report(&node) {
+            if node == self.own.node {
+                return;
+            }
+            let Ok(r) = serde_json::from_slice::<Report>(&payload) else {
+                return;
+            };
+            let (released, change, want) = self.gate.report(&r, now.mono, now.wall);
+            self.release(released);
+            self.changed(change);
+            if want {
+                tracing::info!(standby = %r.node, "pair: the standby asks for a snapshot");
+                self.snapshots.send_modify(|n| *n += 1);
+            }
+        } else if let Ok(b) = serde_json::from_slice::<Beat>(&payload) {
+            if node == self.own.node {
+                if b.inst != self.link.inst && !b.dead {
+                    tracing::error!(node = %node, "pair: another process runs with this board's standby.node; give each board its own");
+                }
+            } else if !b.dead {
+                self.gate.heard(&node, now.mono, now.wall);
+            }
+        }
+    }
+
+    fn release(&self, acks: Vec<(u64, crate::sys::link::Held, Millis)>) {
+        if acks.is_empty() {
+            return;
+        }
+        let now = self.clock.mono();
+        for (_, _, at) in &acks {
+            self.registry.ack_delay.observe(now.saturating_sub(*at));
+        }
+        let _ = self
+            .acks
+            .send(AckJob::Acks(acks.into_iter().map(|(g, h, _)| (g, h)).collect()));
+    }
+
+    fn changed(&self, change: Option<Change>) {
+        let at = self.clock.now().wall;
+        let notice = match change {
+            None => return,
+            Some(Change::Joined(node)) => {
+                tracing::info!(standby = %node, "pair: the standby has every record; acks wait for it");
+                Notice::StandbyJoined { node, at }
+            }
+            Some(Change::Lost(node)) => {
+                tracing::warn!(standby = %node, "pair: the standby is lost; this board runs alone");
+                Notice::StandbyLost { node, at }
+            }
+        };
+        let _ = self.sink.send(SinkMsg::Notice(notice));
+    }
+
+    fn status(&self) {
+        let mono = self.clock.mono();
+        let s = Status {
+            node: self.own.node.clone(),
+            role: Role::Active,
+            epoch: self.epoch,
+            lag_records: self.gate.lag_records(),
+            lag_ms: u64::try_from(self.gate.lag_ms(mono)).unwrap_or(0),
+            peer: PeerStatus {
+                node: self.gate.peer_node().to_string(),
+                state: PeerStateName::from(self.gate.peer()),
+                last_seen: self.gate.last_seen_wall(),
+            },
+        };
+        if let Ok(mut p) = self.registry.pair.lock() {
+            *p = Some(s);
+        }
+    }
+}
+
+/// The replicated state on the standby's disk and in its engine.
+struct Replica {
+    durable: super::storer::Durable,
+    engine: Engine,
+    in_force: Vec<u8>,
+}
+
+/// Opens the state dir exactly as it is: no new clock origin, no reload (a
+/// standby's engine must stay the active's, record for record).
+fn open_replica(cfg: &Config) -> Result<Replica, RunError> {
+    let (durable, engine, in_force) = super::restore::open_state(cfg)?;
+    Ok(Replica {
+        durable,
+        engine,
+        in_force,
+    })
+}
+
+/// Replaces the state dir's state with the active's snapshot.
+fn install(cfg: &Config, replica: &mut Option<Replica>, bytes: &[u8]) -> Result<(), RunError> {
+    use std::io::Write;
+    drop(replica.take());
+    let dir = &cfg.gateway.state_dir;
+    std::fs::create_dir_all(dir)?;
+    let part = dir.join("tidemark.redb.part");
+    {
+        let mut f = std::fs::File::create(&part)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    match std::fs::remove_file(Wal::file(dir)) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e.into()),
+    }
+    std::fs::rename(&part, Store::file(dir))?;
+    std::fs::File::open(dir)?.sync_all()?;
+    *replica = Some(open_replica(cfg)?);
+    Ok(())
+}
+
+/// How the standby's loop ended.
+pub enum Followed {
+    /// The active is dead: this board is active now.
+    Takeover(Activation),
+    /// The gateway is stopping.
+    Stopped,
+}
+
+/// The standby: follows the active's records into its own state dir, reports
+/// its position, and takes over when the active is dead (its will, or
+/// `takeover_s` of silence while this board's own path is proven).
+pub async fn follow(
+    cfg: &Config,
+    sb: &Standby,
+    mut link: PairLink,
+    clock: SystemClock,
+    registry_pair: Arc<std::sync::Mutex<Option<Status>>>,
+    shutdown: &mut (impl std::future::Future<Output = ()> + Unpin),
+) -> Result<Followed, RunError> {
+    let _ = link.role.send(Role::Standby);
+    let topics = link.topics.clone();
+    let mut asm = Assembler::default();
+    let mut position = Position::default();
+    let mut replica: Option<Replica> = None;
+    let mut want = true;
+    let mut claim: Option<Claim> = None;
+    let start = clock.mono();
+    let mut active_seen = start;
+    let mut active_seen_wall: Option<Millis> = None;
+    let mut active_dead = false;
+    let mut active_pos = 0u64;
+    let mut own_echo: Option<Millis> = None;
+    let mut next_beat = 0;
+    let mut next_warn = start + sb.takeover_ms;
+    let report = |link: &PairLink, position: &Position, want: bool| {
+        let r = Report {
+            node: sb.node.clone(),
+            stream: position.stream,
+            pos: position.pos,
+            want,
+        };
+        let _ = link.client.publish(
+            &topics.report(&sb.node),
+            serde_json::to_vec(&r).unwrap_or_default(),
+            0,
+            false,
+        );
+    };
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tracing::info!(node = %sb.node, "pair: standby; asking the active for its state");
+    loop {
+        tokio::select! {
+            () = &mut *shutdown => return Ok(Followed::Stopped),
+            ev = link.events.recv() => {
+                let Some(ev) = ev else {
+                    return Err(RunError::Pair("pair link ended".into()));
+                };
+                let now = clock.now();
+                match ev {
+                    PairEvent::Up => report(&link, &position, want),
+                    PairEvent::Down => {}
+                    PairEvent::Msg(topic, payload) if topic == topics.stream() => {
+                        let Some(item) = asm.push(&payload) else { continue };
+                        active_seen = now.mono;
+                        active_seen_wall = Some(now.wall);
+                        active_dead = false;
+                        match position.step(&item) {
+                            Step::Install => {
+                                tracing::info!(bytes = item.data.len(), pos = item.pos, "pair: installing the active's snapshot");
+                                tokio::task::block_in_place(|| install(cfg, &mut replica, &item.data))?;
+                                position.done(&item);
+                                want = false;
+                                report(&link, &position, want);
+                            }
+                            Step::Apply => {
+                                let Some(r) = replica.as_mut() else { continue };
+                                let applied = tokio::task::block_in_place(|| {
+                                    r.durable.follow(&mut r.engine, &item.data, &mut r.in_force)
+                                });
+                                // Rebirth requests are the active's to send.
+                                r.engine.take_commands();
+                                match applied {
+                                    Ok(()) => {
+                                        position.done(&item);
+                                        report(&link, &position, want);
+                                    }
+                                    Err(e) => {
+                                        tracing::warn!(error = %e, "pair: a record did not apply; asking for a snapshot");
+                                        want = true;
+                                        report(&link, &position, want);
+                                    }
+                                }
+                            }
+                            Step::Skip => {}
+                            Step::Gap => {
+                                if !want {
+                                    tracing::info!(pos = item.pos, at = position.pos, "pair: a record is missing; asking for a snapshot");
+                                }
+                                want = true;
+                                report(&link, &position, want);
+                            }
+                        }
+                    }
+                    PairEvent::Msg(topic, payload) if topic == topics.state() => {
+                        if let Ok(c) = serde_json::from_slice::<Claim>(&payload) {
+                            position.epoch = position.epoch.max(c.epoch);
+                            if claim.as_ref().is_none_or(|old| old.node != c.node) {
+                                active_seen = now.mono;
+                                active_dead = false;
+                            }
+                            claim = Some(c);
+                        }
+                    }
+                    PairEvent::Msg(topic, payload) => {
+                        let Some(node) = topics.node_of(&topic) else { continue };
+                        let Ok(b) = serde_json::from_slice::<Beat>(&payload) else { continue };
+                        if node == sb.node {
+                            if b.inst == link.inst {
+                                own_echo = Some(now.mono);
+                            }
+                        } else if claim.as_ref().is_some_and(|c| c.node == node) && b.role == Role::Active {
+                            if b.dead {
+                                tracing::warn!(active = %node, "pair: the site broker reports the active gone");
+                                active_dead = true;
+                            } else {
+                                active_seen = now.mono;
+                                active_seen_wall = Some(now.wall);
+                                active_pos = active_pos.max(b.pos);
+                                active_dead = false;
+                            }
+                        }
+                    }
+                }
+            }
+            _ = tick.tick() => {
+                let now = clock.now();
+                if now.mono >= next_beat {
+                    next_beat = now.mono + BEAT_MS;
+                    link.beat(Role::Standby, position.epoch, position.pos, false);
+                    report(&link, &position, want);
+                }
+                let active = claim.as_ref().map(|c| c.node.clone()).unwrap_or_default();
+                let status = Status {
+                    node: sb.node.clone(),
+                    role: Role::Standby,
+                    epoch: position.epoch,
+                    lag_records: active_pos.saturating_sub(position.pos),
+                    lag_ms: 0,
+                    peer: PeerStatus {
+                        node: active.clone(),
+                        state: if now.mono.saturating_sub(active_seen) >= sb.takeover_ms || active_dead {
+                            PeerStateName::Lost
+                        } else if want {
+                            PeerStateName::CatchingUp
+                        } else {
+                            PeerStateName::Synced
+                        },
+                        last_seen: active_seen_wall,
+                    },
+                };
+                if let Ok(mut p) = registry_pair.lock() {
+                    *p = Some(status);
+                }
+                let silent = active_dead || now.mono.saturating_sub(active_seen) >= sb.takeover_ms;
+                let path = own_echo.is_some_and(|t| now.mono.saturating_sub(t) <= PATH_PROVEN_MS);
+                if !silent || !path {
+                    continue;
+                }
+                if want || replica.is_none() {
+                    if now.mono >= next_warn {
+                        next_warn = now.mono + sb.takeover_ms;
+                        tracing::error!(active = %active, "pair: the active is gone and this board does not have its state (it never finished catching up): not taking over");
+                    }
+                    continue;
+                }
+                let epoch = position.epoch.max(claim.as_ref().map_or(0, |c| c.epoch)) + 1;
+                let mine = Claim { node: sb.node.clone(), epoch, at: now.wall };
+                tracing::warn!(active = %active, epoch, position = position.pos, "pair: the active is dead; taking over");
+                if !link.claim(&mine).await {
+                    tracing::warn!("pair: the claim did not come back from the site broker; retrying");
+                    continue;
+                }
+                drop(replica.take());
+                return Ok(Followed::Takeover(Activation {
+                    link,
+                    epoch,
+                    from: Some((active, position.pos)),
+                    takeover_ms: sb.takeover_ms,
+                }));
+            }
+        }
+    }
+}
