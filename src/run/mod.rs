@@ -94,9 +94,9 @@ async fn paired(
     loop {
         let activation = match start {
             pair::Start::Active(a) => a,
-            pair::Start::Standby(link) => {
+            pair::Start::Standby(link, claim) => {
                 let status = std::sync::Arc::new(std::sync::Mutex::new(None));
-                match pair::follow(cfg, sb, link, clock, status, &mut shutdown).await? {
+                match pair::follow(cfg, sb, link, claim, clock, status, &mut shutdown).await? {
                     pair::Followed::Takeover(a) => a,
                     pair::Followed::Stopped => return Ok(()),
                 }
@@ -133,14 +133,15 @@ async fn paired(
             }
         };
         match ended {
-            Err(RunError::Deposed { .. }) => {
+            Err(RunError::Deposed { node, epoch }) => {
                 opts = Some(ReloadOptions {
                     paths,
                     log: None,
                     remote,
                 });
                 let link = pair::PairLink::open(cfg, sb, crate::pair::Role::Standby, inst)?;
-                start = pair::Start::Standby(link);
+                let claim = crate::pair::Claim { node, epoch, at: 0 };
+                start = pair::Start::Standby(link, Some(claim));
             }
             other => return other,
         }

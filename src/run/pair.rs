@@ -212,8 +212,8 @@ impl PairLink {
 pub enum Start {
     /// Active under this epoch.
     Active(Activation),
-    /// Another board is active: follow it.
-    Standby(PairLink),
+    /// Another board is active (the claim, when one was seen): follow it.
+    Standby(PairLink, Option<Claim>),
 }
 
 /// What an active board's run knows of the pair.
@@ -275,7 +275,7 @@ pub async fn elect(cfg: &Config, sb: &Standby, inst: u64) -> Result<Start, RunEr
     match seen {
         Some(c) if c.node != sb.node => {
             tracing::info!(active = %c.node, epoch = c.epoch, node = %sb.node, "pair: another board is active; this one follows it as standby");
-            Ok(Start::Standby(link))
+            Ok(Start::Standby(link, Some(c)))
         }
         other => {
             let epoch = other.map_or(0, |c| c.epoch) + 1;
@@ -574,6 +574,7 @@ pub async fn follow(
     cfg: &Config,
     sb: &Standby,
     mut link: PairLink,
+    mut claim: Option<Claim>,
     clock: SystemClock,
     registry_pair: Arc<std::sync::Mutex<Option<Status>>>,
     shutdown: &mut (impl std::future::Future<Output = ()> + Unpin),
@@ -584,7 +585,6 @@ pub async fn follow(
     let mut position = Position::default();
     let mut replica: Option<Replica> = None;
     let mut want = true;
-    let mut claim: Option<Claim> = None;
     let start = clock.mono();
     let mut active_seen = start;
     let mut active_seen_wall: Option<Millis> = None;
@@ -623,9 +623,11 @@ pub async fn follow(
                     PairEvent::Down => {}
                     PairEvent::Msg(topic, payload) if topic == topics.stream() => {
                         let Some(item) = asm.push(&payload) else { continue };
-                        active_seen = now.mono;
-                        active_seen_wall = Some(now.wall);
-                        active_dead = false;
+                        if claim.as_ref().is_none_or(|c| item.epoch >= c.epoch) {
+                            active_seen = now.mono;
+                            active_seen_wall = Some(now.wall);
+                            active_dead = false;
+                        }
                         match position.step(&item) {
                             Step::Install => {
                                 tracing::info!(bytes = item.data.len(), pos = item.pos, "pair: installing the active's snapshot");
@@ -680,7 +682,7 @@ pub async fn follow(
                             if b.inst == link.inst {
                                 own_echo = Some(now.mono);
                             }
-                        } else if claim.as_ref().is_some_and(|c| c.node == node) && b.role == Role::Active {
+                        } else if claim.as_ref().is_some_and(|c| c.node == node) {
                             if b.dead {
                                 tracing::warn!(active = %node, "pair: the site broker reports the active gone");
                                 active_dead = true;

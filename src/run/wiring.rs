@@ -281,6 +281,8 @@ impl Running {
         }
         let http = self.reloader.into_http();
         http.abort();
+        // The HTTP side holds a sender to the core: the core thread ends once all are gone.
+        drop(http);
         drop(self.core_tx);
         for t in self.tasks {
             let _ = t.await;

@@ -1,0 +1,213 @@
+//! Hot standby (SPEC §13): two gateway processes, one `gateway.id`, their own
+//! state dirs, on a real site broker. The active is killed (SIGKILL), wiped
+//! (its state dir deleted, a fresh board in its place) and hung (SIGSTOP past
+//! `takeover_s`); every reading is counted exactly once upstream.
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use support::fleet::*;
+use support::{Collector, Gateway, GatewayConfig, Mosquitto, Publisher, signal, wait_or_explain};
+
+struct Board {
+    name: &'static str,
+    config: PathBuf,
+    state: PathBuf,
+    log: PathBuf,
+    gw: Option<Gateway>,
+}
+
+impl Board {
+    fn new(dir: &Path, name: &'static str, site: &Mosquitto, up: &Mosquitto, takeover_s: u64) -> Self {
+        let state = dir.join(format!("state-{name}"));
+        let config = GatewayConfig::new("gw", &state, site, up)
+            .merge("metrics", FLEET)
+            .set("standby", "enabled = true")
+            .set("standby", &format!("node = \"{name}\""))
+            .set("standby", &format!("takeover_s = {takeover_s}"))
+            .write(&dir.join(format!("{name}.toml")));
+        Self {
+            name,
+            config,
+            state,
+            log: dir.join(format!("{name}.log")),
+            gw: None,
+        }
+    }
+
+    fn start(&mut self) {
+        self.gw = Some(Gateway::spawn(&self.config, &self.log));
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn count(&self, line: &str) -> usize {
+        self.log_text().matches(line).count()
+    }
+
+    fn kill9(&mut self) {
+        if let Some(g) = self.gw.take() {
+            g.kill9();
+        }
+    }
+}
+
+const ACTIVE: &str = "pair: this board is active";
+const TAKEOVER: &str = "pair: the active is dead; taking over";
+const JOINED: &str = "pair: the standby has every record";
+const DEPOSED: &str = "another board claims the gateway with a newer epoch";
+
+/// Waits until `line` appears in `b`'s log more than `before` times.
+fn wait_line(b: &Board, line: &str, before: usize, limit: Duration) {
+    wait_or_explain(
+        limit,
+        || b.count(line) > before,
+        || format!("{:?} not in {}'s log:\n{}", line, b.name, b.log_text()),
+    );
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fault {
+    Kill,
+    KillAndWipe,
+    Hang,
+}
+
+#[test]
+fn a_pair_survives_kills_a_wiped_board_and_a_hang_counting_every_reading_once() {
+    let site = Mosquitto::start(false);
+    let up_broker = Mosquitto::start(false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Kept for a look when the test fails.
+    let dir = dir.keep();
+    let dir = &dir;
+    let takeover_s = 4;
+    let mut boards = [
+        Board::new(dir, "a", &site, &up_broker, takeover_s),
+        Board::new(dir, "b", &site, &up_broker, takeover_s),
+    ];
+    let up = Collector::start(up_broker.port, "tidemark/gw/#", "pair-collector");
+    let mut publisher = Publisher::connect(site.port, "pair-fleet");
+    let mut fleet = Fleet::new(20, 600);
+    boards[0].start();
+    wait_line(&boards[0], ACTIVE, 0, MIN);
+    boards[0].gw.as_ref().expect("a").wait_ready();
+    boards[1].start();
+    wait_line(&boards[0], JOINED, 0, MIN);
+    let faults = [Fault::Kill, Fault::Kill, Fault::KillAndWipe, Fault::Kill, Fault::Hang, Fault::Kill];
+    let mut active = 0usize;
+    let mut takeovers = Vec::new();
+    let mut rng: u64 = 0x2545_F491_4F6C_DD1D;
+    let share = fleet.total() / (faults.len() as u64 + 2);
+    for fault in faults {
+        let standby = 1 - active;
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        // ≥ 200 readings/s for a random share of the fleet, then the fault.
+        let target = fleet.next + share / 2 + rng % share;
+        let windows_before = up.on("/windows/").len();
+        while fleet.next < target {
+            fleet.send(&mut publisher, 10);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        wait_or_explain(
+            MIN,
+            || up.on("/windows/").len() > windows_before,
+            || format!("no progress upstream:\n{}", boards[active].log_text()),
+        );
+        let took_before = boards[standby].count(TAKEOVER);
+        let t0 = Instant::now();
+        let results_before = up.on("/windows/").len();
+        let hung = match fault {
+            Fault::Kill => {
+                boards[active].kill9();
+                None
+            }
+            Fault::KillAndWipe => {
+                boards[active].kill9();
+                std::fs::remove_dir_all(&boards[active].state).expect("wipe the dead board");
+                None
+            }
+            Fault::Hang => {
+                let g = boards[active].gw.take().expect("active running");
+                signal(&g.child, "STOP");
+                Some(g)
+            }
+        };
+        // The fleet goes on during the takeover.
+        let mut sent = 0;
+        while sent < 200 && fleet.send(&mut publisher, 10) {
+            sent += 10;
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        wait_line(&boards[standby], TAKEOVER, took_before, MIN);
+        wait_or_explain(
+            MIN,
+            || up.on("/windows/").len() > results_before,
+            || format!("no result from the new active:\n{}", boards[standby].log_text()),
+        );
+        takeovers.push(t0.elapsed());
+        if let Some(g) = hung {
+            std::thread::sleep(Duration::from_secs(takeover_s + 2));
+            let deposed = boards[active].count(DEPOSED);
+            signal(&g.child, "CONT");
+            wait_line(&boards[active], DEPOSED, deposed, MIN);
+            boards[active].gw = Some(g);
+        } else {
+            boards[active].start();
+        }
+        let joined = boards[standby].count(JOINED);
+        wait_line(&boards[standby], JOINED, joined, MIN);
+        active = standby;
+    }
+    while fleet.send(&mut publisher, 10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    publisher.flush();
+    wait_counted(&fleet, &up, &boards[active].log, 3 * MIN);
+    assert_exact(&fleet, &up);
+    // No window id published with two different contents.
+    let mut by_id: BTreeMap<String, serde_json::Value> = BTreeMap::new();
+    for s in up.on("/windows/") {
+        let v = s.json();
+        let id = v["id"].as_str().expect("id").to_string();
+        if let Some(old) = by_id.get(&id) {
+            assert_eq!(old, &v, "window {id} published with two contents");
+        }
+        by_id.insert(id, v);
+    }
+    assert!(up.on("/late/").is_empty(), "late output: {:?}", up.on("/late/").first().map(|s| s.json()));
+    let offline: Vec<_> = up
+        .on("/alerts/")
+        .into_iter()
+        .map(|s| s.json())
+        .filter(|v| v["type"] == "offline")
+        .collect();
+    assert!(offline.is_empty(), "false offline alerts: {offline:?}");
+    let takeover_alerts = up
+        .on("/alerts")
+        .into_iter()
+        .filter(|s| s.json()["type"] == "takeover")
+        .count();
+    assert!(takeover_alerts >= faults.len(), "takeover alerts: {takeover_alerts}");
+    let status = support::retained(up_broker.port, "tidemark/gw/status");
+    let st = status.last().expect("P/status").json();
+    assert_eq!(st["node"], boards[active].name, "{st}");
+    assert_eq!(st["epoch"].as_u64(), Some(faults.len() as u64 + 1), "{st}");
+    for b in &mut boards {
+        if let Some(g) = b.gw.take() {
+            let (code, _) = g.terminate();
+            assert_eq!(code, Some(0), "{}", b.log_text());
+        }
+    }
+    eprintln!(
+        "takeovers (death -> first result of the new active): {:?}; {} readings",
+        takeovers,
+        fleet.total()
+    );
+}
