@@ -6,13 +6,14 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::fleet::*;
 use support::{Collector, Gateway, GatewayConfig, Mosquitto, Publisher, signal, wait_or_explain};
 
 struct Board {
     name: &'static str,
+    http: u16,
     config: PathBuf,
     state: PathBuf,
     log: PathBuf,
@@ -20,9 +21,17 @@ struct Board {
 }
 
 impl Board {
-    fn new(dir: &Path, name: &'static str, site: &Mosquitto, up: &Mosquitto, takeover_s: u64) -> Self {
+    fn new(
+        dir: &Path,
+        name: &'static str,
+        site: &Mosquitto,
+        up: &Mosquitto,
+        takeover_s: u64,
+    ) -> Self {
         let state = dir.join(format!("state-{name}"));
+        let http = support::free_port();
         let config = GatewayConfig::new("gw", &state, site, up)
+            .http(http)
             .merge("metrics", FLEET)
             .set("standby", "enabled = true")
             .set("standby", &format!("node = \"{name}\""))
@@ -30,6 +39,7 @@ impl Board {
             .write(&dir.join(format!("{name}.toml")));
         Self {
             name,
+            http,
             config,
             state,
             log: dir.join(format!("{name}.log")),
@@ -98,7 +108,49 @@ fn a_pair_survives_kills_a_wiped_board_and_a_hang_counting_every_reading_once() 
     boards[0].gw.as_ref().expect("a").wait_ready();
     boards[1].start();
     wait_line(&boards[0], JOINED, 0, MIN);
-    let faults = [Fault::Kill, Fault::Kill, Fault::KillAndWipe, Fault::Kill, Fault::Hang, Fault::Kill];
+    // Acks wait for the standby: with it stopped (shorter than takeover_s) the
+    // active's acks are held; they go once it syncs again.
+    let held = |b: &Board| {
+        let m = support::metrics(b.http);
+        let all = support::total(&m, "tidemark_ack_delay_seconds_count");
+        let fast = m
+            .lines()
+            .filter_map(|l| l.strip_prefix("tidemark_ack_delay_seconds_bucket{le=\""))
+            .filter_map(|l| l.split_once("\"} "))
+            .find(|(le, _)| le.parse::<f64>().ok() == Some(2.0))
+            .and_then(|(_, n)| n.parse::<u64>().ok())
+            .expect("the 2 s bucket of tidemark_ack_delay_seconds");
+        all - fast
+    };
+    let slow_before = held(&boards[0]);
+    let g = boards[1].gw.take().expect("b");
+    signal(&g.child, "STOP");
+    for _ in 0..50 {
+        fleet.send(&mut publisher, 2);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(2000));
+    signal(&g.child, "CONT");
+    boards[1].gw = Some(g);
+    wait_or_explain(
+        MIN,
+        || held(&boards[0]) >= slow_before + 20,
+        || {
+            format!(
+                "acks did not wait for the stopped standby: {} slow\n{}",
+                held(&boards[0]),
+                boards[0].log_text()
+            )
+        },
+    );
+    let faults = [
+        Fault::Kill,
+        Fault::Kill,
+        Fault::KillAndWipe,
+        Fault::Kill,
+        Fault::Hang,
+        Fault::Kill,
+    ];
     let mut active = 0usize;
     let mut takeovers = Vec::new();
     let mut rng: u64 = 0x2545_F491_4F6C_DD1D;
@@ -121,8 +173,7 @@ fn a_pair_survives_kills_a_wiped_board_and_a_hang_counting_every_reading_once() 
             || format!("no progress upstream:\n{}", boards[active].log_text()),
         );
         let took_before = boards[standby].count(TAKEOVER);
-        let t0 = Instant::now();
-        let results_before = up.on("/windows/").len();
+        let t0 = support::now_ms();
         let hung = match fault {
             Fault::Kill => {
                 boards[active].kill9();
@@ -146,12 +197,22 @@ fn a_pair_survives_kills_a_wiped_board_and_a_hang_counting_every_reading_once() 
             std::thread::sleep(Duration::from_millis(20));
         }
         wait_line(&boards[standby], TAKEOVER, took_before, MIN);
+        // A result after the takeover line: the new active's (an upper bound of the takeover).
+        let results_before = up.on("/windows/").len();
         wait_or_explain(
             MIN,
             || up.on("/windows/").len() > results_before,
-            || format!("no result from the new active:\n{}", boards[standby].log_text()),
+            || {
+                format!(
+                    "no result from the new active:\n{}",
+                    boards[standby].log_text()
+                )
+            },
         );
-        takeovers.push(t0.elapsed());
+        let first = up.on("/windows/")[results_before].at;
+        takeovers.push(Duration::from_millis(
+            u64::try_from(first - t0).unwrap_or(0),
+        ));
         if let Some(g) = hung {
             std::thread::sleep(Duration::from_secs(takeover_s + 2));
             let deposed = boards[active].count(DEPOSED);
@@ -181,7 +242,11 @@ fn a_pair_survives_kills_a_wiped_board_and_a_hang_counting_every_reading_once() 
         }
         by_id.insert(id, v);
     }
-    assert!(up.on("/late/").is_empty(), "late output: {:?}", up.on("/late/").first().map(|s| s.json()));
+    assert!(
+        up.on("/late/").is_empty(),
+        "late output: {:?}",
+        up.on("/late/").first().map(|s| s.json())
+    );
     let offline: Vec<_> = up
         .on("/alerts/")
         .into_iter()
@@ -194,7 +259,10 @@ fn a_pair_survives_kills_a_wiped_board_and_a_hang_counting_every_reading_once() 
         .into_iter()
         .filter(|s| s.json()["type"] == "takeover")
         .count();
-    assert!(takeover_alerts >= faults.len(), "takeover alerts: {takeover_alerts}");
+    assert!(
+        takeover_alerts >= faults.len(),
+        "takeover alerts: {takeover_alerts}"
+    );
     let status = support::retained(up_broker.port, "tidemark/gw/status");
     let st = status.last().expect("P/status").json();
     assert_eq!(st["node"], boards[active].name, "{st}");

@@ -64,7 +64,6 @@ pub fn run(cfg: &Config, opts: ReloadOptions) -> Result<(), RunError> {
                     SystemClock::new(),
                     crate::sys::shutdown_signal(),
                     hangups,
-                    None,
                 )
                 .await
             }
@@ -109,7 +108,7 @@ async fn paired(
         let remote = o.remote.clone();
         let (hang_tx, hang_rx) = mpsc::unbounded_channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let run = serve(
+        let run = serve_as(
             cfg,
             o,
             clock,
@@ -153,6 +152,17 @@ async fn paired(
 /// passes the process's signals, a test may pass any future. Each item of
 /// `hangups` is a reload.
 pub async fn serve(
+    cfg: &Config,
+    opts: ReloadOptions,
+    clock: SystemClock,
+    shutdown: impl std::future::Future<Output = ()>,
+    hangups: mpsc::UnboundedReceiver<()>,
+) -> Result<(), RunError> {
+    serve_as(cfg, opts, clock, shutdown, hangups, None).await
+}
+
+/// [`serve`], as the active board of a pair when `pair` is given (SPEC §13).
+async fn serve_as(
     cfg: &Config,
     opts: ReloadOptions,
     clock: SystemClock,

@@ -173,17 +173,21 @@ impl PairLink {
         {
             return false;
         }
-        let until = tokio::time::Instant::now() + Duration::from_millis(CLAIM_ECHO_MS);
+        let deadline = tokio::time::sleep(Duration::from_millis(CLAIM_ECHO_MS));
+        tokio::pin!(deadline);
         loop {
-            let ev = tokio::time::timeout_at(until, self.events.recv()).await;
+            let ev = tokio::select! {
+                () = &mut deadline => return false,
+                ev = self.events.recv() => ev,
+            };
             match ev {
-                Ok(Some(PairEvent::Msg(topic, payload))) if topic == self.topics.state() => {
+                Some(PairEvent::Msg(topic, payload)) if topic == self.topics.state() => {
                     if serde_json::from_slice::<Claim>(&payload).ok().as_ref() == Some(claim) {
                         return true;
                     }
                 }
-                Ok(Some(_)) => {}
-                Ok(None) | Err(_) => return false,
+                Some(_) => {}
+                None => return false,
             }
         }
     }
@@ -262,8 +266,14 @@ pub async fn elect(cfg: &Config, sb: &Standby, inst: u64) -> Result<Start, RunEr
     }
     let state = link.topics.state();
     let mut seen: Option<Claim> = None;
-    let until = tokio::time::Instant::now() + Duration::from_millis(CLAIM_WAIT_MS);
-    while let Ok(Some(ev)) = tokio::time::timeout_at(until, link.events.recv()).await {
+    let deadline = tokio::time::sleep(Duration::from_millis(CLAIM_WAIT_MS));
+    tokio::pin!(deadline);
+    loop {
+        let ev = tokio::select! {
+            () = &mut deadline => break,
+            ev = link.events.recv() => ev,
+        };
+        let Some(ev) = ev else { break };
         if let PairEvent::Msg(topic, payload) = ev
             && topic == state
             && let Ok(c) = serde_json::from_slice::<Claim>(&payload)
@@ -285,7 +295,9 @@ pub async fn elect(cfg: &Config, sb: &Standby, inst: u64) -> Result<Start, RunEr
                 at: SystemClock::new().now().wall,
             };
             if !link.claim(&claim).await {
-                return Err(RunError::Pair("the claim did not come back from the site broker".into()));
+                return Err(RunError::Pair(
+                    "the claim did not come back from the site broker".into(),
+                ));
             }
             tracing::info!(node = %sb.node, epoch, "pair: this board is active");
             Ok(Start::Active(Activation {
@@ -408,7 +420,11 @@ impl ActivePair {
         let mono = self.clock.mono();
         let stream_topic = self.link.topics.stream();
         if let Some(snap) = &c.snapshot {
-            tracing::info!(bytes = snap.len(), pos = c.pos, "pair: snapshot to the standby");
+            tracing::info!(
+                bytes = snap.len(),
+                pos = c.pos,
+                "pair: snapshot to the standby"
+            );
             for f in frames(Kind::Snapshot, self.epoch, self.stream, c.pos, snap) {
                 let _ = self.link.client.publish_wait(&stream_topic, f, 1).await;
             }
@@ -477,9 +493,9 @@ impl ActivePair {
         for (_, _, at) in &acks {
             self.registry.ack_delay.observe(now.saturating_sub(*at));
         }
-        let _ = self
-            .acks
-            .send(AckJob::Acks(acks.into_iter().map(|(g, h, _)| (g, h)).collect()));
+        let _ = self.acks.send(AckJob::Acks(
+            acks.into_iter().map(|(g, h, _)| (g, h)).collect(),
+        ));
     }
 
     fn changed(&self, change: Option<Change>) {

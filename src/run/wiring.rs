@@ -181,7 +181,9 @@ pub fn start(
             deposed: fatal_tx.clone(),
         };
         let stream = seed.rotate_left(41) | 1;
-        pair_task = Some(super::pair::ActivePair::new(activation, links, clock, stream));
+        pair_task = Some(super::pair::ActivePair::new(
+            activation, links, clock, stream,
+        ));
     }
     let source = Source::new(
         cfg.source.clone(),

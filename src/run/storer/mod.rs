@@ -213,7 +213,8 @@ impl Durable {
                 .zip(std::mem::take(&mut batch.outputs))
                 .collect();
             if self.replicate {
-                let refs: Vec<(u64, &OutboxEntry)> = numbered.iter().map(|(s, e)| (*s, e)).collect();
+                let refs: Vec<(u64, &OutboxEntry)> =
+                    numbered.iter().map(|(s, e)| (*s, e)).collect();
                 self.last_body =
                     record::encode(&batch.covered, &refs, batch.delivered, &mut self.buf);
             }
@@ -332,9 +333,7 @@ impl Durable {
             )));
         }
         self.wal.append(body).map_err(wal_err(&path))?;
-        if let Some(rules) =
-            journal::apply(engine, &r.ops).map_err(|e| corrupt(e.to_string()))?
-        {
+        if let Some(rules) = journal::apply(engine, &r.ops).map_err(|e| corrupt(e.to_string()))? {
             *in_force = rules;
         }
         self.store
