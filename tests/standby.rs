@@ -95,7 +95,7 @@ fn a_pair_survives_kills_a_wiped_board_and_a_hang_counting_every_reading_once() 
     // Kept for a look when the test fails.
     let dir = dir.keep();
     let dir = &dir;
-    let takeover_s = 4;
+    let takeover_s = 10;
     let mut boards = [
         Board::new(dir, "a", &site, &up_broker, takeover_s),
         Board::new(dir, "b", &site, &up_broker, takeover_s),
@@ -108,6 +108,50 @@ fn a_pair_survives_kills_a_wiped_board_and_a_hang_counting_every_reading_once() 
     boards[0].gw.as_ref().expect("a").wait_ready();
     boards[1].start();
     wait_line(&boards[0], JOINED, 0, MIN);
+    // Both boards show the pair: the active its synced standby, the standby its active.
+    let pair_of = |b: &Board| -> serde_json::Value {
+        let (code, body) = support::http_get(b.http, "/api/v1/status");
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str::<serde_json::Value>(&body).expect("status JSON")["pair"].clone()
+    };
+    wait_or_explain(
+        MIN,
+        || {
+            let (a, b) = (pair_of(&boards[0]), pair_of(&boards[1]));
+            a["role"] == "active"
+                && a["peer"]["node"] == "b"
+                && a["peer"]["state"] == "synced"
+                && b["role"] == "standby"
+                && b["peer"]["node"] == "a"
+                && b["peer"]["state"] == "synced"
+                && a["epoch"] == 1
+                && b["epoch"] == 1
+                && b["peer"]["last_seen"].is_u64()
+        },
+        || {
+            format!(
+                "pair status: a {} b {}",
+                pair_of(&boards[0]),
+                pair_of(&boards[1])
+            )
+        },
+    );
+    let text = support::metrics(boards[1].http);
+    assert!(
+        text.contains(
+            "tidemark_pair_info{node=\"b\",role=\"standby\",peer=\"a\",peer_state=\"synced\"} 1"
+        ),
+        "{text}"
+    );
+    wait_or_explain(
+        MIN,
+        || {
+            up.on("/metrics")
+                .iter()
+                .any(|m| m.json()["pair"]["peer"]["state"] == "synced")
+        },
+        || "P/metrics without the pair".into(),
+    );
     // Acks wait for the standby: with it stopped (shorter than takeover_s) the
     // active's acks are held; they go once it syncs again.
     let held = |b: &Board| {

@@ -97,6 +97,9 @@ pub struct Status {
     pub counters: metrics::Counters,
     /// Every group.
     pub groups: Vec<GroupStatus>,
+    /// The standby pair (SPEC §13); absent without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pair: Option<crate::pair::Status>,
 }
 
 /// The source link.
@@ -322,6 +325,7 @@ fn status(engine: &Engine, now: Now, registry: &Registry, links: Links) -> Statu
         },
         counters: m.counters.clone(),
         groups,
+        pair: m.pair.clone(),
     }
 }
 

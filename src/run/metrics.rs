@@ -115,6 +115,9 @@ pub struct Metrics {
     clock_held: bool,
     pub(super) gateway_clock: GatewayClockOut,
     store: StoreIo,
+    /// The standby pair (SPEC §13); absent without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) pair: Option<crate::pair::Status>,
     #[serde(skip)]
     ack_delay: ([u64; 11], u64),
 }
@@ -150,8 +153,52 @@ impl Metrics {
         self.prom_links(&mut p);
         self.prom_store(&mut p);
         self.prom_gateway(&mut p);
+        self.prom_pair(&mut p);
         self.prom_groups(&mut p);
         p.0
+    }
+
+    fn prom_pair(&self, p: &mut Prom) {
+        let Some(pair) = &self.pair else {
+            return;
+        };
+        let role = match pair.role {
+            crate::pair::Role::Active => "active",
+            crate::pair::Role::Standby => "standby",
+        };
+        p.head(
+            "pair_info",
+            "gauge",
+            "This board of a standby pair: its node, role and the peer's state (SPEC §13).",
+        );
+        let peer = match pair.peer.state {
+            crate::pair::PeerStateName::Synced => "synced",
+            crate::pair::PeerStateName::CatchingUp => "catching_up",
+            crate::pair::PeerStateName::Lost => "lost",
+        };
+        p.line(format_args!(
+            "tidemark_pair_info{{node=\"{}\",role=\"{role}\",peer=\"{}\",peer_state=\"{peer}\"}} 1",
+            label(&pair.node),
+            label(&pair.peer.node)
+        ));
+        p.one(
+            "pair_epoch",
+            "gauge",
+            "The pair's epoch (raised at each takeover).",
+            pair.epoch,
+        );
+        p.one(
+            "pair_lag_records",
+            "gauge",
+            "Commits the standby lacks (on the standby: how far it is behind).",
+            pair.lag_records,
+        );
+        p.one(
+            "pair_lag_seconds",
+            "gauge",
+            "Age of the oldest commit waiting for the standby.",
+            seconds(i64::try_from(pair.lag_ms).unwrap_or(i64::MAX)),
+        );
     }
 
     fn prom_counters(&self, p: &mut Prom) {
@@ -566,6 +613,7 @@ pub fn gather(engine: &Engine, now: Now, shared: &Registry, source_up: bool) -> 
             disk_write_bytes: None,
             ok: shared.store_ok.load(Ordering::Relaxed),
         },
+        pair: shared.pair(),
         ack_delay: shared.ack_delay.snapshot(),
     }
 }

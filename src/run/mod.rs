@@ -94,8 +94,7 @@ async fn paired(
         let activation = match start {
             pair::Start::Active(a) => a,
             pair::Start::Standby(link, claim) => {
-                let status = std::sync::Arc::new(std::sync::Mutex::new(None));
-                match pair::follow(cfg, sb, link, claim, clock, status, &mut shutdown).await? {
+                match pair::follow(cfg, sb, link, claim, clock, &mut shutdown).await? {
                     pair::Followed::Takeover(a) => a,
                     pair::Followed::Stopped => return Ok(()),
                 }

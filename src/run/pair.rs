@@ -592,9 +592,78 @@ pub async fn follow(
     mut link: PairLink,
     mut claim: Option<Claim>,
     clock: SystemClock,
-    registry_pair: Arc<std::sync::Mutex<Option<Status>>>,
     shutdown: &mut (impl std::future::Future<Output = ()> + Unpin),
 ) -> Result<Followed, RunError> {
+    // The status endpoint answers from the replicated engine (SPEC §13: the standby shows its lag).
+    let registry = Arc::new(Registry::new(
+        Arc::new(super::health::Health::new(clock)),
+        0,
+        0,
+        cfg.hash(),
+    ));
+    let (queries_tx, mut queries) = mpsc::channel::<super::events::Inbound>(64);
+    let (http_stop_tx, http_stop) = watch::channel(false);
+    let http = match cfg.metrics.listen {
+        Some(addr) => Some(
+            super::reload::Http::bind(addr)
+                .await
+                .map_err(|source| RunError::Listen { addr, source })?,
+        ),
+        None => None,
+    };
+    let http = super::reload::Http::start(
+        http,
+        &cfg.metrics,
+        (registry.clone(), queries_tx),
+        http_stop,
+    );
+    let empty = Engine::new(&cfg.engine);
+    let result = follow_loop(
+        cfg,
+        sb,
+        &mut link,
+        &mut claim,
+        clock,
+        &registry,
+        &mut queries,
+        &empty,
+        shutdown,
+    )
+    .await;
+    let _ = http_stop_tx.send(true);
+    http.abort();
+    http.finished().await;
+    match result {
+        Ok(Some(t)) => Ok(Followed::Takeover(Activation {
+            link,
+            epoch: t.epoch,
+            from: t.from,
+            takeover_ms: t.takeover_ms,
+        })),
+        Ok(None) => Ok(Followed::Stopped),
+        Err(e) => Err(e),
+    }
+}
+
+/// A takeover's activation without its link (the caller adds it).
+struct Taken {
+    epoch: u64,
+    from: Option<(String, u64)>,
+    takeover_ms: Millis,
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn follow_loop(
+    cfg: &Config,
+    sb: &Standby,
+    link: &mut PairLink,
+    claim: &mut Option<Claim>,
+    clock: SystemClock,
+    registry: &Arc<Registry>,
+    queries: &mut mpsc::Receiver<super::events::Inbound>,
+    empty: &Engine,
+    shutdown: &mut (impl std::future::Future<Output = ()> + Unpin),
+) -> Result<Option<Taken>, RunError> {
     let _ = link.role.send(Role::Standby);
     let topics = link.topics.clone();
     let mut asm = Assembler::default();
@@ -609,6 +678,8 @@ pub async fn follow(
     let mut own_echo: Option<Millis> = None;
     let mut next_beat = 0;
     let mut next_warn = start + sb.takeover_ms;
+    let start_wall = clock.now().wall;
+    let mut last_applied: Option<Millis> = None;
     let report = |link: &PairLink, position: &Position, want: bool| {
         let r = Report {
             node: sb.node.clone(),
@@ -628,7 +699,19 @@ pub async fn follow(
     tracing::info!(node = %sb.node, "pair: standby; asking the active for its state");
     loop {
         tokio::select! {
-            () = &mut *shutdown => return Ok(Followed::Stopped),
+            () = &mut *shutdown => return Ok(None),
+            Some(q) = queries.recv() => {
+                if let super::events::Inbound::Query(q, reply) = q {
+                    let engine = replica.as_ref().map_or(empty, |r| &r.engine);
+                    let links = super::api::Links {
+                        source_up: false,
+                        source_since: start_wall,
+                        last_commit_at: last_applied,
+                        proven: own_echo.unwrap_or(start),
+                    };
+                    let _ = reply.send(super::api::answer(engine, &q, clock.now(), registry, links));
+                }
+            }
             ev = link.events.recv() => {
                 let Some(ev) = ev else {
                     return Err(RunError::Pair("pair link ended".into()));
@@ -661,6 +744,7 @@ pub async fn follow(
                                 r.engine.take_commands();
                                 match applied {
                                     Ok(()) => {
+                                        last_applied = Some(now.wall);
                                         position.done(&item);
                                         report(&link, &position, want);
                                     }
@@ -688,7 +772,7 @@ pub async fn follow(
                                 active_seen = now.mono;
                                 active_dead = false;
                             }
-                            claim = Some(c);
+                            *claim = Some(c);
                         }
                     }
                     PairEvent::Msg(topic, payload) => {
@@ -738,9 +822,14 @@ pub async fn follow(
                         last_seen: active_seen_wall,
                     },
                 };
-                if let Ok(mut p) = registry_pair.lock() {
+                if let Ok(mut p) = registry.pair.lock() {
                     *p = Some(status);
                 }
+                registry.health.core_beat(now.mono);
+                let engine = replica.as_ref().map_or(empty, |r| &r.engine);
+                registry.health.set_prometheus(
+                    super::metrics::collect(engine, now, registry, false).prometheus(),
+                );
                 let silent = active_dead || now.mono.saturating_sub(active_seen) >= sb.takeover_ms;
                 let path = own_echo.is_some_and(|t| now.mono.saturating_sub(t) <= PATH_PROVEN_MS);
                 if !silent || !path {
@@ -761,8 +850,7 @@ pub async fn follow(
                     continue;
                 }
                 drop(replica.take());
-                return Ok(Followed::Takeover(Activation {
-                    link,
+                return Ok(Some(Taken {
                     epoch,
                     from: Some((active, position.pos)),
                     takeover_ms: sb.takeover_ms,

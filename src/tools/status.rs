@@ -227,6 +227,33 @@ fn dur(ms: Option<Millis>) -> String {
     }
 }
 
+/// One line for the standby pair (SPEC §13).
+fn pair_line(p: &crate::pair::Status) -> String {
+    use crate::pair::{PeerStateName, Role};
+    let role = match p.role {
+        Role::Active => "active",
+        Role::Standby => "standby",
+    };
+    let peer = match p.peer.state {
+        PeerStateName::Synced => "synced",
+        PeerStateName::CatchingUp => "CATCHING UP",
+        PeerStateName::Lost => "LOST",
+    };
+    let other = if p.peer.node.is_empty() {
+        "none heard"
+    } else {
+        p.peer.node.as_str()
+    };
+    format!(
+        "pair    node {} {role}, epoch {}  peer {other} {peer}, last seen {} UTC  lag {} records, {}",
+        p.node,
+        p.epoch,
+        utc(p.peer.last_seen),
+        p.lag_records,
+        dur(i64::try_from(p.lag_ms).ok())
+    )
+}
+
 /// The gateway, its links, store, clock and counters.
 fn header(t: &mut String, s: &Status) {
     let up = i64::try_from(s.uptime_s.saturating_mul(1000)).ok();
@@ -267,6 +294,9 @@ fn header(t: &mut String, s: &Status) {
         },
         utc(s.store.last_commit_at)
     );
+    if let Some(p) = &s.pair {
+        let _ = writeln!(t, "{}", pair_line(p));
+    }
     let gc = &s.gateway_clock;
     let _ = writeln!(
         t,
