@@ -718,7 +718,7 @@ async fn follow_loop(
                 };
                 let now = clock.now();
                 match ev {
-                    PairEvent::Up => report(&link, &position, want),
+                    PairEvent::Up => report(link, &position, want),
                     PairEvent::Down => {}
                     PairEvent::Msg(topic, payload) if topic == topics.stream() => {
                         let Some(item) = asm.push(&payload) else { continue };
@@ -733,7 +733,7 @@ async fn follow_loop(
                                 tokio::task::block_in_place(|| install(cfg, &mut replica, &item.data))?;
                                 position.done(&item);
                                 want = false;
-                                report(&link, &position, want);
+                                report(link, &position, want);
                             }
                             Step::Apply => {
                                 let Some(r) = replica.as_mut() else { continue };
@@ -746,12 +746,12 @@ async fn follow_loop(
                                     Ok(()) => {
                                         last_applied = Some(now.wall);
                                         position.done(&item);
-                                        report(&link, &position, want);
+                                        report(link, &position, want);
                                     }
                                     Err(e) => {
                                         tracing::warn!(error = %e, "pair: a record did not apply; asking for a snapshot");
                                         want = true;
-                                        report(&link, &position, want);
+                                        report(link, &position, want);
                                     }
                                 }
                             }
@@ -761,7 +761,7 @@ async fn follow_loop(
                                     tracing::info!(pos = item.pos, at = position.pos, "pair: a record is missing; asking for a snapshot");
                                 }
                                 want = true;
-                                report(&link, &position, want);
+                                report(link, &position, want);
                             }
                         }
                     }
@@ -801,7 +801,7 @@ async fn follow_loop(
                 if now.mono >= next_beat {
                     next_beat = now.mono + BEAT_MS;
                     link.beat(Role::Standby, position.epoch, position.pos, false);
-                    report(&link, &position, want);
+                    report(link, &position, want);
                 }
                 let active = claim.as_ref().map(|c| c.node.clone()).unwrap_or_default();
                 let status = Status {
