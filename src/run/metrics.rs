@@ -119,6 +119,8 @@ pub struct Metrics {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) pair: Option<crate::pair::Status>,
     #[serde(skip)]
+    pair_bytes: u64,
+    #[serde(skip)]
     ack_delay: ([u64; 11], u64),
 }
 
@@ -181,6 +183,12 @@ impl Metrics {
             label(&pair.node),
             label(&pair.peer.node)
         ));
+        p.one(
+            "pair_replicated_bytes_total",
+            "counter",
+            "Bytes of journal records and snapshots published to the standby, since start.",
+            self.pair_bytes,
+        );
         p.one(
             "pair_epoch",
             "gauge",
@@ -614,6 +622,7 @@ pub fn gather(engine: &Engine, now: Now, shared: &Registry, source_up: bool) -> 
             ok: shared.store_ok.load(Ordering::Relaxed),
         },
         pair: shared.pair(),
+        pair_bytes: shared.pair_bytes.load(Ordering::Relaxed),
         ack_delay: shared.ack_delay.snapshot(),
     }
 }

@@ -426,11 +426,13 @@ impl ActivePair {
                 "pair: snapshot to the standby"
             );
             for f in frames(Kind::Snapshot, self.epoch, self.stream, c.pos, snap) {
+                self.sent(f.len());
                 let _ = self.link.client.publish_wait(&stream_topic, f, 1).await;
             }
             self.gate.snapshot_sent(c.pos, mono);
         } else if self.gate.publishing() {
             for f in frames(Kind::Record, self.epoch, self.stream, c.pos, &c.body) {
+                self.sent(f.len());
                 let _ = self.link.client.publish_wait(&stream_topic, f, 1).await;
             }
         }
@@ -483,6 +485,13 @@ impl ActivePair {
                 self.gate.heard(&node, now.mono, now.wall);
             }
         }
+    }
+
+    fn sent(&self, bytes: usize) {
+        self.registry.pair_bytes.fetch_add(
+            u64::try_from(bytes).unwrap_or(0),
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 
     fn release(&self, acks: Vec<(u64, crate::sys::link::Held, Millis)>) {

@@ -78,6 +78,8 @@ pub struct Registry {
     pub config_id: AtomicU64,
     /// The standby pair as last seen (pair task), None without `[standby]`.
     pub pair: Mutex<Option<crate::pair::Status>>,
+    /// Bytes of records and snapshots published to the standby (pair task).
+    pub pair_bytes: AtomicU64,
 }
 
 impl Registry {
@@ -101,6 +103,7 @@ impl Registry {
             path_down: [AtomicU64::new(0), AtomicU64::new(0)],
             config_id: AtomicU64::new(0),
             pair: Mutex::new(None),
+            pair_bytes: AtomicU64::new(0),
         }
     }
 
