@@ -258,10 +258,18 @@ fn a_pair_survives_kills_a_wiped_board_and_a_hang_counting_every_reading_once() 
             u64::try_from(first - t0).unwrap_or(0),
         ));
         if let Some(g) = hung {
-            std::thread::sleep(Duration::from_secs(takeover_s + 2));
+            std::thread::sleep(Duration::from_secs(2));
             let deposed = boards[active].count(DEPOSED);
+            let links = boards[active].count("sink connected");
             signal(&g.child, "CONT");
             wait_line(&boards[active], DEPOSED, deposed, MIN);
+            // The resumed board stood down without connecting upstream again.
+            assert_eq!(
+                boards[active].count("sink connected"),
+                links,
+                "{}",
+                boards[active].log_text()
+            );
             boards[active].gw = Some(g);
         } else {
             boards[active].start();
