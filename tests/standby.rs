@@ -70,6 +70,7 @@ const ACTIVE: &str = "pair: this board is active";
 const TAKEOVER: &str = "pair: the active is dead; taking over";
 const JOINED: &str = "pair: the standby has every record";
 const DEPOSED: &str = "another board claims the gateway with a newer epoch";
+const LOST: &str = "pair: the standby is lost";
 
 /// Waits until `line` appears in `b`'s log more than `before` times.
 fn wait_line(b: &Board, line: &str, before: usize, limit: Duration) {
@@ -152,8 +153,22 @@ fn a_pair_survives_kills_a_wiped_board_and_a_hang_counting_every_reading_once() 
         },
         || "P/metrics without the pair".into(),
     );
-    // Acks wait for the standby: with it stopped (shorter than takeover_s) the
-    // active's acks are held; they go once it syncs again.
+    let text = support::tidemark()
+        .args([
+            "status",
+            "--url",
+            &format!("http://127.0.0.1:{}", boards[1].http),
+        ])
+        .output()
+        .expect("tidemark status");
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    assert!(
+        text.contains("pair    node b standby, epoch 1  peer a synced"),
+        "{text}"
+    );
+    // Acks wait for the standby: with it stopped the active's acks are held, until
+    // takeover_s passes and the active runs alone (standby_lost); the standby, resumed,
+    // catches up again (standby_joined) and does not take over.
     let held = |b: &Board| {
         let m = support::metrics(b.http);
         let all = support::total(&m, "tidemark_ack_delay_seconds_count");
@@ -167,13 +182,14 @@ fn a_pair_survives_kills_a_wiped_board_and_a_hang_counting_every_reading_once() 
         all - fast
     };
     let slow_before = held(&boards[0]);
+    let (lost, joined) = (boards[0].count(LOST), boards[0].count(JOINED));
     let g = boards[1].gw.take().expect("b");
     signal(&g.child, "STOP");
     for _ in 0..50 {
         fleet.send(&mut publisher, 2);
         std::thread::sleep(Duration::from_millis(20));
     }
-    std::thread::sleep(Duration::from_millis(2000));
+    wait_line(&boards[0], LOST, lost, MIN);
     signal(&g.child, "CONT");
     boards[1].gw = Some(g);
     wait_or_explain(
@@ -184,6 +200,27 @@ fn a_pair_survives_kills_a_wiped_board_and_a_hang_counting_every_reading_once() 
                 "acks did not wait for the stopped standby: {} slow\n{}",
                 held(&boards[0]),
                 boards[0].log_text()
+            )
+        },
+    );
+    wait_line(&boards[0], JOINED, joined, MIN);
+    assert_eq!(boards[1].count(TAKEOVER), 0, "{}", boards[1].log_text());
+    let alerts = |kind: &str| {
+        up.on("/alerts")
+            .into_iter()
+            .filter(|s| s.topic.ends_with("/alerts") && s.json()["type"] == kind)
+            .count()
+    };
+    wait_or_explain(
+        MIN,
+        || alerts("standby_lost") == 1 && alerts("standby_joined") == 2,
+        || {
+            format!(
+                "alerts: {:?}",
+                up.on("/alerts")
+                    .iter()
+                    .map(|s| s.json())
+                    .collect::<Vec<_>>()
             )
         },
     );

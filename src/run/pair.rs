@@ -790,6 +790,8 @@ async fn follow_loop(
                         if node == sb.node {
                             if b.inst == link.inst {
                                 own_echo = Some(now.mono);
+                            } else if !b.dead {
+                                tracing::error!(node = %node, "pair: another process runs with this board's standby.node; give each board its own");
                             }
                         } else if claim.as_ref().is_some_and(|c| c.node == node) {
                             if b.dead {
