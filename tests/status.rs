@@ -7,7 +7,6 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -394,30 +393,6 @@ fn api_status_cli_metrics_and_the_page_in_chromium_agree_on_a_fleet_with_offline
             .unwrap_or(false)
     );
     gw.terminate();
-}
-
-/// Headless Chromium on `url`; its standard output.
-fn chromium(url: &str, args: &[&str]) -> String {
-    let profile = tempfile::tempdir().unwrap();
-    let out = Command::new(which("chromium"))
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--hide-scrollbars",
-        ])
-        .arg(format!("--user-data-dir={}", profile.path().display()))
-        .arg("--virtual-time-budget=10000")
-        .args(args)
-        .arg(url)
-        .output()
-        .expect("chromium");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn get_with(port: u16, path: &str, token: &str) -> (u16, String) {

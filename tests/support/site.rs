@@ -282,3 +282,27 @@ impl GatewayConfig {
         path.to_path_buf()
     }
 }
+
+/// Headless Chromium on `url`; its standard output.
+pub fn chromium(url: &str, args: &[&str]) -> String {
+    let profile = tempfile::tempdir().unwrap();
+    let out = Command::new(which("chromium"))
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg("--virtual-time-budget=10000")
+        .args(args)
+        .arg(url)
+        .output()
+        .expect("chromium");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
