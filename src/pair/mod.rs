@@ -434,6 +434,19 @@ impl<A> Gate<A> {
         (Vec::new(), None)
     }
 
+    /// The site broker reports `node` gone (its will, or a clean stop's last beat):
+    /// if it is the standby, it is lost now rather than after `takeover_s`.
+    pub fn gone(&mut self, node: &str) -> (Vec<A>, Option<Change>) {
+        if node != self.peer_node || self.peer == PeerState::Lost {
+            return (Vec::new(), None);
+        }
+        let was_synced = self.peer == PeerState::Synced;
+        self.peer = PeerState::Lost;
+        self.snapshot = None;
+        let released = self.release_all();
+        (released, was_synced.then(|| Change::Lost(node.to_string())))
+    }
+
     /// Every held ack (the standby is gone or stopping waiting for it).
     pub fn release_all(&mut self) -> Vec<A> {
         self.held.drain(..).flat_map(|(_, a, _)| a).collect()

@@ -168,3 +168,17 @@ fn claims_order_by_epoch_then_node() {
     assert_eq!(t.node_of(&t.report("b")), Some("b"));
     assert_eq!(t.node_of(&t.stream()), None);
 }
+
+#[test]
+fn the_standbys_will_loses_it_at_once_and_anothers_does_not() {
+    let mut g: Gate<u32> = Gate::new(1, 10_000);
+    g.report(&report(0, 0, true), 0, 0);
+    g.snapshot_sent(1, 0);
+    g.report(&report(1, 1, false), 0, 0);
+    assert!(g.committed(2, vec![4], 0).is_empty());
+    assert_eq!(g.gone("c"), (vec![], None));
+    assert_eq!(g.peer(), PeerState::Synced);
+    assert_eq!(g.gone("b"), (vec![4], Some(Change::Lost("b".into()))));
+    assert_eq!(g.peer(), PeerState::Lost);
+    assert_eq!(g.gone("b"), (vec![], None));
+}

@@ -481,7 +481,11 @@ impl ActivePair {
                 if b.inst != self.link.inst && !b.dead {
                     tracing::error!(node = %node, "pair: another process runs with this board's standby.node; give each board its own");
                 }
-            } else if !b.dead {
+            } else if b.dead {
+                let (released, change) = self.gate.gone(&node);
+                self.release(released);
+                self.changed(change);
+            } else {
                 self.gate.heard(&node, now.mono, now.wall);
             }
         }
@@ -689,6 +693,8 @@ async fn follow_loop(
     let mut next_warn = start + sb.takeover_ms;
     let start_wall = clock.now().wall;
     let mut last_applied: Option<Millis> = None;
+    // Since when the active is ahead of this board (its beats name its last commit).
+    let mut behind_since: Option<Millis> = None;
     let report = |link: &PairLink, position: &Position, want: bool| {
         let r = Report {
             node: sb.node.clone(),
@@ -741,6 +747,9 @@ async fn follow_loop(
                                 tracing::info!(bytes = item.data.len(), pos = item.pos, "pair: installing the active's snapshot");
                                 tokio::task::block_in_place(|| install(cfg, &mut replica, &item.data))?;
                                 position.done(&item);
+                                if position.pos >= active_pos {
+                                    behind_since = None;
+                                }
                                 want = false;
                                 report(link, &position, want);
                             }
@@ -755,6 +764,9 @@ async fn follow_loop(
                                     Ok(()) => {
                                         last_applied = Some(now.wall);
                                         position.done(&item);
+                                        if position.pos >= active_pos {
+                                            behind_since = None;
+                                        }
                                         report(link, &position, want);
                                     }
                                     Err(e) => {
@@ -802,6 +814,9 @@ async fn follow_loop(
                                 active_seen_wall = Some(now.wall);
                                 active_pos = active_pos.max(b.pos);
                                 active_dead = false;
+                                if active_pos > position.pos && behind_since.is_none() {
+                                    behind_since = Some(now.mono);
+                                }
                             }
                         }
                     }
@@ -820,7 +835,9 @@ async fn follow_loop(
                     role: Role::Standby,
                     epoch: position.epoch,
                     lag_records: active_pos.saturating_sub(position.pos),
-                    lag_ms: 0,
+                    lag_ms: behind_since
+                        .filter(|_| active_pos > position.pos)
+                        .map_or(0, |t| u64::try_from(now.mono.saturating_sub(t)).unwrap_or(0)),
                     peer: PeerStatus {
                         node: active.clone(),
                         state: if now.mono.saturating_sub(active_seen) >= sb.takeover_ms || active_dead {
