@@ -133,12 +133,6 @@ impl Journal {
         let room = self.buf.len();
         std::mem::replace(&mut self.buf, Vec::with_capacity(room))
     }
-
-    /// Forgets the ops recorded so far (a checkpoint holds their effect).
-    pub fn clear(&mut self) {
-        self.buf.clear();
-        self.tick_at = None;
-    }
 }
 
 /// Error replaying a journal record.
