@@ -39,9 +39,16 @@ def bare_binary():
     sys.exit("no bare_loop executable")
 
 
-def dist_binary():
-    subprocess.run(["cargo", "build", "--profile", "dist", "--quiet"], cwd=report.ROOT, check=True)
-    return os.path.join(report.ROOT, "target", "dist", "tidemark")
+def dist_binary(opt_level=None):
+    """The `dist` build (what the .deb ships); with `opt_level`, that profile at another
+    opt-level (CARGO_PROFILE_DIST_OPT_LEVEL) in a target dir of its own."""
+    env, target = dict(os.environ), os.path.join(report.ROOT, "target")
+    if opt_level:
+        env["CARGO_PROFILE_DIST_OPT_LEVEL"] = opt_level
+        target = os.path.join(target, f"dist-opt-{opt_level}")
+    subprocess.run(["cargo", "build", "--profile", "dist", "--quiet", "--target-dir", target],
+                   cwd=report.ROOT, check=True, env=env)
+    return os.path.join(target, "dist", "tidemark")
 
 
 def timed(cmd):
@@ -61,6 +68,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-dist", action="store_true")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--dist-opt-levels", default="",
+                    help="also the dist profile at these opt-levels, e.g. 3,2 (the shipped one is s)")
     a = ap.parse_args()
     cap, _ = report.workload()
     cfg = os.path.join(HERE, "peers.toml")
@@ -74,6 +83,15 @@ def main():
         dist = dist_binary()
         runs["tidemark replay (dist)"] = lambda: [dist, "replay", "--config", cfg, "--input", cap,
                                                   "--flush", "--output", out]
+    sizes = {"tidemark replay (release)": os.path.getsize(release)}
+    if not a.no_dist:
+        sizes["tidemark replay (dist)"] = os.path.getsize(dist)
+    for level in filter(None, a.dist_opt_levels.split(",")):
+        b = dist_binary(level)
+        name = f"tidemark replay (dist, opt-level {level})"
+        runs[name] = lambda b=b: [b, "replay", "--config", cfg, "--input", cap, "--flush",
+                                  "--output", out]
+        sizes[name] = os.path.getsize(b)
     times = {k: [] for k in runs}
     for _ in range(a.rounds):
         for name, cmd in runs.items():
@@ -87,14 +105,15 @@ def main():
     rows = []
     for name, ts in times.items():
         w, c = med([w for w, _ in ts]), med([c for _, c in ts])
+        size = f"{sizes[name] / 2**20:.1f}" if name in sizes else "–"
         rows.append([name, f"{w:.2f}", f"{min(x for x, _ in ts):.2f}-{max(x for x, _ in ts):.2f}",
-                     f"{c:.2f}", f"{bw / w:.2f}x", f"{bc / c:.2f}x"])
+                     f"{c:.2f}", f"{bw / w:.2f}x", f"{bc / c:.2f}x", size])
     body = (f"{bare['readings']:,} readings from 10 000 devices (the table-3 workload), "
             f"{a.rounds} rounds alternating; the bare loop emitted {bare['windows']:,} windows "
             "(`python3 scripts/bench/bare.py`). Ratios: bare / tidemark, wall and CPU (user + sys); "
             "goals >= 1.2x wall, >= 0.8x CPU.\n\n"
             + report.table(["run", "wall s (median)", "range", "CPU s (median)", "speed vs bare (wall)",
-                            "per CPU second vs bare"], rows) + "\n")
+                            "per CPU second vs bare", "binary MiB"], rows) + "\n")
     print(body)
     if not a.no_write:
         report.write_section(13, "Replay against a bare loop (the physical-limit anchor)", body)
