@@ -368,3 +368,49 @@ fn a_pair_survives_kills_a_wiped_board_and_a_hang_counting_every_reading_once() 
         fleet.total()
     );
 }
+
+#[test]
+fn two_fresh_boards_started_together_agree_on_one_active() {
+    for round in 0..3 {
+        // A fresh site each round: no claim retained.
+        let site = Mosquitto::start(false);
+        let up_broker = Mosquitto::start(false);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut boards = [
+            Board::new(dir.path(), "a", &site, &up_broker, 10),
+            Board::new(dir.path(), "b", &site, &up_broker, 10),
+        ];
+        boards[0].start();
+        boards[1].start();
+        wait_or_explain(
+            MIN,
+            || boards.iter().any(|b| b.count(JOINED) > 0),
+            || {
+                format!(
+                    "no standby joined:\na:\n{}\nb:\n{}",
+                    boards[0].log_text(),
+                    boards[1].log_text()
+                )
+            },
+        );
+        let active: Vec<&str> = boards
+            .iter()
+            .filter(|b| b.count(ACTIVE) > 0)
+            .map(|b| b.name)
+            .collect();
+        let following: Vec<&str> = boards
+            .iter()
+            .filter(|b| b.count("this one follows it as standby") > 0)
+            .map(|b| b.name)
+            .collect();
+        assert!(
+            active.len() == 1 && following.len() == 1 && active != following,
+            "round {round}: active {active:?}, standby {following:?}\na:\n{}\nb:\n{}",
+            boards[0].log_text(),
+            boards[1].log_text()
+        );
+        for b in &mut boards {
+            b.kill9();
+        }
+    }
+}

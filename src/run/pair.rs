@@ -31,6 +31,8 @@ const BEAT_MS: Millis = 1_000;
 const PATH_PROVEN_MS: Millis = 3_000;
 /// Time given to a claim to come back from the broker.
 const CLAIM_ECHO_MS: u64 = 3_000;
+/// Time after the echo of a claim in which a rival claim still counts.
+const CLAIM_SETTLE_MS: u64 = 500;
 /// Time given to the retained claim to arrive after subscribing.
 const CLAIM_WAIT_MS: u64 = 1_500;
 
@@ -163,32 +165,51 @@ impl PairLink {
     }
 
     /// Publishes this board's claim (retained) and waits until the broker sends
-    /// it back: from then on the broker holds it.
-    async fn claim(&mut self, claim: &Claim) -> bool {
+    /// it back (from then on the broker holds it), then a moment more: two boards
+    /// claiming at once both see both claims, and the one [`Claim::beats`] picks stands.
+    async fn claim(&mut self, claim: &Claim) -> Claimed {
         let body = serde_json::to_vec(claim).unwrap_or_default();
         if self
             .client
             .publish(&self.topics.state(), body, 1, true)
             .is_err()
         {
-            return false;
+            return Claimed::NoEcho;
         }
         let deadline = tokio::time::sleep(Duration::from_millis(CLAIM_ECHO_MS));
         tokio::pin!(deadline);
+        let settle = tokio::time::sleep(Duration::from_millis(CLAIM_SETTLE_MS));
+        tokio::pin!(settle);
+        let mut echoed = false;
+        let mut rival: Option<Claim> = None;
         loop {
             let ev = tokio::select! {
-                () = &mut deadline => return false,
+                () = &mut deadline, if !echoed => break,
+                () = &mut settle, if echoed => break,
                 ev = self.events.recv() => ev,
             };
             match ev {
                 Some(PairEvent::Msg(topic, payload)) if topic == self.topics.state() => {
-                    if serde_json::from_slice::<Claim>(&payload).ok().as_ref() == Some(claim) {
-                        return true;
+                    let Ok(c) = serde_json::from_slice::<Claim>(&payload) else {
+                        continue;
+                    };
+                    if &c == claim {
+                        if !echoed {
+                            echoed = true;
+                            settle.set(tokio::time::sleep(Duration::from_millis(CLAIM_SETTLE_MS)));
+                        }
+                    } else if c.beats(claim) && rival.as_ref().is_none_or(|r| c.beats(r)) {
+                        rival = Some(c);
                     }
                 }
                 Some(_) => {}
-                None => return false,
+                None => break,
             }
+        }
+        match (echoed, rival) {
+            (_, Some(r)) => Claimed::Superseded(r),
+            (true, None) => Claimed::Held,
+            (false, None) => Claimed::NoEcho,
         }
     }
 
@@ -210,6 +231,16 @@ impl PairLink {
             tracing::debug!("pair link did not close in time");
         }
     }
+}
+
+/// What became of a claim.
+enum Claimed {
+    /// The broker holds it and no other board's claim beats it.
+    Held,
+    /// Another board's claim beats it.
+    Superseded(Claim),
+    /// The broker did not send it back in time.
+    NoEcho,
 }
 
 /// How a board starts: the retained claim decides.
@@ -294,10 +325,17 @@ pub async fn elect(cfg: &Config, sb: &Standby, inst: u64) -> Result<Start, RunEr
                 epoch,
                 at: SystemClock::new().now().wall,
             };
-            if !link.claim(&claim).await {
-                return Err(RunError::Pair(
-                    "the claim did not come back from the site broker".into(),
-                ));
+            match link.claim(&claim).await {
+                Claimed::Held => {}
+                Claimed::Superseded(c) => {
+                    tracing::info!(active = %c.node, epoch = c.epoch, node = %sb.node, "pair: another board claimed the gateway at the same time; this one follows it as standby");
+                    return Ok(Start::Standby(link, Some(c)));
+                }
+                Claimed::NoEcho => {
+                    return Err(RunError::Pair(
+                        "the claim did not come back from the site broker".into(),
+                    ));
+                }
             }
             tracing::info!(node = %sb.node, epoch, "pair: this board is active");
             Ok(Start::Active(Activation {
@@ -873,9 +911,20 @@ async fn follow_loop(
                 let epoch = position.epoch.max(claim.as_ref().map_or(0, |c| c.epoch)) + 1;
                 let mine = Claim { node: sb.node.clone(), epoch, at: now.wall };
                 tracing::warn!(active = %active, epoch, position = position.pos, "pair: the active is dead; taking over");
-                if !link.claim(&mine).await {
-                    tracing::warn!("pair: the claim did not come back from the site broker; retrying");
-                    continue;
+                match link.claim(&mine).await {
+                    Claimed::Held => {}
+                    Claimed::Superseded(c) => {
+                        tracing::warn!(active = %c.node, epoch = c.epoch, "pair: another board claimed the gateway first; following it");
+                        position.epoch = position.epoch.max(c.epoch);
+                        active_seen = now.mono;
+                        active_dead = false;
+                        *claim = Some(c);
+                        continue;
+                    }
+                    Claimed::NoEcho => {
+                        tracing::warn!("pair: the claim did not come back from the site broker; retrying");
+                        continue;
+                    }
                 }
                 drop(replica.take());
                 return Ok(Some(Taken {
