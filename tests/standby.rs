@@ -83,6 +83,8 @@ fn wait_line(b: &Board, line: &str, before: usize, limit: Duration) {
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Fault {
+    /// SIGTERM: a planned stop hands over at once.
+    Term,
     Kill,
     KillAndWipe,
     Hang,
@@ -231,6 +233,7 @@ fn a_pair_survives_kills_a_wiped_board_and_a_hang_counting_every_reading_once() 
         Fault::Kill,
         Fault::Hang,
         Fault::Kill,
+        Fault::Term,
     ];
     let mut active = 0usize;
     let mut takeovers = Vec::new();
@@ -256,6 +259,15 @@ fn a_pair_survives_kills_a_wiped_board_and_a_hang_counting_every_reading_once() 
         let took_before = boards[standby].count(TAKEOVER);
         let t0 = support::now_ms();
         let hung = match fault {
+            Fault::Term => {
+                let (code, _) = boards[active]
+                    .gw
+                    .take()
+                    .expect("active running")
+                    .terminate();
+                assert_eq!(code, Some(0), "{}", boards[active].log_text());
+                None
+            }
             Fault::Kill => {
                 boards[active].kill9();
                 None

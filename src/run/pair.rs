@@ -31,6 +31,8 @@ const BEAT_MS: Millis = 1_000;
 const PATH_PROVEN_MS: Millis = 3_000;
 /// Time given to a claim to come back from the broker.
 const CLAIM_ECHO_MS: u64 = 3_000;
+/// At a clean stop, time given to the standby to report the last commit.
+const STOP_WAIT_MS: u64 = 2_000;
 /// Time after the echo of a claim in which a rival claim still counts.
 const CLAIM_SETTLE_MS: u64 = 500;
 /// Time given to the retained claim to arrive after subscribing.
@@ -445,6 +447,18 @@ impl ActivePair {
                     }
                     self.status();
                 }
+            }
+        }
+        // The last commit's acks too wait for the standby's report, a short while.
+        let wait = tokio::time::sleep(Duration::from_millis(STOP_WAIT_MS));
+        tokio::pin!(wait);
+        while self.gate.lag_records() > 0 {
+            tokio::select! {
+                () = &mut wait => break,
+                ev = self.link.events.recv() => match ev {
+                    Some(ev) => self.event(ev),
+                    None => break,
+                },
             }
         }
         let rest = self.gate.release_all();
