@@ -92,8 +92,9 @@ enum Fault {
 
 #[test]
 fn a_pair_survives_kills_a_wiped_board_and_a_hang_counting_every_reading_once() {
-    let site = Mosquitto::start(false);
-    let up_broker = Mosquitto::start(false);
+    // Stock brokers: 20 in flight, 1 000 queued per session, as a site runs them.
+    let site = Mosquitto::stock();
+    let up_broker = Mosquitto::stock();
     let dir = tempfile::tempdir().expect("tempdir");
     // Kept for a look when the test fails.
     let dir = dir.keep();

@@ -92,6 +92,19 @@ pub struct Frame {
     pub data: Vec<u8>,
 }
 
+/// [`Frame`] as written: the piece borrowed from the body, not copied first.
+#[derive(Serialize)]
+struct FrameRef<'a> {
+    kind: Kind,
+    epoch: u64,
+    stream: u64,
+    pos: u64,
+    part: u32,
+    parts: u32,
+    #[serde(with = "serde_bytes")]
+    data: &'a [u8],
+}
+
 /// A whole record or snapshot, reassembled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Item {
@@ -119,14 +132,14 @@ pub fn frames(kind: Kind, epoch: u64, stream: u64, pos: u64, body: &[u8]) -> Vec
         .into_iter()
         .enumerate()
         .map(|(i, data)| {
-            let f = Frame {
+            let f = FrameRef {
                 kind,
                 epoch,
                 stream,
                 pos,
                 part: u32::try_from(i).unwrap_or(u32::MAX),
                 parts,
-                data: data.to_vec(),
+                data,
             };
             let mut out = Vec::with_capacity(data.len() + 64);
             // Writing plain data into memory cannot fail.

@@ -9,6 +9,16 @@ fn report(pos: u64, stream: u64, want: bool) -> Report {
     }
 }
 
+/// A gate on stream 1 whose standby "b" joined, installed the snapshot at 1 and reported it at `at`.
+fn synced(at: i64) -> Gate<u32> {
+    let mut g: Gate<u32> = Gate::new(1, 10_000);
+    g.report(&report(0, 0, true), 0, 0);
+    g.snapshot_sent(1, 0);
+    g.report(&report(1, 1, false), at, 0);
+    assert_eq!(g.peer(), PeerState::Synced);
+    g
+}
+
 #[test]
 fn frames_of_any_size_reassemble_in_order() {
     for size in [
@@ -118,11 +128,7 @@ fn acks_wait_for_a_synced_standby_and_only_for_it() {
 
 #[test]
 fn a_silent_standby_is_lost_after_takeover_s_and_its_held_acks_go() {
-    let mut g: Gate<u32> = Gate::new(1, 10_000);
-    g.report(&report(0, 0, true), 0, 0);
-    g.snapshot_sent(1, 0);
-    g.report(&report(1, 1, false), 1_000, 0);
-    assert_eq!(g.peer(), PeerState::Synced);
+    let mut g = synced(1_000);
     assert!(g.committed(2, vec![9], 2_000).is_empty());
     // Beats of another node do not keep it alive.
     g.heard("c", 9_000, 0);
@@ -142,10 +148,7 @@ fn a_silent_standby_is_lost_after_takeover_s_and_its_held_acks_go() {
 
 #[test]
 fn a_synced_standby_that_falls_behind_releases_the_acks_and_catches_up() {
-    let mut g: Gate<u32> = Gate::new(1, 10_000);
-    g.report(&report(0, 0, true), 0, 0);
-    g.snapshot_sent(1, 0);
-    g.report(&report(1, 1, false), 0, 0);
+    let mut g = synced(0);
     assert!(g.committed(2, vec![1], 0).is_empty());
     let (rel, ch, snap) = g.report(&report(1, 1, true), 20_000, 0);
     assert_eq!(rel, vec![1]);
@@ -171,10 +174,7 @@ fn claims_order_by_epoch_then_node() {
 
 #[test]
 fn the_standbys_will_loses_it_at_once_and_anothers_does_not() {
-    let mut g: Gate<u32> = Gate::new(1, 10_000);
-    g.report(&report(0, 0, true), 0, 0);
-    g.snapshot_sent(1, 0);
-    g.report(&report(1, 1, false), 0, 0);
+    let mut g = synced(0);
     assert!(g.committed(2, vec![4], 0).is_empty());
     assert_eq!(g.gone("c"), (vec![], None));
     assert_eq!(g.peer(), PeerState::Synced);
