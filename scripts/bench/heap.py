@@ -15,6 +15,7 @@ then `heaptrack_print -f OUT.zst --print-leaks 1`.
 Usage: heap.py DEVICES EVERY_S SECONDS WINDOW_MS [OUT]
 """
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,9 +23,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
+import memory  # noqa: E402
 import report  # noqa: E402
-
-GROUPS = "g0,g1,g2,g3,g4,g5,g6,g7,g8,g9"
 
 
 def main():
@@ -38,15 +38,12 @@ def main():
     os.chmod(wrap, 0o755)
     report.ensure_mosquitto()
     src, up = report.Mosquitto(), report.Mosquitto()
-    extra = f'[group_defaults]\nwindow = {{ kind = "tumbling", size_ms = {window_ms} }}\n'
-    gw = report.Gateway(wrap, work, src.url, up.url, extra=extra,
+    gw = report.Gateway(wrap, work, src.url, up.url, extra=memory.window_config(window_ms),
                         log_file=os.path.join(work, "gateway.log"))
     src.wait_subscribed("tidemark-bench-in")
     report.wait_for(lambda: gw.metric("tidemark_received_total") is not None, "metrics",
                     every=0.5)
-    report.simulate(bin, src.url, "--devices", devices, "--groups", GROUPS,
-                    "--rate", max(1, round(devices / every_s)), "--duration-s", seconds,
-                    "--qos", 1, "--connections", 2)
+    report.simulate(*memory.steady_load(bin, src.url, devices, every_s, seconds))
     report.wait_for(lambda: gw.metric("tidemark_outbox_depth") == 0, "outbox to drain",
                     every=0.2)
     # The last commit settles and freed heap is handed back (as memory.py waits).
@@ -55,11 +52,12 @@ def main():
     print(f"received {m.get('tidemark_received_total', 0):.0f}, "
           f"results {m.get('tidemark_windows_emitted_total', 0):.0f}", flush=True)
     # heaptrack's child is the gateway: killing it keeps what heaptrack recorded.
-    pid = int(subprocess.check_output(["pgrep", "-n", "-f", f"{bin} run --config"]).split()[0])
+    pid = int(subprocess.check_output(["pgrep", "-n", "-f", f"run --config {gw.cfg}"]).split()[0])
     os.kill(pid, signal.SIGKILL)
     gw.proc.wait(timeout=300)
     src.stop()
     up.stop()
+    shutil.rmtree(work, ignore_errors=True)
     print(f"heaptrack_print -f {out}.zst --print-leaks 1")
 
 

@@ -90,21 +90,31 @@ def stop_peak(gw):
     return usage.ru_maxrss / 1024
 
 
+def window_config(window_ms):
+    """The config lines for tumbling windows of `window_ms` (0: the default 60 s)."""
+    return (f'[group_defaults]\nwindow = {{ kind = "tumbling", size_ms = {window_ms} }}\n'
+            if window_ms else "")
+
+
+def steady_load(bin, url, devices, every_s, seconds):
+    """`report.simulate` arguments: `devices` send one reading each every `every_s` s."""
+    return (bin, url, "--devices", devices, "--groups", GROUPS,
+            "--rate", max(1, round(devices / every_s)), "--duration-s", seconds,
+            "--qos", 1, "--connections", 2)
+
+
 def steady(bin, devices, every_s, seconds, window_ms=0):
     """RSS once every device's clock estimator is full: `devices` send one reading
     each every `every_s` seconds for `seconds`; RSS every 5 s, the peak (VmHWM), and
     the settled RSS once the load has stopped and the outbox is empty."""
     src, up = report.Mosquitto(), report.Mosquitto()
     state = tempfile.mkdtemp(prefix="tm-bench-mem-")
-    extra = (f'[group_defaults]\nwindow = {{ kind = "tumbling", size_ms = {window_ms} }}\n'
-             if window_ms else "")
-    gw = report.Gateway(bin, state, src.url, up.url, extra=extra)
+    gw = report.Gateway(bin, state, src.url, up.url, extra=window_config(window_ms))
     src.wait_subscribed("tidemark-bench-in")
     report.wait_for(lambda: gw.metric("tidemark_received_total") is not None, "metrics")
     rate = max(1, round(devices / every_s))
-    load = threading.Thread(target=report.simulate, args=(
-        bin, src.url, "--devices", devices, "--groups", GROUPS, "--rate", rate,
-        "--duration-s", seconds, "--qos", 1, "--connections", 2))
+    load = threading.Thread(target=report.simulate, args=steady_load(
+        bin, src.url, devices, every_s, seconds))
     load.start()
     samples = []
     t0 = time.monotonic()
