@@ -197,7 +197,7 @@ pub struct MetricOut {
 impl From<&Stats> for MetricOut {
     fn from(s: &Stats) -> Self {
         Self {
-            count: s.count,
+            count: u64::from(s.count),
             sum: s.sum,
             min: s.min,
             max: s.max,

@@ -129,7 +129,7 @@ fn json_doc(seen: &Seen<'_>) {
                     "open_windows": d.windows.iter().map(|w| json!({
                         "start": w.start, "end": w.end, "start_utc": utc(w.start),
                         "count": w.count, "heartbeats": w.heartbeats,
-                        "emitted_revision": w.emitted,
+                        "emitted_revision": w.emitted(),
                     })).collect::<Vec<_>>(),
                 })
             })

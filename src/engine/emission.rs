@@ -116,8 +116,8 @@ impl Engine {
         let mut emitted = false;
         let dev = &mut self.devices[di].state;
         for w in dev.windows.iter_mut().filter(|w| w.dirty && upto >= w.end) {
-            let revision = w.emitted.map_or(0, |r| r + 1);
-            w.emitted = Some(revision);
+            let revision = w.emitted().map_or(0, |r| r + 1);
+            w.set_emitted(Some(revision));
             w.dirty = false;
             emitted = true;
             self.counters.windows_emitted += 1;
@@ -224,14 +224,14 @@ fn window_result(
         start: w.start,
         end: w.end,
         revision,
-        count: w.count,
-        heartbeats: w.heartbeats,
+        count: u64::from(w.count),
+        heartbeats: u64::from(w.heartbeats),
         metrics: w
             .metrics
             .iter()
-            .filter_map(|(m, s)| {
+            .filter_map(|s| {
                 names
-                    .get(*m as usize)
+                    .get(s.metric as usize)
                     .map(|n| (n.clone(), MetricOut::from(s)))
             })
             .collect(),

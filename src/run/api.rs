@@ -272,7 +272,7 @@ pub fn answer(engine: &Engine, q: &Query, now: Now, registry: &Registry, links: 
                     .map(|w| OpenWindow {
                         start: w.start,
                         end: w.end,
-                        count: w.count,
+                        count: u64::from(w.count),
                     })
                     .collect(),
             })

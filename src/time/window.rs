@@ -29,11 +29,10 @@ pub enum WindowSpec {
 /// Index of an interned metric name.
 pub type MetricIdx = u16;
 
-/// Aggregate of one metric in one window.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+/// Aggregate of one metric in one window: 64 bytes with its metric's index (a
+/// short window with lateness keeps several per device; see BENCHMARKS 4b).
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Stats {
-    /// Readings carrying the metric.
-    pub count: u64,
     /// Sum of values.
     pub sum: f64,
     /// Smallest value.
@@ -46,12 +45,15 @@ pub struct Stats {
     pub last: f64,
     first_t: Millis,
     last_t: Millis,
+    /// Readings carrying the metric (saturating).
+    pub count: u32,
+    /// The metric (index of its interned name).
+    pub metric: MetricIdx,
 }
 
 impl Stats {
-    fn new(t: Millis, v: f64) -> Self {
+    fn new(metric: MetricIdx, t: Millis, v: f64) -> Self {
         Self {
-            count: 1,
             sum: v,
             min: v,
             max: v,
@@ -59,12 +61,14 @@ impl Stats {
             last: v,
             first_t: t,
             last_t: t,
+            count: 1,
+            metric,
         }
     }
 
     /// Adds a value; arrivals come in arrival order, which settles ties.
     fn add(&mut self, t: Millis, v: f64) {
-        self.count += 1;
+        self.count = self.count.saturating_add(1);
         self.sum += v;
         self.min = self.min.min(v);
         self.max = self.max.max(v);
@@ -79,7 +83,7 @@ impl Stats {
     }
 
     fn merge(&mut self, o: &Stats) {
-        self.count += o.count;
+        self.count = self.count.saturating_add(o.count);
         self.sum += o.sum;
         self.min = self.min.min(o.min);
         self.max = self.max.max(o.max);
@@ -95,12 +99,55 @@ impl Stats {
 
     /// Arithmetic mean.
     pub fn mean(&self) -> f64 {
-        self.sum / self.count as f64
+        self.sum / f64::from(self.count)
+    }
+}
+
+/// A window's metrics as stored: `(index, {count, sum, min, max, first, last,
+/// first_t, last_t})` pairs, the shape of the records written before the
+/// aggregate was packed (records stay readable both ways).
+#[derive(Serialize, Deserialize)]
+struct StatsRecord {
+    count: u64,
+    sum: f64,
+    min: f64,
+    max: f64,
+    first: f64,
+    last: f64,
+    first_t: Millis,
+    last_t: Millis,
+}
+
+/// The same record, borrowed for writing.
+struct StatsView<'a>(&'a Stats);
+
+impl Serialize for StatsView<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let m = self.0;
+        let mut st = s.serialize_struct("Stats", 8)?;
+        st.serialize_field("count", &u64::from(m.count))?;
+        st.serialize_field("sum", &m.sum)?;
+        st.serialize_field("min", &m.min)?;
+        st.serialize_field("max", &m.max)?;
+        st.serialize_field("first", &m.first)?;
+        st.serialize_field("last", &m.last)?;
+        st.serialize_field("first_t", &m.first_t)?;
+        st.serialize_field("last_t", &m.last_t)?;
+        st.end()
+    }
+}
+
+struct MetricsView<'a>(&'a [Stats]);
+
+impl Serialize for MetricsView<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|m| (m.metric, StatsView(m))))
     }
 }
 
 /// Inserts with the capacity kept near the length: a device's one or two open
-/// windows and its few metrics would otherwise each take `Vec`'s first four slots.
+/// windows would otherwise each take `Vec`'s first four slots.
 fn insert_tight<T>(v: &mut Vec<T>, i: usize, x: T) {
     if v.len() == v.capacity() {
         v.reserve_exact((v.len() / 2).max(1));
@@ -108,25 +155,100 @@ fn insert_tight<T>(v: &mut Vec<T>, i: usize, x: T) {
     v.insert(i, x);
 }
 
-/// One open window of one device.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Inserts into an exactly sized block (a window's few metrics; one more is rare).
+fn insert_exact(b: &mut Box<[Stats]>, i: usize, x: Stats) {
+    let mut v = std::mem::take(b).into_vec();
+    v.reserve_exact(1);
+    v.insert(i, x);
+    *b = v.into_boxed_slice();
+}
+
+/// One open window of one device: 56 bytes and its metrics' block (several per
+/// device with short windows and lateness; BENCHMARKS 4b).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(from = "WindowRecord")]
 pub struct Window {
     /// Inclusive start.
     pub start: Millis,
     /// Exclusive end.
     pub end: Millis,
-    /// Revision of the last emitted result; `None` before the first emission.
-    pub emitted: Option<u32>,
-    /// Changed since the last emission.
-    pub dirty: bool,
-    /// Readings.
-    pub count: u64,
-    /// Heartbeats.
-    pub heartbeats: u64,
-    /// Per-metric aggregates, sorted by metric index.
-    pub metrics: Vec<(MetricIdx, Stats)>,
     /// Session windows: the latest event time (end = last + gap).
     pub last_event: Millis,
+    /// Per-metric aggregates, sorted by metric index.
+    pub metrics: Box<[Stats]>,
+    /// Readings (saturating).
+    pub count: u32,
+    /// Heartbeats (saturating).
+    pub heartbeats: u32,
+    /// Revision of the last emitted result + 1; 0 before the first emission.
+    emitted: u32,
+    /// Changed since the last emission.
+    pub dirty: bool,
+}
+
+/// A window as stored (the field order and types of the records written
+/// before the window was packed).
+#[derive(Deserialize)]
+struct WindowRecord {
+    start: Millis,
+    end: Millis,
+    emitted: Option<u32>,
+    dirty: bool,
+    count: u64,
+    heartbeats: u64,
+    metrics: Vec<(MetricIdx, StatsRecord)>,
+    last_event: Millis,
+}
+
+fn sat32(v: u64) -> u32 {
+    u32::try_from(v).unwrap_or(u32::MAX)
+}
+
+impl From<WindowRecord> for Window {
+    fn from(r: WindowRecord) -> Self {
+        let mut w = Window {
+            start: r.start,
+            end: r.end,
+            last_event: r.last_event,
+            metrics: r
+                .metrics
+                .into_iter()
+                .map(|(metric, s)| Stats {
+                    sum: s.sum,
+                    min: s.min,
+                    max: s.max,
+                    first: s.first,
+                    last: s.last,
+                    first_t: s.first_t,
+                    last_t: s.last_t,
+                    count: sat32(s.count),
+                    metric,
+                })
+                .collect(),
+            count: sat32(r.count),
+            heartbeats: sat32(r.heartbeats),
+            emitted: 0,
+            dirty: r.dirty,
+        };
+        w.set_emitted(r.emitted);
+        w
+    }
+}
+
+impl Serialize for Window {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("Window", 8)?;
+        st.serialize_field("start", &self.start)?;
+        st.serialize_field("end", &self.end)?;
+        st.serialize_field("emitted", &self.emitted())?;
+        st.serialize_field("dirty", &self.dirty)?;
+        st.serialize_field("count", &u64::from(self.count))?;
+        st.serialize_field("heartbeats", &u64::from(self.heartbeats))?;
+        st.serialize_field("metrics", &MetricsView(&self.metrics))?;
+        st.serialize_field("last_event", &self.last_event)?;
+        st.end()
+    }
 }
 
 impl Window {
@@ -134,13 +256,23 @@ impl Window {
         Self {
             start,
             end,
-            emitted: None,
-            dirty: true,
+            last_event: start,
+            metrics: Box::default(),
             count: 0,
             heartbeats: 0,
-            metrics: Vec::new(),
-            last_event: start,
+            emitted: 0,
+            dirty: true,
         }
+    }
+
+    /// Revision of the last emitted result; `None` before the first emission.
+    pub fn emitted(&self) -> Option<u32> {
+        self.emitted.checked_sub(1)
+    }
+
+    /// Records the revision last emitted.
+    pub fn set_emitted(&mut self, revision: Option<u32>) {
+        self.emitted = revision.map_or(0, |r| r.saturating_add(1));
     }
 
     /// Adds an event; `metrics` empty for a heartbeat.
@@ -148,14 +280,14 @@ impl Window {
         self.dirty = true;
         self.last_event = self.last_event.max(t);
         if heartbeat {
-            self.heartbeats += 1;
+            self.heartbeats = self.heartbeats.saturating_add(1);
             return;
         }
-        self.count += 1;
+        self.count = self.count.saturating_add(1);
         for &(m, v) in metrics {
-            match self.metrics.binary_search_by_key(&m, |(k, _)| *k) {
-                Ok(i) => self.metrics[i].1.add(t, v),
-                Err(i) => insert_tight(&mut self.metrics, i, (m, Stats::new(t, v))),
+            match self.metrics.binary_search_by_key(&m, |s| s.metric) {
+                Ok(i) => self.metrics[i].add(t, v),
+                Err(i) => insert_exact(&mut self.metrics, i, Stats::new(m, t, v)),
             }
         }
     }
@@ -164,17 +296,15 @@ impl Window {
         self.start = self.start.min(o.start);
         self.end = self.end.max(o.end);
         self.last_event = self.last_event.max(o.last_event);
-        self.emitted = match (self.emitted, o.emitted) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        };
+        // 0 is "never emitted", so the larger encoding is the later revision.
+        self.emitted = self.emitted.max(o.emitted);
         self.dirty = true;
-        self.count += o.count;
-        self.heartbeats += o.heartbeats;
-        for (m, s) in o.metrics {
-            match self.metrics.binary_search_by_key(&m, |(k, _)| *k) {
-                Ok(i) => self.metrics[i].1.merge(&s),
-                Err(i) => insert_tight(&mut self.metrics, i, (m, s)),
+        self.count = self.count.saturating_add(o.count);
+        self.heartbeats = self.heartbeats.saturating_add(o.heartbeats);
+        for s in o.metrics.iter().copied() {
+            match self.metrics.binary_search_by_key(&s.metric, |k| k.metric) {
+                Ok(i) => self.metrics[i].merge(&s),
+                Err(i) => insert_exact(&mut self.metrics, i, s),
             }
         }
     }
@@ -454,8 +584,8 @@ mod tests {
             &[]
         ));
         assert_eq!(ws.len(), 2);
-        assert_eq!(ws[0].metrics[0].1.first, 1.0);
-        assert_eq!(ws[0].metrics[0].1.last, 2.0);
+        assert_eq!(ws[0].metrics[0].first, 1.0);
+        assert_eq!(ws[0].metrics[0].last, 2.0);
     }
 
     #[test]
@@ -466,7 +596,7 @@ mod tests {
         w.add(10, false, &[(0, 2.0)]);
         w.add(90, false, &[(0, 9.0)]);
         w.add(90, false, &[(0, 8.0)]);
-        let s = w.metrics[0].1;
+        let s = w.metrics[0];
         assert_eq!(
             (s.first, s.last, s.min, s.max, s.count, s.sum),
             (1.0, 8.0, 1.0, 9.0, 5, 25.0)
@@ -487,5 +617,95 @@ mod tests {
             false,
             &[]
         ));
+    }
+
+    /// The window as it was stored before it was packed (plain serde derive).
+    #[derive(Serialize, Deserialize, PartialEq, Debug)]
+    struct OldStats {
+        count: u64,
+        sum: f64,
+        min: f64,
+        max: f64,
+        first: f64,
+        last: f64,
+        first_t: Millis,
+        last_t: Millis,
+    }
+
+    #[derive(Serialize, Deserialize, PartialEq, Debug)]
+    struct OldWindow {
+        start: Millis,
+        end: Millis,
+        emitted: Option<u32>,
+        dirty: bool,
+        count: u64,
+        heartbeats: u64,
+        metrics: Vec<(MetricIdx, OldStats)>,
+        last_event: Millis,
+    }
+
+    fn cbor<T: Serialize>(v: &T) -> Vec<u8> {
+        let mut b = Vec::new();
+        ciborium::ser::into_writer(v, &mut b).unwrap();
+        b
+    }
+
+    proptest::proptest! {
+        /// Packing the window changed no stored byte: its record is the old
+        /// layout's, both ways, over shapes, metric sets, revisions and sessions.
+        #[test]
+        fn records_keep_the_layout_they_had_before_the_window_was_packed(
+            kind in 0u8..3,
+            events in proptest::collection::vec(
+                (0i64..200_000, proptest::bool::weighted(0.1),
+                 proptest::collection::vec((0u16..5, -1e9f64..1e9), 0..4)),
+                1..40),
+            revisions in proptest::collection::vec(0usize..40, 0..4),
+            lateness in 0i64..50_000,
+        ) {
+            let spec = match kind {
+                0 => WindowSpec::Tumbling { size_ms: 10_000 },
+                1 => WindowSpec::Hopping { size_ms: 30_000, slide_ms: 10_000 },
+                _ => WindowSpec::Session { gap_ms: 7_000 },
+            };
+            let mut ws = Vec::new();
+            for (i, (t, hb, ms)) in events.iter().enumerate() {
+                apply(&mut ws, rule(spec, lateness), *t, None, *hb, ms);
+                if revisions.contains(&i) {
+                    for w in &mut ws {
+                        let r = w.emitted().map_or(0, |r| r + 1);
+                        w.set_emitted(Some(r));
+                        w.dirty = false;
+                    }
+                }
+            }
+            for w in &ws {
+                let old = OldWindow {
+                    start: w.start,
+                    end: w.end,
+                    emitted: w.emitted(),
+                    dirty: w.dirty,
+                    count: u64::from(w.count),
+                    heartbeats: u64::from(w.heartbeats),
+                    metrics: w.metrics.iter().map(|s| (s.metric, OldStats {
+                        count: u64::from(s.count), sum: s.sum, min: s.min, max: s.max,
+                        first: s.first, last: s.last, first_t: s.first_t, last_t: s.last_t,
+                    })).collect(),
+                    last_event: w.last_event,
+                };
+                let bytes = cbor(w);
+                proptest::prop_assert_eq!(&bytes, &cbor(&old));
+                let back: Window = ciborium::de::from_reader(&bytes[..]).unwrap();
+                proptest::prop_assert_eq!(&back, w);
+                let old_back: OldWindow = ciborium::de::from_reader(&bytes[..]).unwrap();
+                proptest::prop_assert_eq!(old_back, old);
+            }
+        }
+    }
+
+    #[test]
+    fn the_packed_window_and_its_metric_are_the_sizes_the_benchmarks_count() {
+        assert_eq!(std::mem::size_of::<Window>(), 56);
+        assert_eq!(std::mem::size_of::<Stats>(), 64);
     }
 }

@@ -263,7 +263,7 @@ fn a_crash_after_a_journaled_reload_recovers_each_message_under_its_own_rules() 
         let r = super::super::restore::restore(file, SystemClock::new()).unwrap();
         let e = r.driver.engine();
         let want = reference.engine();
-        let windows = |e: &Engine| -> Vec<(i64, i64, u64)> {
+        let windows = |e: &Engine| -> Vec<(i64, i64, u32)> {
             e.device("g", "d")
                 .unwrap()
                 .windows
