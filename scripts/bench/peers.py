@@ -162,16 +162,16 @@ def main():
 order), 1-minute tumbling event-time windows per device, 5 s bounded out-of-orderness,
 count/min/max/mean of one metric, every window emitted at the end of the input (tidemark
 `replay --flush`; Flink and Bytewax close their windows at end of input). The window and event
-totals of tidemark, the bare loop and the peers agree (checked by the script). "Start-up" is the same tool on the
-input's first 1 000 readings (JVM and Python start-up for the peers). "CPU s" is user + sys of
-the whole run, every thread and child process (not PyFlink's: its JVM is not a process this
-script waits for). The bare loop (`benches/bare_loop.rs`, the
-physical-limit anchor: one thread, borrowed serde_json parse, hash-map lookup, fold, per-device
-watermark, no calibration, dedup or durability) gives the last two columns, bare / this: above
-1 the row is faster than the anchor; goals for tidemark >= 1.2x wall, >= 0.8x per CPU second
-(table 13 alternates the builds over rounds). The calibrated row
-runs tidemark's default clock correction on top (its windows can differ slightly from the
-peers' because device clocks are corrected; not compared).
+totals of tidemark, the bare loop and the peers agree (checked by the script). "Start-up" is
+the same tool on the input's first 1 000 readings (JVM and Python start-up for the peers).
+"CPU s" is user + sys of the whole run, every thread and child process (not PyFlink's: its
+JVM is not a process this script waits for). The bare loop (`benches/bare_loop.rs`, the
+physical-limit anchor: one thread, borrowed serde_json parse, hash-map lookup, fold,
+per-device watermark; no calibration, dedup or durability) gives the last two columns,
+bare / this (above 1: faster than the anchor; goals for tidemark >= 1.2x wall, >= 0.8x per
+CPU second; table 13 alternates the builds over rounds). The calibrated row runs tidemark's
+default clock correction on top (its windows can differ slightly from the peers' because
+device clocks are corrected; not compared).
 
 {t}
 
