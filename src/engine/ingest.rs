@@ -339,7 +339,23 @@ impl Engine {
         }
         g.state.last_arrival = g.state.last_arrival.max(now.mono);
         self.mark_group(gi);
-        self.mark_pending(di);
+        // A device with nothing due below the watermark waits in the deadline heap
+        // instead of being visited at the next tick (a visit would find nothing to
+        // do); one with something due now (a late reading into a fired window), or
+        // in a group whose "auto" lateness purges at visits, is visited.
+        let wm = self.groups[gi].state.wm;
+        if self.groups[gi].auto_lateness() {
+            self.mark_pending(di);
+        } else {
+            let d = u32::try_from(di).unwrap_or(u32::MAX);
+            self.schedule(gi, d);
+            if self.devices[di]
+                .deadline
+                .is_some_and(|t| wm.is_none_or(|w| t <= w))
+            {
+                self.mark_pending(di);
+            }
+        }
         if was_offline {
             self.alert(out, di, AlertType::Online, last_seen, None, now);
         }
