@@ -99,3 +99,65 @@ pub(super) fn deadline(d: &Device, lateness: Millis, heartbeat_timeout: Millis) 
         .map(|m| m.saturating_add(heartbeat_timeout));
     windows.chain(offline).min()
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::engine::{Engine, Now};
+    use crate::output::Output;
+
+    const T0: i64 = 1_764_480_000_000;
+
+    fn reading(e: &mut Engine, ts: i64, at: i64, out: &mut Vec<Output>) {
+        let p = format!(r#"{{"ts": {ts}, "v": 1}}"#);
+        e.on_message("sensors/g/d/reading", p.as_bytes(), Now::at(at), out);
+    }
+
+    fn revisions(out: &[Output]) -> Vec<(i64, u32)> {
+        out.iter()
+            .filter_map(|o| match o {
+                Output::Window(w) => Some((w.start - T0, w.revision)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A reading with nothing due below the watermark waits in the deadline heap
+    /// (no visit at the next tick); a late one into a fired window is visited at
+    /// the next tick and re-emitted, though the watermark does not move.
+    #[test]
+    fn a_reading_is_visited_only_when_something_is_due() {
+        let cfg = crate::config::load_str(
+            "[gateway]\nid = \"gw\"\n[time]\npolicy = \"device\"\n[group_defaults]\n\
+             out_of_orderness_ms = 0\nallowed_lateness_ms = 60000\n\
+             window = { kind = \"tumbling\", size_ms = 10000 }\n",
+            &std::collections::BTreeMap::new(),
+        )
+        .unwrap();
+        let mut e = Engine::new(&cfg.engine);
+        let mut out = Vec::new();
+        reading(&mut e, T0 + 1_000, T0 + 1_000, &mut out);
+        e.on_tick(Now::at(T0 + 1_100), &mut out);
+        reading(&mut e, T0 + 12_000, T0 + 12_000, &mut out);
+        assert!(
+            e.groups[0].pending.is_empty(),
+            "nothing due: no visit queued"
+        );
+        assert_eq!(e.devices[0].deadline, Some(T0 + 10_000));
+        e.on_tick(Now::at(T0 + 12_100), &mut out);
+        assert_eq!(revisions(&out), vec![(0, 0)]);
+        assert_eq!(e.watermark("g"), Some(T0 + 12_000));
+        reading(&mut e, T0 + 13_000, T0 + 13_000, &mut out);
+        assert!(e.groups[0].pending.is_empty());
+        e.on_tick(Now::at(T0 + 13_100), &mut out);
+        assert_eq!(e.watermark("g"), Some(T0 + 13_000));
+        reading(&mut e, T0 + 2_000, T0 + 13_500, &mut out);
+        assert_eq!(
+            e.groups[0].pending,
+            vec![0],
+            "a fired window changed: visited"
+        );
+        e.on_tick(Now::at(T0 + 13_600), &mut out);
+        assert_eq!(e.watermark("g"), Some(T0 + 13_000));
+        assert_eq!(revisions(&out), vec![(0, 0), (0, 1)]);
+    }
+}

@@ -107,6 +107,7 @@ impl Stats {
 /// first_t, last_t})` pairs, the shape of the records written before the
 /// aggregate was packed (records stay readable both ways).
 #[derive(Serialize, Deserialize)]
+#[cfg_attr(test, derive(Debug, PartialEq))]
 struct StatsRecord {
     count: u64,
     sum: f64,
@@ -118,23 +119,18 @@ struct StatsRecord {
     last_t: Millis,
 }
 
-/// The same record, borrowed for writing.
-struct StatsView<'a>(&'a Stats);
-
-impl Serialize for StatsView<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeStruct;
-        let m = self.0;
-        let mut st = s.serialize_struct("Stats", 8)?;
-        st.serialize_field("count", &u64::from(m.count))?;
-        st.serialize_field("sum", &m.sum)?;
-        st.serialize_field("min", &m.min)?;
-        st.serialize_field("max", &m.max)?;
-        st.serialize_field("first", &m.first)?;
-        st.serialize_field("last", &m.last)?;
-        st.serialize_field("first_t", &m.first_t)?;
-        st.serialize_field("last_t", &m.last_t)?;
-        st.end()
+impl From<&Stats> for StatsRecord {
+    fn from(m: &Stats) -> Self {
+        Self {
+            count: u64::from(m.count),
+            sum: m.sum,
+            min: m.min,
+            max: m.max,
+            first: m.first,
+            last: m.last,
+            first_t: m.first_t,
+            last_t: m.last_t,
+        }
     }
 }
 
@@ -142,7 +138,7 @@ struct MetricsView<'a>(&'a [Stats]);
 
 impl Serialize for MetricsView<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter().map(|m| (m.metric, StatsView(m))))
+        s.collect_seq(self.0.iter().map(|m| (m.metric, StatsRecord::from(m))))
     }
 }
 
@@ -189,6 +185,7 @@ pub struct Window {
 /// A window as stored (the field order and types of the records written
 /// before the window was packed).
 #[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize, Debug, PartialEq))]
 struct WindowRecord {
     start: Millis,
     end: Millis,
@@ -619,31 +616,6 @@ mod tests {
         ));
     }
 
-    /// The window as it was stored before it was packed (plain serde derive).
-    #[derive(Serialize, Deserialize, PartialEq, Debug)]
-    struct OldStats {
-        count: u64,
-        sum: f64,
-        min: f64,
-        max: f64,
-        first: f64,
-        last: f64,
-        first_t: Millis,
-        last_t: Millis,
-    }
-
-    #[derive(Serialize, Deserialize, PartialEq, Debug)]
-    struct OldWindow {
-        start: Millis,
-        end: Millis,
-        emitted: Option<u32>,
-        dirty: bool,
-        count: u64,
-        heartbeats: u64,
-        metrics: Vec<(MetricIdx, OldStats)>,
-        last_event: Millis,
-    }
-
     fn cbor<T: Serialize>(v: &T) -> Vec<u8> {
         let mut b = Vec::new();
         ciborium::ser::into_writer(v, &mut b).unwrap();
@@ -680,24 +652,22 @@ mod tests {
                 }
             }
             for w in &ws {
-                let old = OldWindow {
+                // The records' derive is the layout written before the window was packed.
+                let old = WindowRecord {
                     start: w.start,
                     end: w.end,
                     emitted: w.emitted(),
                     dirty: w.dirty,
                     count: u64::from(w.count),
                     heartbeats: u64::from(w.heartbeats),
-                    metrics: w.metrics.iter().map(|s| (s.metric, OldStats {
-                        count: u64::from(s.count), sum: s.sum, min: s.min, max: s.max,
-                        first: s.first, last: s.last, first_t: s.first_t, last_t: s.last_t,
-                    })).collect(),
+                    metrics: w.metrics.iter().map(|s| (s.metric, StatsRecord::from(s))).collect(),
                     last_event: w.last_event,
                 };
                 let bytes = cbor(w);
                 proptest::prop_assert_eq!(&bytes, &cbor(&old));
                 let back: Window = ciborium::de::from_reader(&bytes[..]).unwrap();
                 proptest::prop_assert_eq!(&back, w);
-                let old_back: OldWindow = ciborium::de::from_reader(&bytes[..]).unwrap();
+                let old_back: WindowRecord = ciborium::de::from_reader(&bytes[..]).unwrap();
                 proptest::prop_assert_eq!(old_back, old);
             }
         }
