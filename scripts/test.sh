@@ -25,6 +25,8 @@ command -v prometheus >/dev/null 2>&1 || need="$need prometheus"
 # packets with nftables (a blackholed link sends no RST).
 command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || [ -x /sbin/ip ] || need="$need iproute2"
 command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || need="$need nftables"
+# tests/kernel_clock.rs denies adjtimex to the gateway with a seccomp filter (Debian's python3-seccomp).
+ls /usr/lib/python3/dist-packages/seccomp*.so >/dev/null 2>&1 || need="$need python3-seccomp"
 # tests/sparkplug.rs runs Eclipse Tahu's Node.js edge node.
 command -v node >/dev/null 2>&1 || need="$need nodejs"
 command -v npm >/dev/null 2>&1 || need="$need npm"

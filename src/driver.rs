@@ -267,6 +267,19 @@ impl Driver {
         self.durable(now.mono);
     }
 
+    /// A remote document id taken: durable with the next commit, in the journal
+    /// in order with the messages (a standby follows it).
+    pub fn take_fleet_id(&mut self, now: Now, id: u64) {
+        if id <= self.engine.fleet_last_id() {
+            return;
+        }
+        self.engine.take_fleet_id(id);
+        if let Some(j) = self.journal_mut() {
+            j.fleet_id(id);
+        }
+        self.durable(now.mono);
+    }
+
     /// Records `rules` as the engine settings in force (restore).
     pub fn set_rules(&mut self, rules: &EngineConfig) {
         self.rules = Some(rules.record());

@@ -41,6 +41,7 @@ enum OpRef<'a> {
     ),
     O,
     R(#[serde(with = "serde_bytes")] &'a [u8]),
+    F(u64),
 }
 
 #[derive(Deserialize)]
@@ -62,6 +63,7 @@ enum Op {
     O,
     C(String),
     R(#[serde(with = "serde_bytes")] Vec<u8>),
+    F(u64),
 }
 
 /// The ops since the last cut, encoded.
@@ -109,6 +111,12 @@ impl Journal {
     /// A reload's engine settings, in order with the messages around it.
     pub fn reconfigure(&mut self, record: &[u8]) {
         self.push(&OpRef::R(record));
+        self.tick_at = None;
+    }
+
+    /// A remote document id taken (replay protection, docs/reference.md "Fleet").
+    pub fn fleet_id(&mut self, id: u64) {
+        self.push(&OpRef::F(id));
         self.tick_at = None;
     }
 
@@ -167,6 +175,7 @@ pub fn apply(engine: &mut Engine, mut ops: &[u8]) -> Result<Option<Vec<u8>>, Rep
                 engine.reconfigure(&rules);
                 reloaded = Some(rules.record());
             }
+            Op::F(id) => engine.take_fleet_id(id),
             Op::R(record) => {
                 engine.reconfigure(&crate::config::engine_from_record(&record)?);
                 reloaded = Some(record);

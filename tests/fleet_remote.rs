@@ -390,6 +390,22 @@ fn two_gateways_take_signed_documents_reject_bad_ones_roll_back_a_broken_source_
         "{r}"
     );
     unchanged("fleet section");
+    // The same keys by other spellings (SPEC §12): judged on the merged result.
+    for (name, doc, named) in [
+        ("quoted", "\"fleet.accept_v1\" = true\n", "fleet.accept_v1"),
+        ("quoted off", "\"fleet.enabled\" = false\n", "fleet.enabled"),
+        ("inline", "fleet = { confirm_s = 5 }\n", "fleet.confirm_s"),
+    ] {
+        let path = write(d, &format!("{name}.toml"), doc);
+        let (code, r) = push(&up, &key, "gw1", 2, &path);
+        assert_eq!(code, 1, "{name}: {r}");
+        assert_eq!(
+            r["errors"][0].as_str(),
+            Some(format!("invalid: {named} is local only").as_str()),
+            "{name}: {r}"
+        );
+        unchanged(name);
+    }
     let op = tidemark::fleet::PrivateKey::read(&key).unwrap();
     let signed = |id: u64, targets: &[&str], not_after: Option<i64>| {
         let targets = targets.iter().map(|t| (*t).to_owned()).collect();
@@ -611,6 +627,27 @@ fn two_gateways_take_signed_documents_reject_bad_ones_roll_back_a_broken_source_
         let s = status(&up, "gw1");
         s["state"] == "online" && s["config_hash"] == hash3.as_str()
     });
+
+    // The last id lives in the state store (SPEC §12): document 6 applied, the
+    // gateway killed, remote.toml corrupted; after the restart 5 and 6 are stale.
+    let (code, r) = push(&up, &key, "gw1", 6, &doc1_path);
+    assert_eq!((code, &r["result"]), (0, &Value::from("applied")), "{r}");
+    let before = status(&up, "gw1")["started_at"].clone();
+    gw1.proc.take().unwrap().kill9();
+    std::fs::write(d.join("gw1-state/remote.toml"), "garbage, not a header\n").unwrap();
+    gw1.proc = Some(Gateway::start(&gw1.config, &gw1.log));
+    wait_until(Duration::from_secs(20), "gw1 online after the kill", || {
+        let s = status(&up, "gw1");
+        s["state"] == "online" && s["started_at"] != before
+    });
+    for stale in [5, 6] {
+        let (code, r) = push(&up, &key, "gw1", stale, &doc1_path);
+        assert_eq!(
+            (code, r["errors"][0].as_str()),
+            (1, Some("stale_id")),
+            "document {stale} after remote.toml was lost: {r}"
+        );
+    }
 
     // kill -9: the will marks gw2 offline, gw1 stays online.
     gw2.proc.take().unwrap().kill9();

@@ -227,6 +227,27 @@ fn the_packaged_unit_passes_systemd_verify_and_security_review() {
     println!("systemd-analyze security --offline=yes: exposure {score}");
     assert!(score <= 2.0, "exposure {score} > 2.0:\n{out}");
 
+    // The gateway can read the kernel's clock state (SPEC §4) and cannot set the clock.
+    let unit = read(&unit_path(tree.path()));
+    let allowed = syscalls_allowed(&unit);
+    for call in ["adjtimex", "clock_adjtime"] {
+        assert!(allowed.contains(call), "{call} denied by the unit's filter");
+    }
+    for call in ["settimeofday", "clock_settime"] {
+        assert!(
+            !allowed.contains(call),
+            "{call} allowed by the unit's filter"
+        );
+    }
+    assert!(
+        !unit.lines().any(|l| l.trim() == "ProtectClock=yes"),
+        "ProtectClock=yes denies even reading adjtimex"
+    );
+    assert!(
+        unit.lines().any(|l| l.trim() == "CapabilityBoundingSet="),
+        "the unit must keep an empty capability set (no CAP_SYS_TIME)"
+    );
+
     // The checks bite: a unit whose binary is missing fails verify.
     std::fs::remove_file(tree.path().join("usr/bin/tidemark")).unwrap();
     let broken = Command::new("systemd-analyze")
@@ -324,4 +345,43 @@ fn an_upgrade_keeps_the_edited_site_config() {
         read(&scratch.join("etc/tidemark/tidemark.toml")).ends_with("# changed in -2\n"),
         "an unedited base config follows the package"
     );
+}
+
+/// The system calls a unit's `SystemCallFilter=` lines allow, as systemd combines
+/// them (the first line an allow list; `~` lines remove, later plain lines add),
+/// with the groups expanded by `systemd-analyze syscall-filter`.
+fn syscalls_allowed(unit: &str) -> std::collections::BTreeSet<String> {
+    fn expand(name: &str, out: &mut std::collections::BTreeSet<String>) {
+        if !name.starts_with('@') {
+            out.insert(name.to_owned());
+            return;
+        }
+        let listed = run(Command::new("systemd-analyze").args(["syscall-filter", name]));
+        for l in listed.lines().skip(1).map(str::trim) {
+            if l.is_empty() || l.starts_with('#') {
+                continue;
+            }
+            expand(l, out);
+        }
+    }
+    let mut allowed = std::collections::BTreeSet::new();
+    for line in unit
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("SystemCallFilter="))
+    {
+        let (deny, names) = match line.strip_prefix('~') {
+            Some(rest) => (true, rest),
+            None => (false, line),
+        };
+        let mut set = std::collections::BTreeSet::new();
+        for n in names.split_whitespace() {
+            expand(n, &mut set);
+        }
+        if deny {
+            allowed.retain(|c| !set.contains(c));
+        } else {
+            allowed.extend(set);
+        }
+    }
+    allowed
 }

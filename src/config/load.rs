@@ -43,16 +43,38 @@ pub fn load_with_remote(
             .map_err(|e| ConfigError::one(format!("config file {}: {e}", path.display())))?;
         layers.push((path.display().to_string(), text));
     }
-    // What points where the documents come from and who may sign them stays local.
-    if let Ok(t) = toml::from_str::<toml::Table>(remote)
-        && t.contains_key("fleet")
-    {
-        return Err(ConfigError::one(
-            "fleet: cannot be set by a remote document (only by the local config files)".into(),
-        ));
-    }
+    let local = load_layers(&layers, env)?;
     layers.push((REMOTE.to_owned(), remote.to_owned()));
-    load_layers(&layers, env)
+    let merged = load_layers(&layers, env)?;
+    // What points where the documents come from and who may sign them stays local,
+    // however the document spells it (a table, a dotted or quoted key): judged on the result.
+    let mut problems = fleet_changes(&local.fleet, &merged.fleet);
+    if problems.is_empty()
+        && let Ok(t) = toml::from_str::<toml::Table>(remote)
+        && t.keys().any(|k| k == "fleet" || k.starts_with("fleet."))
+    {
+        problems.push("fleet: is local only (a remote document cannot name it)".to_owned());
+    }
+    if problems.is_empty() {
+        Ok(merged)
+    } else {
+        Err(ConfigError { problems })
+    }
+}
+
+/// `fleet.<key> is local only` for each `[fleet]` value `remote` differs from `local` in.
+fn fleet_changes(local: &super::Fleet, remote: &super::Fleet) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut differs = |key: &str, same: bool| {
+        if !same {
+            out.push(format!("fleet.{key} is local only"));
+        }
+    };
+    differs("enabled", local.enabled == remote.enabled);
+    differs("trusted_keys", local.trusted_keys == remote.trusted_keys);
+    differs("confirm_s", local.confirm_ms == remote.confirm_ms);
+    differs("accept_v1", local.accept_v1 == remote.accept_v1);
+    out
 }
 
 /// The gateway's config as `run` and `check` see it: the files and the
@@ -340,4 +362,52 @@ pub fn annotate_sources(effective: &str, sources: &BTreeMap<String, String>) -> 
         out.push('\n');
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_remote_document_changes_no_fleet_key_however_spelled() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = crate::fleet::PrivateKey::generate().unwrap();
+        let public = key.write(&dir.path().join("k")).unwrap();
+        let local = dir.path().join("local.toml");
+        std::fs::write(
+            &local,
+            format!(
+                "[gateway]\nid = \"gw\"\nstate_dir = {:?}\n[fleet]\nenabled = true\ntrusted_keys = [{:?}]\n",
+                dir.path().join("state"),
+                public
+            ),
+        )
+        .unwrap();
+        let env = BTreeMap::new();
+        let paths = [local];
+        for (doc, key) in [
+            ("\"fleet.accept_v1\" = true\n", "fleet.accept_v1"),
+            ("\"fleet.enabled\" = false\n", "fleet.enabled"),
+            ("fleet.confirm_s = 5\n", "fleet.confirm_s"),
+            ("fleet = { accept_v1 = true }\n", "fleet.accept_v1"),
+            (
+                "[fleet]\ntrusted_keys = []\nenabled = true\n",
+                "fleet.trusted_keys",
+            ),
+            ("[fleet]\nenabled = true\n", "fleet"),
+            (
+                "[log]\nlevel = \"debug\"\n\"fleet.accept_v1\" = true\n",
+                "log.fleet",
+            ),
+        ] {
+            let e = load_with_remote(&paths, &env, doc).expect_err(doc);
+            assert!(
+                e.problems.iter().any(|p| p.starts_with(key)),
+                "{doc:?}: {:?}",
+                e.problems
+            );
+        }
+        let ok = load_with_remote(&paths, &env, "[log]\nlevel = \"debug\"\n").unwrap();
+        assert!(ok.fleet.enabled && !ok.fleet.accept_v1);
+    }
 }

@@ -165,6 +165,9 @@ pub struct Engine {
     visit: Vec<u32>,
     /// Sparkplug B ingest (SPEC §10).
     sparkplug: sparkplug::State,
+    /// The highest remote document id taken: state, so replay protection survives
+    /// a lost `remote.toml` and reaches a standby.
+    fleet_last_id: u64,
 }
 
 impl Engine {
@@ -193,6 +196,7 @@ impl Engine {
             scratch: Some(Box::default()),
             visit: Vec::new(),
             sparkplug: sparkplug::State::new(&cfg.sparkplug),
+            fleet_last_id: 0,
         }
     }
 
@@ -295,6 +299,16 @@ impl Engine {
     /// Restores the persisted gateway-clock judgement (none: state from before it existed).
     pub fn restore_clock(&mut self, clock: Option<GatewayClock>) {
         self.clock = clock.unwrap_or_default();
+    }
+
+    /// A remote document id was taken (never lowers the one held).
+    pub fn take_fleet_id(&mut self, id: u64) {
+        self.fleet_last_id = self.fleet_last_id.max(id);
+    }
+
+    /// The highest remote document id taken (0: none).
+    pub fn fleet_last_id(&self) -> u64 {
+        self.fleet_last_id
     }
 
     /// A new process: its monotonic clock has a new origin, so a jump of
@@ -459,6 +473,7 @@ impl Engine {
             counters: self.counters.clone(),
             clock: self.clock.clone(),
             sparkplug: self.take_sparkplug_changes(),
+            fleet_last_id: self.fleet_last_id,
         };
         for g in self.dirty_groups.drain(..) {
             let slot = &mut self.groups[g as usize];

@@ -184,6 +184,8 @@ pub struct Changes {
     pub clock: GatewayClock,
     /// Changed Sparkplug edge nodes.
     pub sparkplug: Vec<crate::sparkplug::EdgeNode>,
+    /// The highest remote document id taken (0: none).
+    pub fleet_last_id: u64,
 }
 
 /// Changed devices as the store's records: (group, id) and the device's CBOR,

@@ -233,6 +233,7 @@ impl Core {
                 st.bounds = Some(cfg.sink.outbox);
                 tracing::debug!("reload applied to the engine");
             }
+            Inbound::FleetId(id) => driver.take_fleet_id(self.clock.now(), id),
             Inbound::Proven => st.proven = self.clock.mono(),
             Inbound::Wake => {}
             Inbound::Stop => st.stopping = true,

@@ -31,6 +31,8 @@ pub enum Inbound {
     Wake,
     /// A reload's validated config: the engine's rules from the next message on.
     Reload(Box<Config>),
+    /// A remote document id taken: kept in the state store (replay protection).
+    FleetId(u64),
     /// A live status question (SPEC §11), answered between two messages.
     Query(
         super::api::Query,

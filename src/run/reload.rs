@@ -144,15 +144,19 @@ struct Pending {
 }
 
 impl Reloader {
-    /// A reloader for a gateway started with `current`.
+    /// A reloader for a gateway started with `current`; `opts.1` is the
+    /// highest remote document id the state store holds.
     pub fn new(
-        opts: ReloadOptions,
+        opts: (ReloadOptions, u64),
         current: Config,
         targets: Targets,
         registry: Arc<Registry>,
         clock: SystemClock,
     ) -> Self {
-        let remote = opts.remote.clone().unwrap_or_default();
+        let (opts, stored_id) = opts;
+        let mut remote = opts.remote.clone().unwrap_or_default();
+        // A lost or corrupt remote.toml never lowers the id the state store holds.
+        remote.last_id = remote.last_id.max(stored_id);
         Self {
             opts,
             current,
@@ -381,6 +385,8 @@ impl Reloader {
             let why = format!("invalid: document {} is still being confirmed", p.id);
             return self.result(id, Outcome::Rejected, None, vec![why]);
         }
+        // Taken from here on, applied or not: durable in the state store first.
+        let _ = self.targets.core.send(Inbound::FleetId(doc.id)).await;
         let env: BTreeMap<String, String> = std::env::vars().collect();
         let new = match config::load_with_remote(&self.opts.paths, &env, &doc.config) {
             Ok(c) => c,

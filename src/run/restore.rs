@@ -48,6 +48,7 @@ pub fn open_state(cfg: &Config) -> Result<(storer::Durable, Engine, Vec<u8>), Ru
     store.read_devices(|d| engine.restore_device(d))?;
     engine.restored();
     engine.restore_clock(snap.gateway_clock);
+    engine.take_fleet_id(crate::store::schema::fleet_last_id(&snap.meta));
     engine.restore_sparkplug(snap.sparkplug);
     // What the journal holds since the last checkpoint goes into the engine and the state file.
     let configured = cfg.engine.record();

@@ -141,6 +141,7 @@ pub fn start(
     if let Some(spb) = spb_senders.pop() {
         sink = sink.with_edge_node(spb);
     }
+    let fleet_last_id = restored.driver.engine().fleet_last_id();
     let core = Core::new(
         restored.driver,
         clock,
@@ -221,7 +222,7 @@ pub fn start(
         stop_rx,
     );
     let reloader = Reloader::new(
-        opts,
+        (opts, fleet_last_id),
         cfg.clone(),
         Targets {
             core: core_tx.clone(),

@@ -29,8 +29,8 @@ use crate::codec::MetricName;
 use crate::engine::{Changes, Counters, Device, Group};
 use crate::model::Millis;
 use schema::{
-    DEVICES, GROUPS, K_CLOCK, K_COUNTERS, K_OUTBOX, K_SCHEMA, K_SPARKPLUG, META, METRIC_NAMES,
-    OUTBOX, SCHEMA_VERSION,
+    DEVICES, GROUPS, K_CLOCK, K_COUNTERS, K_FLEET_ID, K_OUTBOX, K_SCHEMA, K_SPARKPLUG, META,
+    METRIC_NAMES, OUTBOX, SCHEMA_VERSION,
 };
 
 /// One output awaiting delivery.
@@ -520,6 +520,9 @@ impl Store {
             m.insert(K_COUNTERS, self.buf.as_slice())?;
             cbor(&ch.clock, &mut self.buf);
             m.insert(K_CLOCK, self.buf.as_slice())?;
+            if ch.fleet_last_id > 0 {
+                m.insert(K_FLEET_ID, ch.fleet_last_id.to_be_bytes().as_slice())?;
+            }
             for n in &ch.sparkplug {
                 cbor(n, &mut self.buf);
                 let key = format!("{K_SPARKPLUG}{}/{}", n.group, n.node);

@@ -34,6 +34,9 @@ pub const K_OUTBOX: &str = "outbox";
 /// `EngineConfig::record`, or before 2026-12 a TOML document; added later,
 /// compatible: absent = the configured ones).
 pub const K_RULES: &str = "engine_rules";
+/// `META` key of the highest remote document id taken (u64, big-endian; added later,
+/// compatible: absent = none). Kept here so a lost `remote.toml` never lowers it.
+pub const K_FLEET_ID: &str = "fleet_last_id";
 /// `META` key of the write-ahead journal generation its records must carry (u64, big-endian).
 pub const K_WAL: &str = "wal_generation";
 
@@ -50,6 +53,13 @@ pub fn version_bytes() -> [u8; 4] {
 /// The engine settings in force at the last checkpoint, if recorded.
 pub fn rules_doc(meta: &std::collections::BTreeMap<String, Vec<u8>>) -> Option<Vec<u8>> {
     meta.get(K_RULES).cloned()
+}
+
+/// The highest remote document id taken, as stored (0: none).
+pub fn fleet_last_id(meta: &std::collections::BTreeMap<String, Vec<u8>>) -> u64 {
+    meta.get(K_FLEET_ID)
+        .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
+        .map_or(0, u64::from_be_bytes)
 }
 
 /// The journal generation named by the last checkpoint (0: none yet).

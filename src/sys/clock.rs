@@ -94,7 +94,13 @@ pub struct KernelClock {
     pub maxerror_us: i64,
 }
 
-/// Asks the kernel (adjtimex, read only). Where it cannot be asked the clock counts as synchronized.
+/// What an unsynchronized kernel reports as its maximum error (16 s, `NTP_PHASE_LIMIT`).
+const UNSYNC_MAXERROR_US: i64 = 16_000_000;
+
+/// Asks the kernel (adjtimex, read only). Where it cannot be asked (a sandbox
+/// denies adjtimex) the clock counts as unsynchronized, with one warning: a
+/// gateway that cannot know must not trust itself over its fleet
+/// (docs/reference.md, "The gateway's own clock").
 pub fn kernel_clock() -> KernelClock {
     #[cfg(target_os = "linux")]
     {
@@ -109,10 +115,26 @@ pub fn kernel_clock() -> KernelClock {
                 maxerror_us: i64::from(t.maxerror),
             };
         }
+        unreadable(&std::io::Error::last_os_error().to_string());
     }
+    #[cfg(not(target_os = "linux"))]
+    unreadable("adjtimex is Linux only");
     KernelClock {
-        synced: true,
-        maxerror_us: 0,
+        synced: false,
+        maxerror_us: UNSYNC_MAXERROR_US,
+    }
+}
+
+/// Says once per process why the kernel's clock state is unknown.
+fn unreadable(why: &str) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !WARNED.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            error = why,
+            "the kernel's clock state cannot be read (adjtimex denied: under systemd, \
+             ProtectClock=yes or a SystemCallFilter without adjtimex does this); the gateway \
+             clock counts as unsynchronized, so a fleet that agrees against it is followed"
+        );
     }
 }
 
