@@ -22,6 +22,7 @@ fn entry(o: &Output, prefix: &str, format: SinkFormat, at: Millis) -> OutboxEntr
         payload: payload.into(),
         retain: o.retain(),
         at,
+        report: matches!(o, Output::Late(_) | Output::Rejected(_)),
     }
 }
 
@@ -196,7 +197,10 @@ impl Driver {
         self.ticks_until(now);
         self.emitting(|e, out| e.on_message_decoded(topic, payload, decoded, now, out));
         if let Some(j) = self.journal_mut() {
-            j.message(now, topic, payload);
+            // Any payload over the cap is rejected for its size alone: the journal
+            // (and a standby's stream) keeps just enough of it to be rejected again.
+            let keep = payload.len().min(crate::codec::MAX_PAYLOAD + 1);
+            j.message(now, topic, &payload[..keep]);
         }
         self.durable(now.mono);
     }

@@ -137,10 +137,8 @@ impl Decoder {
         out.seq = None;
         out.metrics.clear();
         if bytes.len() > MAX_PAYLOAD {
-            return Err(DecodeError(format!(
-                "payload of {} bytes exceeds 64 KiB",
-                bytes.len()
-            )));
+            // No size in the detail: the journal keeps only the first 64 KiB + 1.
+            return Err(DecodeError("payload exceeds 64 KiB".to_owned()));
         }
         let cbor = match self.format {
             PayloadFormat::Cbor => true,

@@ -86,6 +86,7 @@ enabled = false
 group_id = "tidemark"
 edge_node_id = ""
 primary_host_id = ""
+rebirth_min_interval_ms = 5000
 
 [metrics]
 interval_s = 10
@@ -102,6 +103,7 @@ enabled = false
 group_ids = []
 host_id = ""
 rebirth = true
+max_edge_nodes = 4096
 
 [fleet]
 enabled = false
@@ -462,6 +464,8 @@ pub struct RawSinkSparkplug {
     pub edge_node_id: String,
     /// Wait for this Primary Host Application's STATE online; hold results while it is offline.
     pub primary_host_id: String,
+    /// Least time between two answered NCMD rebirth requests.
+    pub rebirth_min_interval_ms: u64,
 }
 
 /// `[metrics]`
@@ -502,6 +506,8 @@ pub struct RawSparkplug {
     pub host_id: String,
     /// Ask an edge node for its births again on an unknown alias or a seq gap.
     pub rebirth: bool,
+    /// Edge nodes held at once; beyond, their messages are rejected.
+    pub max_edge_nodes: usize,
 }
 
 /// `[fleet]`

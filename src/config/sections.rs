@@ -352,6 +352,12 @@ fn edge_node(
             format!("{:?} {rule}", s.primary_host_id),
         );
     }
+    if s.rebirth_min_interval_ms > 3_600_000 {
+        p.add(
+            "sink.sparkplug.rebirth_min_interval_ms",
+            "must be 0..=3600000",
+        );
+    }
     if !raw.sink.plain && !s.enabled {
         p.add(
             "sink.plain",
@@ -382,6 +388,7 @@ fn edge_node(
             s.edge_node_id.clone()
         },
         primary_host_id: (!s.primary_host_id.is_empty()).then(|| s.primary_host_id.clone()),
+        rebirth_min_interval_ms: i64::try_from(s.rebirth_min_interval_ms).unwrap_or(i64::MAX),
     })
 }
 

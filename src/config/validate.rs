@@ -215,11 +215,15 @@ fn sparkplug(p: &mut Problems, sp: &RawSparkplug) -> SparkplugConfig {
             ),
         );
     }
+    if !(1..=1_000_000).contains(&sp.max_edge_nodes) {
+        p.add("sparkplug.max_edge_nodes", "must be 1..=1000000");
+    }
     SparkplugConfig {
         enabled: sp.enabled,
         group_ids: sp.group_ids.clone(),
         host_id: (!sp.host_id.is_empty()).then(|| sp.host_id.clone()),
         rebirth: sp.rebirth,
+        max_edge_nodes: sp.max_edge_nodes,
     }
 }
 

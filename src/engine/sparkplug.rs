@@ -17,6 +17,7 @@ pub(super) struct State {
     pub enabled: bool,
     group_ids: Vec<String>,
     rebirth: bool,
+    max_nodes: usize,
     nodes: Vec<(EdgeNode, bool)>,
     index: HashMap<(Id, Id), usize>,
     commands: Vec<(String, Vec<u8>)>,
@@ -28,6 +29,7 @@ impl State {
             enabled: cfg.enabled,
             group_ids: cfg.group_ids.clone(),
             rebirth: cfg.rebirth,
+            max_nodes: cfg.max_edge_nodes,
             nodes: Vec::new(),
             index: HashMap::new(),
             commands: Vec::new(),
@@ -39,6 +41,29 @@ impl State {
         self.enabled = cfg.enabled;
         self.group_ids.clone_from(&cfg.group_ids);
         self.rebirth = cfg.rebirth;
+        self.max_nodes = cfg.max_edge_nodes;
+    }
+
+    /// Why a message of this edge node (and `device`, for a DBIRTH) cannot be
+    /// held: the gateway's or the node's limit (docs/reference.md, `[sparkplug]`).
+    fn over_limit(&self, group: &Id, node: &Id, dbirth: Option<&str>) -> Option<String> {
+        let Some(&i) = self.index.get(&(group.clone(), node.clone())) else {
+            return (self.nodes.len() >= self.max_nodes).then(|| {
+                format!(
+                    "more than sparkplug.max_edge_nodes = {} Sparkplug edge nodes",
+                    self.max_nodes
+                )
+            });
+        };
+        let n = &self.nodes[i].0;
+        let sub = dbirth?;
+        let devices = n.aliases.keys().filter(|d| !d.is_empty()).count();
+        (devices >= sp::MAX_NODE_DEVICES && !n.aliases.contains_key(sub)).then(|| {
+            format!(
+                "more than {} devices on one Sparkplug edge node",
+                sp::MAX_NODE_DEVICES
+            )
+        })
     }
 
     /// Whether an edge node changed since the last store changes.
@@ -128,10 +153,28 @@ impl Engine {
             let detail = "Sparkplug group not in sparkplug.group_ids".to_string();
             return self.reject(out, Reason::BadTopic, topic, ids, now, detail);
         }
+        if payload.len() > crate::codec::MAX_PAYLOAD {
+            // No size in the detail: the journal keeps only the first 64 KiB + 1.
+            let detail = "Sparkplug payload exceeds 64 KiB".to_owned();
+            return self.reject(out, Reason::DecodeError, topic, ids, now, detail);
+        }
         let p = match sp::decode(payload) {
             Ok(p) => p,
             Err(e) => return self.reject(out, Reason::DecodeError, topic, ids, now, e),
         };
+        let birth = matches!(t.kind, MsgType::NBirth | MsgType::DBirth);
+        if birth && p.metrics.len() > sp::MAX_BIRTH_METRICS {
+            let detail = format!(
+                "Sparkplug BIRTH declares {} metrics, over the limit of {}",
+                p.metrics.len(),
+                sp::MAX_BIRTH_METRICS
+            );
+            return self.reject(out, Reason::DecodeError, topic, ids, now, detail);
+        }
+        let dbirth = (t.kind == MsgType::DBirth).then(|| t.device.unwrap_or(""));
+        if let Some(detail) = self.sparkplug.over_limit(&group, &node, dbirth) {
+            return self.reject(out, Reason::DecodeError, topic, ids, now, detail);
+        }
         if let Some(detail) = self.over_device_limit(&group, &device) {
             return self.reject(out, Reason::BadTopic, topic, ids, now, detail);
         }

@@ -54,6 +54,8 @@ pub struct Counters {
     pub outbox_dropped: u64,
     /// Sparkplug metrics of types that are not aggregated.
     pub sparkplug_other: u64,
+    /// NCMD rebirth requests to the edge node inside `rebirth_min_interval_ms`, not answered.
+    pub sparkplug_rebirths_refused: u64,
     /// Source paths found dead (a probe not back in time) since the gateway started (SPEC §5).
     pub source_path_down: u64,
     /// Uplinks found dead (a publish or ping unanswered in time) since the gateway started.
@@ -392,6 +394,12 @@ impl Metrics {
             self.reloads.applied, self.reloads.rejected
         ));
         p.one(
+            "sparkplug_rebirths_refused_total",
+            "counter",
+            "NCMD rebirth requests to the edge node inside rebirth_min_interval_ms, not answered.",
+            self.counters.sparkplug_rebirths_refused,
+        );
+        p.one(
             "source_path_down_total",
             "counter",
             "Source paths found dead by a probe not back in time (SPEC §5), since start.",
@@ -599,6 +607,7 @@ pub fn gather(engine: &Engine, now: Now, shared: &Registry, source_up: bool) -> 
             outbox_depth: shared.outbox_depth.load(Ordering::Relaxed),
             outbox_dropped: shared.outbox_dropped.load(Ordering::Relaxed),
             sparkplug_other: c.sparkplug_other,
+            sparkplug_rebirths_refused: shared.rebirths_refused.load(Ordering::Relaxed),
             source_path_down: shared.path_down[0].load(Ordering::Relaxed),
             sink_path_down: shared.path_down[1].load(Ordering::Relaxed),
         },

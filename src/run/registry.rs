@@ -76,6 +76,8 @@ pub struct Registry {
     pub path_down: [AtomicU64; 2],
     /// The id of the remote document in force, 0 for none (`P/status` `config_id`).
     pub config_id: AtomicU64,
+    /// NCMD rebirth requests inside `rebirth_min_interval_ms`, not answered (edge node).
+    pub rebirths_refused: AtomicU64,
     /// The standby pair as last seen (pair task), None without `[standby]`.
     pub pair: Mutex<Option<crate::pair::Status>>,
     /// Bytes of records and snapshots published to the standby (pair task).
@@ -102,6 +104,7 @@ impl Registry {
             links_made: [AtomicU64::new(0), AtomicU64::new(0)],
             path_down: [AtomicU64::new(0), AtomicU64::new(0)],
             config_id: AtomicU64::new(0),
+            rebirths_refused: AtomicU64::new(0),
             pair: Mutex::new(None),
             pair_bytes: AtomicU64::new(0),
         }

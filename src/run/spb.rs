@@ -6,6 +6,7 @@
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -74,6 +75,9 @@ pub struct EdgeSink {
     pending: VecDeque<node::Msg>,
     backoff: Backoff,
     clock: SystemClock,
+    /// When the last rebirth request was answered (monotonic ms).
+    reborn_at: Option<Millis>,
+    registry: std::sync::Arc<super::registry::Registry>,
 }
 
 /// Where `bdSeq` is kept.
@@ -129,12 +133,42 @@ fn build(
 
 impl EdgeSink {
     /// An edge node publishing what `reader` holds; `delivered` says how far it got.
+    /// An NCMD rebirth: NBIRTH and every DBIRTH again, at most once per
+    /// `rebirth_min_interval_ms`; a request inside it is counted, not answered.
+    fn rebirth(&mut self) {
+        let mono = self.clock.mono();
+        let every = self.node.config().rebirth_min_interval_ms;
+        if self
+            .reborn_at
+            .is_some_and(|at| mono.saturating_sub(at) < every)
+        {
+            let n = self
+                .registry
+                .rebirths_refused
+                .fetch_add(1, Ordering::Relaxed)
+                + 1;
+            if n.is_power_of_two() {
+                tracing::warn!(
+                    refused = n,
+                    "Sparkplug rebirth requests inside sink.sparkplug.rebirth_min_interval_ms are not answered"
+                );
+            }
+            return;
+        }
+        self.reborn_at = Some(mono);
+        tracing::info!("Sparkplug rebirth requested");
+        let now = self.now();
+        let births = self.node.births(now, &self.counters);
+        self.pending.extend(births);
+    }
+
     pub fn new(
         cfg: super::sink::SinkConfig,
         node_cfg: NodeConfig,
         (reader, rx): (OutboxReader, UnboundedReceiver<SpbMsg>),
         delivered: watch::Sender<u64>,
         (state_dir, seed, clock): (&Path, u64, SystemClock),
+        registry: std::sync::Arc<super::registry::Registry>,
     ) -> Result<Self, LinkError> {
         let bd_file = bd_seq_path(state_dir);
         let node = Node::new(node_cfg, next_bd_seq(&bd_file));
@@ -158,6 +192,8 @@ impl EdgeSink {
             pending: VecDeque::new(),
             backoff: Backoff::new(seed),
             clock,
+            reborn_at: None,
+            registry,
         })
     }
 
@@ -278,10 +314,7 @@ impl EdgeSink {
                     && self.phase == Phase::Live
                     && node::is_rebirth(&payload)
                 {
-                    tracing::info!("Sparkplug rebirth requested");
-                    let now = self.now();
-                    let births = self.node.births(now, &self.counters);
-                    self.pending.extend(births);
+                    self.rebirth();
                 }
             }
             Event::UnsubAck => {

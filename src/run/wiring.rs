@@ -119,6 +119,7 @@ pub fn start(
                 (restored.durable.store().reader(), spb_rx),
                 edge_tx,
                 (&cfg.gateway.state_dir, seed.rotate_left(29), clock),
+                registry.clone(),
             )?;
             edge_tasks.push(tokio::spawn(edge.run()));
             edge_tasks.push(tokio::spawn(both_delivered(

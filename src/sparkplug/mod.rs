@@ -19,6 +19,10 @@ pub const NAMESPACE: &str = "spBv1.0";
 pub const BD_SEQ: &str = "bdSeq";
 /// The metric of an NCMD asking an edge node for its births again.
 pub const REBIRTH: &str = "Node Control/Rebirth";
+/// Metrics one BIRTH may declare.
+pub const MAX_BIRTH_METRICS: usize = 1024;
+/// Devices one edge node may declare.
+pub const MAX_NODE_DEVICES: usize = 1024;
 /// Least time between two rebirth requests to one edge node (monotonic ms).
 pub const REBIRTH_EVERY_MS: Millis = 10_000;
 
@@ -33,6 +37,8 @@ pub struct SparkplugConfig {
     pub host_id: Option<String>,
     /// Request rebirths on unknown aliases and seq gaps.
     pub rebirth: bool,
+    /// Edge nodes held at once (docs/reference.md, `sparkplug.max_edge_nodes`).
+    pub max_edge_nodes: usize,
 }
 
 /// Sparkplug B `Payload`.

@@ -18,6 +18,8 @@ pub struct NodeConfig {
     pub edge_node_id: String,
     /// The Primary Host Application whose STATE gates publishing.
     pub primary_host_id: Option<String>,
+    /// Least time between two answered rebirth requests (monotonic ms).
+    pub rebirth_min_interval_ms: crate::model::Millis,
 }
 
 impl NodeConfig {
@@ -478,6 +480,7 @@ mod tests {
             group_id: "plant".into(),
             edge_node_id: "gw1".into(),
             primary_host_id: None,
+            rebirth_min_interval_ms: 5_000,
         }
     }
 

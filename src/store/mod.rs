@@ -30,7 +30,7 @@ use crate::engine::{Changes, Counters, Device, Group};
 use crate::model::Millis;
 use schema::{
     DEVICES, GROUPS, K_CLOCK, K_COUNTERS, K_FLEET_ID, K_OUTBOX, K_SCHEMA, K_SPARKPLUG, META,
-    METRIC_NAMES, OUTBOX, SCHEMA_VERSION,
+    METRIC_NAMES, OUTBOX, OUTBOX_REPORTS, SCHEMA_VERSION,
 };
 
 /// One output awaiting delivery.
@@ -46,6 +46,10 @@ pub struct OutboxEntry {
     pub retain: bool,
     /// Gateway clock when produced (for the oldest-entry age).
     pub at: Millis,
+    /// A report about input (rejected or late data): bounded apart from results,
+    /// so a flood of bad input never pushes a result out (absent: false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub report: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
@@ -471,12 +475,14 @@ impl Store {
                 names.insert(*i, n.as_str())?;
             }
             let mut outbox = txn.open_table(OUTBOX)?;
+            let mut reports = txn.open_table(OUTBOX_REPORTS)?;
             let mut bytes = self.outbox.bytes.unwrap_or(0);
             if let Some(upto) = batch.delivered {
                 for item in outbox.range(..=upto)? {
                     bytes = bytes.saturating_sub(item?.1.value().len() as u64);
                 }
                 outbox.retain_in(..=upto, |_, _| false)?;
+                reports.retain_in(..=upto, |_, ()| false)?;
             }
             for (seq, o) in &batch.folded {
                 if batch.delivered.is_none_or(|d| *seq > d) {
@@ -485,6 +491,9 @@ impl Store {
                         bytes = bytes.saturating_sub(old.value().len() as u64);
                     }
                     bytes += self.buf.len() as u64;
+                    if o.report {
+                        reports.insert(*seq, ())?;
+                    }
                 }
                 self.outbox.next_seq = self.outbox.next_seq.max(seq + 1);
             }
@@ -493,17 +502,38 @@ impl Store {
                 cbor(o, &mut self.buf);
                 outbox.insert(self.outbox.next_seq, self.buf.as_slice())?;
                 bytes += self.buf.len() as u64;
+                if o.report {
+                    reports.insert(self.outbox.next_seq, ())?;
+                }
                 self.outbox.next_seq += 1;
             }
             let mut len = outbox.len()?;
             let mut dropped = 0;
-            while len > self.max_outbox || (bytes > self.max_bytes && len > 0) {
-                let Some((_, v)) = outbox.pop_first()? else {
+            // Reports have a quarter of the bound, and go first when it is reached:
+            // results are dropped only when no report is left (docs/reference.md, outbox).
+            let share = (self.max_outbox / 4).max(1);
+            let mut n_reports = reports.len()?;
+            loop {
+                let over = len > self.max_outbox || (bytes > self.max_bytes && len > 0);
+                if !over && n_reports <= share {
+                    break;
+                }
+                let removed = if n_reports > 0 {
+                    let Some((seq, ())) = reports.pop_first()?.map(|(k, _)| (k.value(), ())) else {
+                        break;
+                    };
+                    n_reports -= 1;
+                    outbox.remove(seq)?.map(|v| v.value().len())
+                } else if over {
+                    outbox.pop_first()?.map(|(_, v)| v.value().len())
+                } else {
                     break;
                 };
-                bytes = bytes.saturating_sub(v.value().len() as u64);
-                len -= 1;
-                dropped += 1;
+                if let Some(n) = removed {
+                    bytes = bytes.saturating_sub(n as u64);
+                    len -= 1;
+                    dropped += 1;
+                }
             }
             stats.dropped = dropped;
             self.outbox.dropped += dropped;

@@ -20,6 +20,10 @@ pub const METRIC_NAMES: TableDefinition<u16, &str> = TableDefinition::new("metri
 /// Outputs awaiting delivery, FIFO by sequence number.
 pub const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("outbox");
 
+/// The outbox numbers of reports (rejected and late data), oldest first: their
+/// share of the outbox bound (added later, compatible: absent = none).
+pub const OUTBOX_REPORTS: TableDefinition<u64, ()> = TableDefinition::new("outbox_reports");
+
 /// `META` key of the schema version (u32, big-endian).
 pub const K_SCHEMA: &str = "schema_version";
 /// `META` key of the engine counters.

@@ -64,6 +64,8 @@ pub struct Proxy {
     pub port: u16,
     open: Arc<Mutex<Vec<TcpStream>>>,
     pub cuts: Arc<AtomicU64>,
+    /// While set, connections are closed as soon as they are accepted (a link that is down).
+    down: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Proxy {
@@ -72,9 +74,15 @@ impl Proxy {
         let port = listener.local_addr().expect("addr").port();
         let open: Arc<Mutex<Vec<TcpStream>>> = Arc::new(Mutex::new(Vec::new()));
         let conns = open.clone();
+        let down = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let refuse = down.clone();
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { continue };
+                if refuse.load(Ordering::Relaxed) {
+                    let _ = client.shutdown(std::net::Shutdown::Both);
+                    continue;
+                }
                 let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
                     continue;
                 };
@@ -105,6 +113,15 @@ impl Proxy {
             port,
             open,
             cuts: Arc::new(AtomicU64::new(0)),
+            down,
+        }
+    }
+
+    /// The link goes down (every connection cut, new ones closed at once) or comes back.
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::Relaxed);
+        if down {
+            self.cut();
         }
     }
 
