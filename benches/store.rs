@@ -79,6 +79,7 @@ fn main() {
                     payload: o.encode(tidemark::config::SinkFormat::Json).into(),
                     retain: o.retain(),
                     at: T0,
+                    report: false,
                 })
                 .collect();
             let start = Instant::now();

@@ -11,6 +11,7 @@ use cli::args::{Cli, Command, RunArgs};
 
 fn main() -> ExitCode {
     tidemark::sys::memory::tune();
+    tidemark::sys::private_files();
     let cli = Cli::parse();
     let command = match (cli.command, cli.config) {
         (Some(c), top) if top.is_empty() => c,

@@ -140,6 +140,8 @@ fn broken_configs_exit_2_naming_the_key() {
         (ex.replace("topics = [\"sensors/+/+/+\"]", "topics = [\"sensors/#/x\"]"), "source.topics[0]:"),
         (ex.replace("format = \"json\"                   # json | cbor", "format = \"xml\""), "sink.format: unknown variant"),
         (ex.replace("listen = \"127.0.0.1:1883\"", "listen = \"localhost\""), "broker.listen:"),
+        (ex.replace("embedded = false", "embedded = true").replace("listen = \"127.0.0.1:1883\"", "listen = \"0.0.0.0:1883\""),
+            "broker.listen: \"0.0.0.0:1883\" is reachable from other machines"),
         (ex.replace("idle_timeout_ms = 30000", "idle_timeout_ms = \"30s\""), "group_defaults.idle_timeout_ms:"),
         (ex.replace("level = \"info\"", "level = \"[[[\""), "log.level:"),
         (format!("{ex}\n[groups.\"bad/name\"]\nidle_timeout_ms = 5\n"), "groups.bad/name: group name"),

@@ -97,6 +97,18 @@ fn a_flood_of_bad_input_while_the_uplink_is_down_costs_no_window_result() {
     link.set_down(false);
     wait_counted(&fleet, &results, &log, 3 * MIN);
     assert_exact(&fleet, &results);
+    // Started with the test's umask (022), the state is still the gateway's alone.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let state = dir.path().join("state");
+    assert_eq!(mode(&state), 0o700, "state dir");
+    for f in ["tidemark.redb", "tidemark.wal"] {
+        let p = state.join(f);
+        if p.exists() {
+            assert_eq!(mode(&p), 0o600, "{f}");
+        }
+    }
+    assert!(state.join("tidemark.redb").exists());
     let _ = gw.terminate();
 }
 

@@ -57,6 +57,9 @@ pub fn load_gateway(
             if let Some(w) = warning {
                 eprintln!("warning: {w}");
             }
+            for w in cfg.warnings() {
+                eprintln!("warning: {w}");
+            }
             Ok((cfg, remote))
         }
         Err(e) => {

@@ -410,4 +410,60 @@ mod tests {
         let ok = load_with_remote(&paths, &env, "[log]\nlevel = \"debug\"\n").unwrap();
         assert!(ok.fleet.enabled && !ok.fleet.accept_v1);
     }
+
+    #[test]
+    fn secret_files_others_can_read_and_clear_credentials_are_warned_about() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let pw = dir.path().join("pw");
+        std::fs::write(&pw, "secret\n").unwrap();
+        std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let text = |url: &str| {
+            format!(
+                "[gateway]\nid = \"gw\"\n[source]\nurl = \"{url}\"\nusername = \"u\"\npassword_file = {:?}\n",
+                pw.display().to_string()
+            )
+        };
+        let env = BTreeMap::new();
+        let cfg = load_str(&text("mqtt://10.0.0.5:1883"), &env).unwrap();
+        let w = cfg.warnings();
+        assert!(
+            w.iter()
+                .any(|w| w.starts_with("source.password_file:") && w.contains("644")),
+            "{w:?}"
+        );
+        assert!(
+            w.iter().any(|w| w.starts_with("source.url: credentials")),
+            "{w:?}"
+        );
+        std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o600)).unwrap();
+        for url in [
+            "mqtts://10.0.0.5:8883",
+            "mqtt://127.0.0.1:1883",
+            "mqtt://localhost:1883",
+        ] {
+            let cfg = load_str(&text(url), &env).unwrap();
+            assert!(cfg.warnings().is_empty(), "{url}: {:?}", cfg.warnings());
+        }
+    }
+
+    #[test]
+    fn the_embedded_broker_listens_beyond_loopback_only_when_told() {
+        let env = BTreeMap::new();
+        let doc = |listen: &str, allow: bool| {
+            format!(
+                "[gateway]\nid = \"gw\"\n[broker]\nembedded = true\nlisten = \"{listen}\"\nallow_remote = {allow}\n"
+            )
+        };
+        let e = load_str(&doc("0.0.0.0:1883", false), &env).unwrap_err();
+        assert!(
+            e.problems[0].starts_with("broker.listen:"),
+            "{:?}",
+            e.problems
+        );
+        assert!(e.problems[0].contains("allow_remote"), "{:?}", e.problems);
+        assert!(load_str(&doc("0.0.0.0:1883", true), &env).is_ok());
+        assert!(load_str(&doc("127.0.0.1:1883", false), &env).is_ok());
+        assert!(load_str(&doc("[::1]:1883", false), &env).is_ok());
+    }
 }

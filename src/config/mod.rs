@@ -106,6 +106,49 @@ impl Endpoint {
 }
 
 impl Config {
+    /// What is valid but unsafe: secret files others can read, credentials sent in
+    /// clear to another machine. `check` and `run` print each as a warning.
+    pub fn warnings(&self) -> Vec<String> {
+        let r = &self.raw;
+        let mut out = Vec::new();
+        let secrets = [
+            ("source.password_file", &r.source.password_file),
+            ("source.key_file", &r.source.key_file),
+            ("sink.password_file", &r.sink.password_file),
+            ("sink.key_file", &r.sink.key_file),
+            ("metrics.token_file", &r.metrics.token_file),
+        ];
+        for (key, file) in secrets {
+            if let Some(w) = readable_by_others(key, file) {
+                out.push(w);
+            }
+        }
+        for (section, url, user, pw) in [
+            (
+                "source",
+                &r.source.url,
+                &r.source.username,
+                &r.source.password_file,
+            ),
+            ("sink", &r.sink.url, &r.sink.username, &r.sink.password_file),
+        ] {
+            let plain = url.strip_prefix("mqtt://");
+            let host = plain.map(|rest| rest.rsplit_once(':').map_or(rest, |(h, _)| h));
+            let loopback = host.is_some_and(|h| {
+                h == "localhost"
+                    || h.trim_matches(['[', ']'])
+                        .parse::<std::net::IpAddr>()
+                        .is_ok_and(|a| a.is_loopback())
+            });
+            if plain.is_some() && !loopback && !(user.is_empty() && pw.is_empty()) {
+                out.push(format!(
+                    "{section}.url: credentials ({section}.username / password_file) go over plain mqtt:// in clear to another machine; use mqtts://"
+                ));
+            }
+        }
+        out
+    }
+
     /// The effective configuration as TOML, secrets masked.
     pub fn effective_toml(&self) -> String {
         let mut raw = self.raw.clone();
@@ -130,6 +173,17 @@ impl Config {
         }
         out
     }
+}
+
+/// `KEY: FILE is readable by others` when a secret file's mode lets group or others read it.
+pub fn readable_by_others(key: &str, file: &str) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    if file.is_empty() {
+        return None;
+    }
+    let mode = std::fs::metadata(file).ok()?.permissions().mode() & 0o777;
+    (mode & 0o044 != 0)
+        .then(|| format!("{key}: {file:?} is readable by others (mode {mode:o}); chmod 600 it"))
 }
 
 fn merged_override(g: &GroupConfig) -> RawGroupOverride {

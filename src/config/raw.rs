@@ -20,6 +20,7 @@ tick_interval_ms = 200
 [broker]
 embedded = false
 listen = "127.0.0.1:1883"
+allow_remote = false
 
 [source]
 url = "mqtt://127.0.0.1:1883"
@@ -187,6 +188,8 @@ pub struct RawBroker {
     pub embedded: bool,
     /// Listen address of the embedded broker.
     pub listen: String,
+    /// A `listen` address reachable from other machines is wanted (the broker has no authentication).
+    pub allow_remote: bool,
 }
 
 /// `[source]`

@@ -95,6 +95,22 @@ impl Broker {
                 format!("{:?} is not a host:port socket address", raw.listen),
             );
         }
+        // The embedded broker has no authentication: any client that reaches it may
+        // publish readings or read results.
+        if let Some(a) = listen
+            && raw.embedded
+            && !a.ip().is_loopback()
+            && !raw.allow_remote
+        {
+            p.add(
+                "broker.listen",
+                format!(
+                    "{:?} is reachable from other machines and the embedded broker has no authentication; \
+                     listen on 127.0.0.1, or set broker.allow_remote = true on a trusted network only",
+                    raw.listen
+                ),
+            );
+        }
         Self {
             embedded: listen.filter(|_| raw.embedded),
             listen: raw.listen.clone(),

@@ -287,6 +287,15 @@ impl Document {
         if self.targets.is_none() && !c.accept_v1 {
             return Err("unsigned_target");
         }
+        // Targets are joined by `,` and end at a newline in the signed bytes: one
+        // holding either (or any control character) could shift what was signed.
+        if let Some(t) = &self.targets
+            && !t.iter().all(|t| valid_target(t))
+        {
+            return Err(
+                "invalid: targets: each must be a gateway id ([A-Za-z0-9_-]{1,64}) or \"*\"",
+            );
+        }
         self.verify_signature(c.trusted)?;
         if let Some(t) = &self.targets
             && !t.iter().any(|t| t == c.gateway || t == "*")
@@ -321,6 +330,15 @@ impl Document {
             None => Err("signature"),
         }
     }
+}
+
+/// A target as the signed bytes allow it: `*` or a gateway id.
+pub fn valid_target(t: &str) -> bool {
+    t == "*"
+        || (!t.is_empty()
+            && t.len() <= 64
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'))
 }
 
 /// What became of a document.
@@ -421,6 +439,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn targets_with_separators_or_control_characters_are_refused_before_the_signature() {
+        let key = PrivateKey::generate().unwrap();
+        let trusted = [key.public()];
+        let checks = Checks {
+            trusted: &trusted,
+            gateway: "gw-a",
+            now: 0,
+            accept_v1: false,
+        };
+        for bad in ["gw-a,gw-b", "gw-a\n", "gw\u{7}", "", "gw a"] {
+            let doc = Document::signed(
+                1,
+                "x = 1\n".into(),
+                (vec![bad.into(), "gw-a".into()], None),
+                &key,
+            );
+            assert_eq!(
+                doc.verify(&checks)
+                    .map_err(|e| e.split(':').next().unwrap_or(e)),
+                Err("invalid"),
+                "{bad:?}"
+            );
+        }
+        for good in ["gw-a", "*"] {
+            let doc = Document::signed(1, "x = 1\n".into(), (vec![good.into()], None), &key);
+            assert_eq!(doc.verify(&checks), Ok(()), "{good:?}");
+        }
+    }
+
+    #[test]
     fn keys_round_trip_through_pem_and_sign_documents_that_verify() {
         let dir = tempfile::tempdir().unwrap();
         let key = PrivateKey::generate().unwrap();
@@ -476,13 +524,14 @@ mod tests {
                 Err("signature")
             );
         }
-        // The same bytes with one comma-joined target name no gateway (ids have no commas).
+        // The same bytes with one comma-joined target: refused as a target no gateway has.
         let mut joined = doc.clone();
         joined.targets = Some(vec!["gw-a,gw-b".into()]);
         for gw in ["gw-a", "gw-b"] {
-            assert_eq!(
-                joined.verify(&checks(ours, gw, 0)),
-                Err("not_for_this_gateway"),
+            assert!(
+                joined
+                    .verify(&checks(ours, gw, 0))
+                    .is_err_and(|e| e.starts_with("invalid: targets")),
                 "{gw}"
             );
         }

@@ -261,6 +261,7 @@ mod tests {
             payload: seq.to_be_bytes().to_vec().into(),
             retain: false,
             at: 0,
+            report: false,
         }
     }
 

@@ -220,10 +220,12 @@ impl Store {
         max_outbox: u64,
         devices: bool,
     ) -> Result<(Self, Snapshot), StoreError> {
-        std::fs::create_dir_all(state_dir).map_err(|source| StoreError::Dir {
-            path: state_dir.to_path_buf(),
-            source,
-        })?;
+        std::fs::create_dir_all(state_dir)
+            .and_then(|()| crate::sys::make_private(state_dir))
+            .map_err(|source| StoreError::Dir {
+                path: state_dir.to_path_buf(),
+                source,
+            })?;
         let path = Self::file(state_dir);
         let db = if path.exists() {
             // Check a foreign or newer file without writing to it; a file that

@@ -166,24 +166,47 @@ pub fn inspect(state_dir: &Path) -> Result<Inspect, StoreError> {
     match redb::ReadOnlyDatabase::open(&path) {
         Ok(db) => read_inspect(&db, &path, state_dir),
         Err(redb::DatabaseError::RepairAborted) => {
-            // Left by a crash: recover a private copy, never the original.
-            let copy =
-                std::env::temp_dir().join(format!("tidemark-inspect-{}.redb", std::process::id()));
-            std::fs::copy(&path, &copy).map_err(|source| StoreError::Dir {
-                path: copy.clone(),
+            // Left by a crash: recover a copy in a directory only we can enter,
+            // never the original.
+            let dir = private_temp_dir().map_err(|source| StoreError::Dir {
+                path: std::env::temp_dir(),
                 source,
             })?;
-            let result = Database::open(&copy)
-                .map_err(|source| StoreError::Open {
-                    path: path.clone(),
+            let copy = dir.join("tidemark.redb");
+            let result = std::fs::copy(&path, &copy)
+                .map_err(|source| StoreError::Dir {
+                    path: copy.clone(),
                     source,
                 })
+                .and_then(|_| {
+                    Database::open(&copy).map_err(|source| StoreError::Open {
+                        path: path.clone(),
+                        source,
+                    })
+                })
                 .and_then(|db| read_inspect(&db, &path, state_dir));
-            let _ = std::fs::remove_file(&copy);
+            let _ = std::fs::remove_dir_all(&dir);
             result
         }
         Err(source) => Err(StoreError::Open { path, source }),
     }
+}
+
+/// A new directory (mode 0700) under the temp dir; a name already taken (by
+/// anyone, a symlink included) is never used.
+fn private_temp_dir() -> std::io::Result<std::path::PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let base = std::env::temp_dir();
+    let mut last = None;
+    for n in 0..1000u32 {
+        let dir = base.join(format!("tidemark-inspect-{}-{n}", std::process::id()));
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no free temp name")))
 }
 
 fn read_inspect<D: ReadableDatabase>(

@@ -160,6 +160,7 @@ mod tests {
             payload: b"{}".to_vec().into(),
             retain: false,
             at: 7,
+            report: false,
         };
         let body = encode(b"ops", &[(3, &e)], Some(2), &mut Vec::new());
         // A small record is one block: the earlier format, byte for byte.
@@ -185,6 +186,7 @@ mod tests {
                     .into(),
                 retain: false,
                 at: 7,
+                report: false,
             })
             .collect();
         let numbered: Vec<(u64, &OutboxEntry)> = (100..).zip(entries.iter()).collect();
@@ -210,6 +212,7 @@ mod tests {
             payload: b"{}".to_vec().into(),
             retain: true,
             at: 9,
+            report: false,
         };
         let mut cbor = Vec::new();
         let rec = RecordRef {

@@ -22,6 +22,7 @@ fn entry(i: u64) -> OutboxEntry {
         payload: vec![u8::try_from(i % 256).unwrap()].into(),
         retain: false,
         at: T0,
+        report: false,
     }
 }
 

@@ -60,6 +60,9 @@ pub struct PushOptions<'a> {
 
 /// The signing key and the document's TOML, checked.
 pub(super) fn key_and_text(key: &Path, config: &Path) -> Result<(PrivateKey, String), FleetError> {
+    if let Some(w) = crate::config::readable_by_others("--key", &key.display().to_string()) {
+        eprintln!("warning: {w}");
+    }
     let key = PrivateKey::read(key)
         .map_err(|e| FleetError::Usage(format!("--key {}: {e}", key.display())))?;
     let text = std::fs::read_to_string(config)
@@ -87,6 +90,12 @@ pub fn push(o: &PushOptions<'_>) -> Result<ConfigResult, FleetError> {
         }
         Document::signed_v1(o.id, text, &key)
     } else {
+        if !crate::fleet::valid_target(o.gateway) {
+            return Err(FleetError::Usage(format!(
+                "--gateway {:?}: a gateway id is [A-Za-z0-9_-]{{1,64}} (or \"*\")",
+                o.gateway
+            )));
+        }
         let targets = vec![o.gateway.to_owned()];
         Document::signed(o.id, text, (targets, o.not_after), &key)
     };

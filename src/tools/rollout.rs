@@ -337,6 +337,11 @@ pub fn rollout(o: &RolloutOptions<'_>) -> Result<Report, FleetError> {
                 link.prefix.of("+")
             )));
         }
+        if let Some(bad) = targets.iter().find(|t| !crate::fleet::valid_target(t)) {
+            return Err(FleetError::Usage(format!(
+                "gateway {bad:?}: a gateway id is [A-Za-z0-9_-]{{1,64}}"
+            )));
+        }
         let doc = Document::signed(o.id, text, (targets.clone(), o.not_after), &key);
         let doc = serde_json::to_vec(&doc).map_err(|e| FleetError::Failed(e.to_string()))?;
         let report = stages(o, &mut link, &targets, &doc).await?;

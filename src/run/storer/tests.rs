@@ -106,6 +106,7 @@ fn delivered_outputs_leave_memory_and_the_rest_stay_readable() {
         payload: vec![1].into(),
         retain: false,
         at: T0,
+        report: false,
     };
     for b in 0..3u64 {
         let mut batch = Batch {
