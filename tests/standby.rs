@@ -28,11 +28,23 @@ impl Board {
         up: &Mosquitto,
         takeover_s: u64,
     ) -> Self {
+        Self::with(dir, name, (site, up), takeover_s, "")
+    }
+
+    /// A board whose config adds `extra` (TOML: keys of `[metrics]`, then sections).
+    fn with(
+        dir: &Path,
+        name: &'static str,
+        (site, up): (&Mosquitto, &Mosquitto),
+        takeover_s: u64,
+        extra: &str,
+    ) -> Self {
         let state = dir.join(format!("state-{name}"));
         let http = support::free_port();
         let config = GatewayConfig::new("gw", &state, site, up)
             .http(http)
             .merge("metrics", FLEET)
+            .merge("metrics", extra)
             .set("standby", "enabled = true")
             .set("standby", &format!("node = \"{name}\""))
             .set("standby", &format!("takeover_s = {takeover_s}"))
@@ -424,6 +436,82 @@ fn two_fresh_boards_started_together_agree_on_one_active() {
         );
         for b in &mut boards {
             b.kill9();
+        }
+    }
+}
+
+/// The finding's timeline: the active hangs (SIGSTOP) past `takeover_s` while a
+/// QoS 1 fleet publishes, the standby takes over, the hung board resumes with the
+/// fleet still publishing. The resumed board must take no session, ack nothing
+/// and publish nothing before it reads the newer claim; every reading counts once.
+#[test]
+fn a_hung_active_resumed_mid_stream_takes_no_session_and_loses_nothing() {
+    let site = Mosquitto::stock();
+    let up_broker = Mosquitto::stock();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = dir.keep();
+    let takeover_s = 3;
+    // Links the broker gives up on within 7.5 s: the hung board's sessions are
+    // gone when it resumes, as on a site whose broker keeps the default keepalive.
+    let short = "[source]\nkeep_alive_s = 5\n[sink]\nkeep_alive_s = 5\n";
+    let mut boards = [
+        Board::with(&dir, "a", (&site, &up_broker), takeover_s, short),
+        Board::with(&dir, "b", (&site, &up_broker), takeover_s, short),
+    ];
+    let up = Collector::start(up_broker.port, "tidemark/gw/#", "resume-collector");
+    boards[0].start();
+    wait_line(&boards[0], ACTIVE, 0, MIN);
+    boards[0].gw.as_ref().expect("a").wait_ready();
+    boards[1].start();
+    wait_line(&boards[0], JOINED, 0, MIN);
+    // QoS 1 at ~250 readings/s from before the hang until after the resume.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pump = {
+        let (stop, port) = (stop.clone(), site.port);
+        std::thread::spawn(move || {
+            let mut publisher = Publisher::connect(port, "resume-fleet");
+            let mut fleet = Fleet::new(40, 150);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && fleet.send(&mut publisher, 10)
+            {
+                std::thread::sleep(Duration::from_millis(40));
+            }
+            (publisher, fleet)
+        })
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    let g = boards[0].gw.take().expect("a running");
+    signal(&g.child, "STOP");
+    let stopped = support::now_ms();
+    wait_line(&boards[1], TAKEOVER, 0, MIN);
+    // Resumed past the broker's keepalive expiry of the hung board's links.
+    let resume_at = stopped + 12_000;
+    while support::now_ms() < resume_at {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let sessions = |b: &Board| b.count("source connected") + b.count("sink connected");
+    let (before, deposed) = (sessions(&boards[0]), boards[0].count(DEPOSED));
+    signal(&g.child, "CONT");
+    boards[0].gw = Some(g);
+    wait_line(&boards[0], DEPOSED, deposed, MIN);
+    assert_eq!(
+        sessions(&boards[0]),
+        before,
+        "the resumed board connected before it read the newer claim:\n{}",
+        boards[0].log_text()
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut publisher, mut fleet) = pump.join().expect("fleet thread");
+    while fleet.send(&mut publisher, 10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    publisher.flush();
+    wait_counted(&fleet, &up, &boards[1].log, 3 * MIN);
+    assert_exact(&fleet, &up);
+    for b in &mut boards {
+        if let Some(g) = b.gw.take() {
+            let (code, _) = g.terminate();
+            assert_eq!(code, Some(0), "{}", b.log_text());
         }
     }
 }

@@ -217,6 +217,9 @@ pub struct Beat {
     /// The site broker published this as the board's will.
     #[serde(default)]
     pub dead: bool,
+    /// The sender's monotonic clock when it sent this (its own echo proves the claim from then).
+    #[serde(default)]
+    pub sent: Millis,
 }
 
 /// The standby's position, after each record it synced.
@@ -445,6 +448,14 @@ impl<A> Gate<A> {
             return (released, change);
         }
         (Vec::new(), None)
+    }
+
+    /// This board's proof of the claim is back after a stall or a lost link: the
+    /// standby's silence is counted from now (the gap was this board's).
+    pub fn resume(&mut self, mono: Millis) {
+        if self.peer != PeerState::Lost {
+            self.last_seen = Some(mono);
+        }
     }
 
     /// The site broker reports `node` gone (its will, or a clean stop's last beat):

@@ -20,6 +20,7 @@ mod core;
 mod delivery;
 mod error;
 mod events;
+mod fence;
 mod health;
 mod http;
 mod metrics;

@@ -35,6 +35,8 @@ const CLAIM_ECHO_MS: u64 = 3_000;
 const STOP_WAIT_MS: u64 = 2_000;
 /// Time after the echo of a claim in which a rival claim still counts.
 const CLAIM_SETTLE_MS: u64 = 500;
+/// A gap between two ticks longer than this is a stall of the board itself.
+const STALL_MS: Millis = 1_500;
 /// Time given to the retained claim to arrive after subscribing.
 const CLAIM_WAIT_MS: u64 = 1_500;
 
@@ -74,6 +76,7 @@ impl PairLink {
             pos: 0,
             inst,
             dead: true,
+            sent: 0,
         })
         .unwrap_or_default();
         let (client, mut lp) = link::build(&LinkOptions {
@@ -149,7 +152,7 @@ impl PairLink {
         })
     }
 
-    fn beat(&self, role: Role, epoch: u64, pos: u64, dead: bool) {
+    fn beat(&self, role: Role, (epoch, pos): (u64, u64), dead: bool, sent: Millis) {
         let b = Beat {
             node: self.node.clone(),
             role,
@@ -157,6 +160,7 @@ impl PairLink {
             pos,
             inst: self.inst,
             dead,
+            sent,
         };
         let _ = self.client.publish(
             &self.topics.beat(&self.node),
@@ -219,7 +223,7 @@ impl PairLink {
     pub async fn close(self, step_down: Option<(u64, u64)>) {
         if let Some((epoch, pos)) = step_down {
             // A clean stop of the active: the standby takes over without waiting takeover_s.
-            self.beat(Role::Active, epoch, pos, true);
+            self.beat(Role::Active, (epoch, pos), true, 0);
         }
         let _ = self.client.disconnect();
         let task = self.task;
@@ -233,6 +237,16 @@ impl PairLink {
             tracing::debug!("pair link did not close in time");
         }
     }
+}
+
+/// (beat interval, how long a proof holds) for `takeover_ms`: the standby takes
+/// over no sooner than `takeover_ms` after it last heard this board, so a proof
+/// from a beat sent at t holds until t + `takeover_ms` less a margin of a quarter
+/// (at least two beats).
+fn proof_times(takeover_ms: Millis) -> (Millis, Millis) {
+    let beat = (takeover_ms / 5).clamp(100, BEAT_MS);
+    let margin = (takeover_ms / 4).max(2 * beat);
+    (beat, takeover_ms.saturating_sub(margin).max(beat))
 }
 
 /// What became of a claim.
@@ -263,6 +277,9 @@ pub struct Activation {
     pub from: Option<(String, u64)>,
     /// Silence after which the standby is lost.
     pub takeover_ms: Millis,
+    /// Monotonic time just before the claim that made this board active was
+    /// published: the first proof of the claim.
+    pub proven_at: Millis,
 }
 
 impl Activation {
@@ -321,11 +338,15 @@ pub async fn elect(cfg: &Config, sb: &Standby, inst: u64) -> Result<Start, RunEr
             Ok(Start::Standby(link, Some(c)))
         }
         other => {
-            let epoch = other.map_or(0, |c| c.epoch) + 1;
+            let Some(epoch) = other.map_or(0, |c| c.epoch).checked_add(1) else {
+                return Err(RunError::Pair("the pair's epoch is exhausted".into()));
+            };
+            let clock = SystemClock::new();
+            let proven_at = clock.mono();
             let claim = Claim {
                 node: sb.node.clone(),
                 epoch,
-                at: SystemClock::new().now().wall,
+                at: clock.now().wall,
             };
             match link.claim(&claim).await {
                 Claimed::Held => {}
@@ -345,6 +366,7 @@ pub async fn elect(cfg: &Config, sb: &Standby, inst: u64) -> Result<Start, RunEr
                 epoch,
                 from: None,
                 takeover_ms: sb.takeover_ms,
+                proven_at,
             }))
         }
     }
@@ -365,6 +387,18 @@ pub struct ActivePair {
     clock: SystemClock,
     deposed: mpsc::UnboundedSender<RunError>,
     own: Claim,
+    /// This board's proof of the claim (the fence of its source, sink and acks).
+    proof: super::fence::Proof,
+    /// How long a proof holds: `takeover_s` less a margin.
+    valid_ms: Millis,
+    /// Beats go out this often.
+    beat_ms: Millis,
+    /// Proofs from before this (a stall, a lost link) do not count.
+    revoked_at: Millis,
+    /// Acks released while the proof was not fresh: they go once it is again.
+    fenced: Vec<(u64, crate::sys::link::Held, Millis)>,
+    /// A newer claim of another board was seen: nothing is proven any more.
+    deposed_by: Option<Claim>,
 }
 
 /// What the active's pair task is wired to.
@@ -381,6 +415,8 @@ pub struct ActiveLinks {
     pub registry: Arc<Registry>,
     /// A newer claim: this board must stop publishing.
     pub deposed: mpsc::UnboundedSender<RunError>,
+    /// The fence of this board's source, sink and acks.
+    pub proof: super::fence::Proof,
 }
 
 impl ActivePair {
@@ -401,8 +437,16 @@ impl ActivePair {
                 at: clock.now().wall,
             }));
         }
+        let (beat_ms, valid_ms) = proof_times(a.takeover_ms);
+        links.proof.proven(a.proven_at, valid_ms);
         Self {
             gate: Gate::new(stream.max(1), a.takeover_ms),
+            proof: links.proof,
+            valid_ms,
+            beat_ms,
+            revoked_at: 0,
+            fenced: Vec::new(),
+            deposed_by: None,
             epoch: a.epoch,
             stream: stream.max(1),
             link: a.link,
@@ -419,9 +463,10 @@ impl ActivePair {
 
     /// Runs until the store thread's last commit (or the gateway is dropped).
     pub async fn run(mut self) {
-        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut next_beat = 0;
+        let mut last_tick = self.clock.mono();
         self.status();
         loop {
             tokio::select! {
@@ -438,12 +483,23 @@ impl ActivePair {
                 Some(ev) = self.link.events.recv() => self.event(ev),
                 _ = tick.tick() => {
                     let now = self.clock.now();
-                    let (released, change) = self.gate.tick(now.mono);
-                    self.release(released);
-                    self.changed(change);
+                    if now.mono.saturating_sub(last_tick) > STALL_MS {
+                        // This board stalled: the claim may have moved meanwhile.
+                        tracing::warn!(stalled_ms = now.mono - last_tick, "pair: this board stalled; no ack, session or publish until the pair's claim is read again");
+                        self.revoke(now.mono);
+                    }
+                    last_tick = now.mono;
+                    if self.proof.holds_at(now.mono) {
+                        // Only a silence this board lived through with its proof counts.
+                        let (released, change) = self.gate.tick(now.mono);
+                        self.release(released);
+                        self.changed(change);
+                        let fenced = std::mem::take(&mut self.fenced);
+                        self.release(fenced);
+                    }
                     if now.mono >= next_beat {
-                        next_beat = now.mono + BEAT_MS;
-                        self.link.beat(Role::Active, self.epoch, self.gate.pos(), false);
+                        next_beat = now.mono + self.beat_ms;
+                        self.link.beat(Role::Active, (self.epoch, self.gate.pos()), false, now.mono);
                     }
                     self.status();
                 }
@@ -463,6 +519,9 @@ impl ActivePair {
         }
         let rest = self.gate.release_all();
         self.release(rest);
+        let fenced = std::mem::take(&mut self.fenced);
+        self.release(fenced);
+        self.proof.revoke();
         let _ = self.acks.send(AckJob::Done);
         let pos = self.gate.pos();
         self.link.close(Some((self.epoch, pos))).await;
@@ -493,10 +552,16 @@ impl ActivePair {
     }
 
     fn event(&mut self, ev: PairEvent) {
-        let PairEvent::Msg(topic, payload) = ev else {
-            return;
-        };
         let now = self.clock.now();
+        let (topic, payload) = match ev {
+            PairEvent::Msg(topic, payload) => (topic, payload),
+            PairEvent::Down => {
+                // The link is gone (its will may be out): nothing is proven until it is back.
+                self.revoke(now.mono);
+                return;
+            }
+            PairEvent::Up => return,
+        };
         if topic == self.link.topics.state() {
             if let Ok(c) = serde_json::from_slice::<Claim>(&payload)
                 && c.node != self.own.node
@@ -504,6 +569,9 @@ impl ActivePair {
             {
                 tracing::warn!(active = %c.node, epoch = c.epoch, own_epoch = self.epoch,
                     "pair: another board claims the gateway with a newer epoch; this one stops publishing and rejoins as standby");
+                self.proof.revoke();
+                self.fenced.clear();
+                self.deposed_by = Some(c.clone());
                 let _ = self.deposed.send(RunError::Deposed {
                     node: c.node,
                     epoch: c.epoch,
@@ -532,6 +600,22 @@ impl ActivePair {
             if node == self.own.node {
                 if b.inst != self.link.inst && !b.dead {
                     tracing::error!(node = %node, "pair: another process runs with this board's standby.node; give each board its own");
+                } else if b.inst == self.link.inst
+                    && !b.dead
+                    && b.epoch == self.epoch
+                    && b.sent >= self.revoked_at
+                    && self.deposed_by.is_none()
+                {
+                    // Our own beat came back with no newer claim before it: the claim
+                    // is ours as of when it was sent.
+                    let was = self.proof.holds_at(now.mono);
+                    self.proof.proven(b.sent, self.valid_ms);
+                    if !was && self.proof.holds_at(now.mono) {
+                        tracing::info!(
+                            "pair: the claim is this board's again; acks and sessions resume"
+                        );
+                        self.gate.resume(now.mono);
+                    }
                 }
             } else if b.dead {
                 let (released, change) = self.gate.gone(&node);
@@ -550,11 +634,22 @@ impl ActivePair {
         );
     }
 
-    fn release(&self, acks: Vec<(u64, crate::sys::link::Held, Millis)>) {
-        if acks.is_empty() {
+    /// Nothing is proven from `mono` on (a stall, the link lost).
+    fn revoke(&mut self, mono: Millis) {
+        self.revoked_at = mono;
+        self.proof.revoke();
+    }
+
+    fn release(&mut self, acks: Vec<(u64, crate::sys::link::Held, Millis)>) {
+        if acks.is_empty() || self.deposed_by.is_some() {
             return;
         }
         let now = self.clock.mono();
+        if !self.proof.holds_at(now) {
+            // Held until the claim is proven again; dropped if deposed meanwhile.
+            self.fenced.extend(acks);
+            return;
+        }
         for (_, _, at) in &acks {
             self.registry.ack_delay.observe(now.saturating_sub(*at));
         }
@@ -704,6 +799,7 @@ pub async fn follow(
             epoch: t.epoch,
             from: t.from,
             takeover_ms: t.takeover_ms,
+            proven_at: t.proven_at,
         })),
         Ok(None) => Ok(Followed::Stopped),
         Err(e) => Err(e),
@@ -715,6 +811,7 @@ struct Taken {
     epoch: u64,
     from: Option<(String, u64)>,
     takeover_ms: Millis,
+    proven_at: Millis,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -763,6 +860,7 @@ async fn follow_loop(
     };
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_tick = start;
     tracing::info!(node = %sb.node, "pair: standby; asking the active for its state");
     loop {
         tokio::select! {
@@ -785,7 +883,11 @@ async fn follow_loop(
                 };
                 let now = clock.now();
                 match ev {
-                    PairEvent::Up => report(link, &position, want),
+                    PairEvent::Up => {
+                        // Silence while this board was away is not the active's.
+                        active_seen = active_seen.max(now.mono);
+                        report(link, &position, want);
+                    }
                     PairEvent::Down => {}
                     PairEvent::Msg(topic, payload) if topic == topics.stream() => {
                         let Some(item) = asm.push(&payload) else { continue };
@@ -876,9 +978,16 @@ async fn follow_loop(
             }
             _ = tick.tick() => {
                 let now = clock.now();
+                if now.mono.saturating_sub(last_tick) > STALL_MS {
+                    // This board stalled (a pause, a suspended VM): the silence is its own.
+                    tracing::warn!(stalled_ms = now.mono - last_tick, "pair: this board stalled; the active's silence is counted from now");
+                    active_seen = active_seen.max(now.mono);
+                    own_echo = None;
+                }
+                last_tick = now.mono;
                 if now.mono >= next_beat {
                     next_beat = now.mono + BEAT_MS;
-                    link.beat(Role::Standby, position.epoch, position.pos, false);
+                    link.beat(Role::Standby, (position.epoch, position.pos), false, now.mono);
                     report(link, &position, want);
                 }
                 let active = claim.as_ref().map(|c| c.node.clone()).unwrap_or_default();
@@ -922,7 +1031,10 @@ async fn follow_loop(
                     }
                     continue;
                 }
-                let epoch = position.epoch.max(claim.as_ref().map_or(0, |c| c.epoch)) + 1;
+                let Some(epoch) = position.epoch.max(claim.as_ref().map_or(0, |c| c.epoch)).checked_add(1) else {
+                    return Err(RunError::Pair("the pair's epoch is exhausted".into()));
+                };
+                let proven_at = clock.mono();
                 let mine = Claim { node: sb.node.clone(), epoch, at: now.wall };
                 tracing::warn!(active = %active, epoch, position = position.pos, "pair: the active is dead; taking over");
                 match link.claim(&mine).await {
@@ -945,6 +1057,7 @@ async fn follow_loop(
                     epoch,
                     from: Some((active, position.pos)),
                     takeover_ms: sb.takeover_ms,
+                    proven_at,
                 }));
             }
         }

@@ -44,6 +44,9 @@ pub enum SinkMsg {
 
 /// Gateway notices kept while the uplink is down (the newest).
 const NOTICES_KEPT: usize = 64;
+/// How often a fenced link looks at its proof again.
+pub(super) const FENCE_LOOK: Duration = Duration::from_millis(50);
+
 /// Outbox entries read per backlog step.
 const BACKLOG_READ: usize = 512;
 /// Time given to the uplink to drain at shutdown.
@@ -97,6 +100,8 @@ pub struct Sink {
     ping_pending: bool,
     /// The Sparkplug edge node's task (`[sink.sparkplug]`), fed the same entries.
     spb: Option<tokio::sync::mpsc::UnboundedSender<super::spb::SpbMsg>>,
+    /// Outside its proof of the pair's claim the board neither connects nor publishes.
+    fence: super::fence::Fence,
 }
 
 impl Sink {
@@ -135,7 +140,14 @@ impl Sink {
             clock,
             ping_pending: false,
             spb: None,
+            fence: super::fence::Fence::open(clock),
         })
+    }
+
+    /// Fenced by the pair's claim (a board of a pair).
+    pub fn with_fence(mut self, fence: super::fence::Fence) -> Self {
+        self.fence = fence;
+        self
     }
 
     /// Hands every entry, the counters, reloads and the stop to the edge node too.
@@ -177,8 +189,11 @@ impl Sink {
         let mut rx_open = true;
         let mut alarm = super::alarm::Alarm::new(self.clock);
         loop {
-            self.send_notices();
-            if self.cfg.plain {
+            let fenced = !self.fence.holds();
+            if !fenced {
+                self.send_notices();
+            }
+            if self.cfg.plain && !fenced {
                 fill(
                     &mut self.d,
                     &self.client,
@@ -198,7 +213,8 @@ impl Sink {
             }
             alarm.want(self.answer_due().filter(|_| backoff.is_none()));
             tokio::select! {
-                ev = self.lp.poll(), if backoff.is_none() => match ev {
+                () = tokio::time::sleep(FENCE_LOOK), if fenced => {}
+                ev = self.lp.poll(), if backoff.is_none() && !fenced => match ev {
                     Ok(ev) => self.on_event(ev),
                     Err(e) => {
                         self.lost();

@@ -57,6 +57,8 @@ pub struct Links {
     pub registry: Arc<Registry>,
     /// What stops the gateway: a site broker that refuses the probe topic.
     pub fatal: tokio::sync::mpsc::UnboundedSender<RunError>,
+    /// Outside its proof of the pair's claim the board takes no session.
+    pub fence: super::fence::Fence,
 }
 
 /// The source component.
@@ -112,18 +114,24 @@ impl Source {
     pub async fn run(mut self) {
         let mut was_paused = false;
         // Looks at the store's state even when no message comes.
-        let mut look = tokio::time::interval(Duration::from_millis(200));
+        let mut look = tokio::time::interval(Duration::from_millis(50));
         look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut alarm = super::alarm::Alarm::new(self.proof.clock);
         loop {
             // The state store cannot commit: stop taking messages (the broker keeps
             // them; a long pause drops the connection and they come again).
-            let paused = !self.links.store_state.borrow().is_ok() && !self.stopping;
+            // A board of a pair outside its proof of the claim neither reads nor
+            // (re)connects: the session may be another board's now.
+            let fenced = !self.links.fence.holds();
+            let paused = (!self.links.store_state.borrow().is_ok() || fenced) && !self.stopping;
             if paused != was_paused {
                 was_paused = paused;
                 // To the core a pause is a disconnect: the broker's backlog grows,
                 // so processing time must not advance anything meanwhile (SPEC §5).
-                let ev = if paused {
+                let ev = if paused && fenced {
+                    tracing::warn!(url = %self.cfg.endpoint.url(), "source paused: this board has no fresh proof of the pair's claim");
+                    Inbound::Disconnected
+                } else if paused {
                     tracing::warn!(url = %self.cfg.endpoint.url(), "source paused: the state store cannot commit");
                     Inbound::Disconnected
                 } else {

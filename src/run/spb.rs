@@ -78,6 +78,8 @@ pub struct EdgeSink {
     /// When the last rebirth request was answered (monotonic ms).
     reborn_at: Option<Millis>,
     registry: std::sync::Arc<super::registry::Registry>,
+    /// Outside its proof of the pair's claim the board neither connects nor publishes.
+    fence: super::fence::Fence,
 }
 
 /// Where `bdSeq` is kept.
@@ -133,6 +135,12 @@ fn build(
 
 impl EdgeSink {
     /// An edge node publishing what `reader` holds; `delivered` says how far it got.
+    /// Fenced by the pair's claim (a board of a pair).
+    pub fn with_fence(mut self, fence: super::fence::Fence) -> Self {
+        self.fence = fence;
+        self
+    }
+
     /// An NCMD rebirth: NBIRTH and every DBIRTH again, at most once per
     /// `rebirth_min_interval_ms`; a request inside it is counted, not answered.
     fn rebirth(&mut self) {
@@ -194,6 +202,7 @@ impl EdgeSink {
             clock,
             reborn_at: None,
             registry,
+            fence: super::fence::Fence::open(clock),
         })
     }
 
@@ -211,9 +220,12 @@ impl EdgeSink {
         let mut backoff: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
         let mut rx_open = true;
         loop {
+            let fenced = !self.fence.holds();
             // Births first (thousands of DBIRTHs go as the link takes them), then data.
-            self.flush_pending();
-            if self.phase == Phase::Live && self.pending.is_empty() {
+            if !fenced {
+                self.flush_pending();
+            }
+            if self.phase == Phase::Live && self.pending.is_empty() && !fenced {
                 self.fill().await;
             }
             if drain.is_some()
@@ -224,7 +236,8 @@ impl EdgeSink {
                 break;
             }
             tokio::select! {
-                ev = self.lp.poll(), if backoff.is_none() => match ev {
+                () = tokio::time::sleep(super::sink::FENCE_LOOK), if fenced => {}
+                ev = self.lp.poll(), if backoff.is_none() && !fenced => match ev {
                     Ok(ev) => self.on_event(ev),
                     Err(e) => {
                         if drain.is_some() {

@@ -85,6 +85,13 @@ pub fn start(
         a.show(&registry);
     }
     let source_link = source::build(&cfg.source, started_at)?;
+    // A board of a pair acts only on a fresh proof of the claim (its pair task keeps it).
+    let (proof, fence) = if pair.is_some() {
+        let (p, f) = super::fence::Fence::paired(clock);
+        (Some(p), f)
+    } else {
+        (None, super::fence::Fence::open(clock))
+    };
 
     let (core_tx, core_rx) = mpsc::channel::<Inbound>(8192);
     let (store_tx, store_rx) = std::sync::mpsc::sync_channel::<StoreJob>(1);
@@ -120,7 +127,8 @@ pub fn start(
                 edge_tx,
                 (&cfg.gateway.state_dir, seed.rotate_left(29), clock),
                 registry.clone(),
-            )?;
+            )?
+            .with_fence(fence.clone());
             edge_tasks.push(tokio::spawn(edge.run()));
             edge_tasks.push(tokio::spawn(both_delivered(
                 cfg.sink.plain.then_some(plain_rx),
@@ -142,6 +150,7 @@ pub fn start(
     if let Some(spb) = spb_senders.pop() {
         sink = sink.with_edge_node(spb);
     }
+    sink = sink.with_fence(fence.clone());
     let fleet_last_id = restored.driver.engine().fleet_last_id();
     let core = Core::new(
         restored.driver,
@@ -172,7 +181,7 @@ pub fn start(
     };
     let mut pair_task = None;
     let mut durable = restored.durable;
-    if let Some(activation) = pair {
+    if let (Some(activation), Some(proof)) = (pair, proof) {
         durable = durable.replicating();
         let links = super::pair::ActiveLinks {
             commits: pair_rx,
@@ -181,6 +190,7 @@ pub fn start(
             sink: sink_tx.clone(),
             registry: registry.clone(),
             deposed: fatal_tx.clone(),
+            proof,
         };
         let stream = seed.rotate_left(41) | 1;
         pair_task = Some(super::pair::ActivePair::new(
@@ -200,6 +210,7 @@ pub fn start(
             flushed: flushed_rx,
             registry: registry.clone(),
             fatal: fatal_tx.clone(),
+            fence,
         },
         (seed, started_at, clock),
     );
