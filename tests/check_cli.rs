@@ -164,6 +164,13 @@ fn broken_configs_exit_2_naming_the_key() {
             "sink.sparkplug.group_id: \"tidemark\" is also taken by [sparkplug] ingest on the same broker"),
         (ex.replace("enabled = false                   # both boards", "enabled = true # both boards"), "standby.node: \"\" must be 1..32 chars"),
         (ex.replace("node = \"\"  ", "node = \"a/b\""), "standby.node: \"a/b\" must be"),
+        (ex.replace("enabled = false                   # both boards", "enabled = true # both boards")
+            .replace("node = \"\"  ", "node = \"a\""),
+            "standby.key_file: is required with standby.enabled"),
+        (ex.replace("enabled = false                   # both boards", "enabled = true # both boards")
+            .replace("node = \"\"  ", "node = \"a\"")
+            .replace("key_file = \"\"  ", "key_file = \"/etc/hostname\""),
+            "standby.key_file: \"/etc/hostname\""),
         (ex.replace("takeover_s = 10 ", "takeover_s = 0 "), "standby.takeover_s: must be 1..=3600"),
         (ex.replace("enabled = false                   # both boards", "enabled = true # both boards")
             .replace("node = \"\"  ", "node = \"a\"")

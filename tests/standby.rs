@@ -41,6 +41,7 @@ impl Board {
     ) -> Self {
         let state = dir.join(format!("state-{name}"));
         let http = support::free_port();
+        let key = pair_key(dir);
         let config = GatewayConfig::new("gw", &state, site, up)
             .http(http)
             .merge("metrics", FLEET)
@@ -48,6 +49,10 @@ impl Board {
             .set("standby", "enabled = true")
             .set("standby", &format!("node = \"{name}\""))
             .set("standby", &format!("takeover_s = {takeover_s}"))
+            .set(
+                "standby",
+                &format!("key_file = {:?}", key.display().to_string()),
+            )
             .write(&dir.join(format!("{name}.toml")));
         Self {
             name,
@@ -76,6 +81,29 @@ impl Board {
             g.kill9();
         }
     }
+}
+
+/// The pair's key in `dir`, made by `tidemark pair keygen` the first time.
+fn pair_key(dir: &Path) -> PathBuf {
+    let key = dir.join("pair.key");
+    if !key.exists() {
+        let o = support::tidemark()
+            .args(["pair", "keygen", "--out"])
+            .arg(&key)
+            .output()
+            .expect("tidemark pair keygen");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let again = support::tidemark()
+            .args(["pair", "keygen", "--out"])
+            .arg(&key)
+            .output()
+            .expect("tidemark pair keygen");
+        assert_eq!(again.status.code(), Some(2), "keygen must not overwrite");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&key).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+    }
+    key
 }
 
 const ACTIVE: &str = "pair: this board is active";

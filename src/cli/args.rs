@@ -45,6 +45,30 @@ pub enum Command {
     Fleet(FleetArgs),
     /// Read-only dump of persisted state (run while the gateway is stopped).
     Inspect(InspectArgs),
+    /// The standby pair's shared key (SPEC §13).
+    Pair(PairArgs),
+}
+
+/// `tidemark pair ...`
+#[derive(Debug, clap::Args)]
+pub struct PairArgs {
+    #[command(subcommand)]
+    pub command: PairCommand,
+}
+
+/// What `tidemark pair` does.
+#[derive(Debug, clap::Subcommand)]
+pub enum PairCommand {
+    /// A fresh pair key (32 random bytes, base64) to FILE, mode 0600; never overwrites.
+    Keygen(PairKeygenArgs),
+}
+
+/// `pair keygen`'s arguments.
+#[derive(Debug, clap::Args)]
+pub struct PairKeygenArgs {
+    /// Where the key goes (it must not exist); copy the same file to both boards.
+    #[arg(long)]
+    pub out: PathBuf,
 }
 
 /// Run the gateway until SIGTERM/SIGINT, then flush state and exit 0.

@@ -20,6 +20,9 @@ pub fn dispatch(command: Command, log_format: Option<LogFormat>) -> Result<(), F
         Command::Inspect(a) => super::inspect::run(&a.state_dir, a.json),
         Command::Status(a) => status(a),
         Command::Fleet(a) => fleet(a.command),
+        Command::Pair(a) => match a.command {
+            PairCommand::Keygen(k) => pair_keygen(&k.out),
+        },
         Command::Demo(a) => {
             init_plain_logging(log_format);
             demo(&a)
@@ -50,6 +53,27 @@ fn run(a: &RunArgs, log_format: Option<LogFormat>) -> Result<(), Failure> {
         remote,
     };
     tidemark::run::run(&cfg, opts).map_err(|e| Failure::Failed(format!("tidemark stopped: {e}")))
+}
+
+/// Writes a new pair key to `out` (mode 0600, never over an existing file).
+fn pair_keygen(out: &std::path::Path) -> Result<(), Failure> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let key = tidemark::pair::auth::Keys::generate().map_err(Failure::Failed)?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(out)
+        .map_err(|e| Failure::Usage(format!("--out {}: {e}", out.display())))?;
+    f.write_all(key.as_bytes())
+        .and_then(|()| f.sync_all())
+        .map_err(|e| Failure::Failed(format!("{}: {e}", out.display())))?;
+    println!(
+        "pair key: {} (mode 0600); the same file on both boards, as [standby] key_file",
+        out.display()
+    );
+    Ok(())
 }
 
 fn check(a: &CheckArgs) -> Result<(), Failure> {

@@ -117,6 +117,7 @@ impl Config {
             ("sink.password_file", &r.sink.password_file),
             ("sink.key_file", &r.sink.key_file),
             ("metrics.token_file", &r.metrics.token_file),
+            ("standby.key_file", &r.standby.key_file),
         ];
         for (key, file) in secrets {
             if let Some(w) = readable_by_others(key, file) {

@@ -116,6 +116,8 @@ accept_v1 = false
 enabled = false
 node = ""
 takeover_s = 10
+key_file = ""
+max_frame_mib = 16
 "#;
 
 /// Upper bound of `time.skew_window` (buckets kept inline per device).
@@ -164,6 +166,10 @@ pub struct RawStandby {
     pub node: String,
     /// Silence of the active on the pair's topics after which it is declared dead.
     pub takeover_s: u64,
+    /// The pair's shared secret: base64 of 32 random bytes (a second line during a change).
+    pub key_file: String,
+    /// The most one pair message, a reassembled record or snapshot may hold (MiB).
+    pub max_frame_mib: u64,
 }
 
 /// `[gateway]`

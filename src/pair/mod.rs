@@ -9,6 +9,8 @@
 //! - `beat/{node}`: each board's sign of life, once a second, and its will ([`Beat`], JSON);
 //! - `state`: retained, the active's claim: node and epoch ([`Claim`], JSON).
 
+pub mod auth;
+
 use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
@@ -150,14 +152,32 @@ pub fn frames(kind: Kind, epoch: u64, stream: u64, pos: u64, body: &[u8]) -> Vec
 }
 
 /// Reassembles frames that arrive in order (one publisher, one topic, QoS 1).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Assembler {
     current: Option<Item>,
     next_part: u32,
     parts: u32,
+    /// The most an item may hold (`standby.max_frame_mib`).
+    max: usize,
+}
+
+impl Default for Assembler {
+    fn default() -> Self {
+        Self::bounded(usize::MAX)
+    }
 }
 
 impl Assembler {
+    /// An assembler of items of at most `max` bytes.
+    pub fn bounded(max: usize) -> Self {
+        Self {
+            current: None,
+            next_part: 0,
+            parts: 0,
+            max,
+        }
+    }
+
     /// Takes one encoded frame; a whole item when it was the last piece. A frame
     /// that does not continue the item under way starts over (a lost piece: the
     /// position check after it asks for a snapshot).
@@ -168,7 +188,10 @@ impl Assembler {
         });
         if !continues {
             self.current = None;
-            if f.part != 0 {
+            let announced = usize::try_from(f.parts).unwrap_or(usize::MAX);
+            if f.part != 0
+                || announced.saturating_mul(FRAME_BYTES) > self.max.saturating_add(FRAME_BYTES)
+            {
                 return None;
             }
             self.current = Some(Item {
@@ -182,6 +205,10 @@ impl Assembler {
             self.next_part = 0;
         }
         let cur = self.current.as_mut()?;
+        if f.data.len() > FRAME_BYTES || cur.data.len() + f.data.len() > self.max {
+            self.current = None;
+            return None;
+        }
         cur.data.extend_from_slice(&f.data);
         self.next_part += 1;
         if self.next_part >= self.parts {
@@ -394,7 +421,8 @@ impl<A> Gate<A> {
         let mut change = None;
         let mut want_snapshot = false;
         if on_stream {
-            self.synced = self.synced.max(r.pos);
+            // A report confirms only what was sent on this stream.
+            self.synced = self.synced.max(r.pos.min(self.pos));
             if self.peer != PeerState::Synced {
                 match self.snapshot {
                     // It installed the snapshot it was sent and synced what followed.
@@ -538,6 +566,8 @@ pub struct Status {
     pub lag_records: u64,
     /// The same in time (the oldest commit waiting).
     pub lag_ms: u64,
+    /// Messages on the pair's topics refused (forged, replayed, too large) since start.
+    pub rejected: u64,
     /// The other board.
     pub peer: PeerStatus,
 }

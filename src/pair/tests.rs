@@ -182,3 +182,41 @@ fn the_standbys_will_loses_it_at_once_and_anothers_does_not() {
     assert_eq!(g.peer(), PeerState::Lost);
     assert_eq!(g.gone("b"), (vec![], None));
 }
+
+#[test]
+fn items_over_the_bound_are_dropped_and_the_next_one_still_arrives() {
+    let mut a = Assembler::bounded(2 * FRAME_BYTES);
+    let big = vec![1u8; 2 * FRAME_BYTES + 1];
+    for f in frames(Kind::Snapshot, 1, 1, 1, &big) {
+        assert!(
+            a.push(&f).is_none(),
+            "an item over the bound never completes"
+        );
+    }
+    // Announcing a million parts is refused at the first frame.
+    let mut lie =
+        ciborium::de::from_reader::<Frame, _>(&frames(Kind::Record, 1, 1, 2, b"x")[0][..]).unwrap();
+    lie.parts = 1_000_000;
+    let mut bytes = Vec::new();
+    ciborium::ser::into_writer(&lie, &mut bytes).unwrap();
+    assert!(a.push(&bytes).is_none());
+    let ok = vec![2u8; 2 * FRAME_BYTES];
+    let mut got = None;
+    for f in frames(Kind::Snapshot, 1, 1, 3, &ok) {
+        got = got.or(a.push(&f));
+    }
+    assert_eq!(got.map(|i| i.data), Some(ok));
+}
+
+#[test]
+fn a_report_beyond_what_was_sent_releases_only_what_was_sent() {
+    let mut g = synced(0);
+    assert_eq!(g.committed(2, vec![20], 0), Vec::<u32>::new());
+    // A report naming u64::MAX confirms commit 2 at most: commit 3's acks still wait.
+    let (released, _, _) = g.report(&report(u64::MAX, 1, false), 10, 10);
+    assert_eq!(released, vec![20]);
+    assert_eq!(g.committed(3, vec![30], 20), Vec::<u32>::new());
+    assert_eq!(g.lag_records(), 1);
+    let (released, _, _) = g.report(&report(3, 1, false), 30, 30);
+    assert_eq!(released, vec![30]);
+}

@@ -209,6 +209,12 @@ impl Metrics {
             "Age of the oldest commit waiting for the standby.",
             seconds(i64::try_from(pair.lag_ms).unwrap_or(i64::MAX)),
         );
+        p.one(
+            "pair_rejected_total",
+            "counter",
+            "Messages on the pair's topics refused (forged, replayed, too large) since start.",
+            pair.rejected,
+        );
     }
 
     fn prom_counters(&self, p: &mut Prom) {

@@ -16,6 +16,9 @@ use super::sink::SinkMsg;
 use crate::config::{Config, Standby};
 use crate::engine::Engine;
 use crate::model::Millis;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::pair::auth::{self, Sealer};
 use crate::pair::{
     Assembler, Beat, Change, Claim, Gate, Kind, PeerStateName, PeerStatus, Position, Report, Role,
     Status, Step, Topics, frames,
@@ -52,7 +55,9 @@ pub enum PairEvent {
 }
 
 /// The board's own session on the site broker for the pair's topics; its will
-/// is a `dead` beat.
+/// is a `dead` beat. Everything it sends is sealed with the pair key and its
+/// session; everything it passes on was opened and found fresh
+/// ([`crate::pair::auth`]); the rest is counted and dropped.
 pub struct PairLink {
     client: Client,
     events: mpsc::UnboundedReceiver<PairEvent>,
@@ -61,7 +66,13 @@ pub struct PairLink {
     topics: Topics,
     node: String,
     inst: u64,
+    sealer: Arc<std::sync::Mutex<Sealer>>,
+    /// Messages refused since start.
+    pub rejected: Arc<AtomicU64>,
 }
+
+/// Refusals are logged at most this often.
+const REFUSAL_LOG_MS: Millis = 60_000;
 
 impl PairLink {
     /// Connects (in the background, retrying) as `role`.
@@ -69,7 +80,7 @@ impl PairLink {
         let topics = Topics::new(cfg.gateway.id.as_ref());
         let mut endpoint = cfg.source.endpoint.clone();
         endpoint.client_id = format!("{}-pair-{}", endpoint.client_id, sb.node);
-        let will = serde_json::to_vec(&Beat {
+        let will_body = serde_json::to_vec(&Beat {
             node: sb.node.clone(),
             role,
             epoch: 0,
@@ -79,18 +90,38 @@ impl PairLink {
             sent: 0,
         })
         .unwrap_or_default();
+        let beat_topic = topics.beat(&sb.node);
+        let sealer = Arc::new(std::sync::Mutex::new(Sealer::new(
+            sb.keys.clone(),
+            &sb.node,
+            auth::random_nonce(),
+        )));
+        let will = lock(&sealer).seal_will(&beat_topic, &will_body);
         let (client, mut lp) = link::build(&LinkOptions {
             endpoint: &endpoint,
             v5: cfg.source.v5,
             persistent: false,
             session_expiry_s: 0,
             manual_acks: false,
-            will: Some((topics.beat(&sb.node), will)),
+            will: Some((beat_topic.clone(), will)),
             will_retain: false,
             inflight: 64,
         })?;
         let (tx, events) = mpsc::unbounded_channel();
         let (role_tx, mut role_rx) = watch::channel(role);
+        let rejected = Arc::new(AtomicU64::new(0));
+        let mut gate = Opener {
+            keys: sb.keys.clone(),
+            node: sb.node.clone(),
+            topics: topics.clone(),
+            max: sb.max_frame,
+            sessions: auth::Sessions::default(),
+            sealer: sealer.clone(),
+            rejected: rejected.clone(),
+            logged: None,
+            clock: SystemClock::new(),
+        };
+        gate.sessions.set_mine(lock(&sealer).nonce());
         let t = topics.clone();
         let c = client.clone();
         let task = tokio::spawn(async move {
@@ -110,7 +141,8 @@ impl PairLink {
                             let _ = tx.send(PairEvent::Up);
                         }
                         Ok(Event::Message { topic, payload, .. }) => {
-                            if tx.send(PairEvent::Msg(topic, payload)).is_err() {
+                            let Some(body) = gate.open(&topic, &payload) else { continue };
+                            if tx.send(PairEvent::Msg(topic, body)).is_err() {
                                 return;
                             }
                         }
@@ -121,6 +153,15 @@ impl PairLink {
                                 return;
                             }
                             tokio::time::sleep(Duration::from_millis(500)).await;
+                            // A new connection is a new session, with a will of its own.
+                            let nonce = auth::random_nonce();
+                            let will = {
+                                let mut s = lock(&gate.sealer);
+                                s.new_session(nonce);
+                                s.seal_will(&beat_topic, &will_body)
+                            };
+                            gate.sessions.set_mine(nonce);
+                            lp.set_will(&beat_topic, will);
                         }
                     },
                     r = role_rx.changed() => {
@@ -149,7 +190,14 @@ impl PairLink {
             topics,
             node: sb.node.clone(),
             inst,
+            sealer,
+            rejected,
         })
+    }
+
+    /// `body` sealed for `topic`, as this session's next message.
+    fn sealed(&self, topic: &str, body: &[u8]) -> Vec<u8> {
+        lock(&self.sealer).seal(topic, body)
     }
 
     fn beat(&self, role: Role, (epoch, pos): (u64, u64), dead: bool, sent: Millis) {
@@ -162,24 +210,25 @@ impl PairLink {
             dead,
             sent,
         };
-        let _ = self.client.publish(
-            &self.topics.beat(&self.node),
-            serde_json::to_vec(&b).unwrap_or_default(),
-            0,
-            false,
-        );
+        let topic = self.topics.beat(&self.node);
+        let body = self.sealed(&topic, &serde_json::to_vec(&b).unwrap_or_default());
+        let _ = self.client.publish(&topic, body, 0, false);
+    }
+
+    /// A report of this (standby) board.
+    fn report(&self, r: &Report) {
+        let topic = self.topics.report(&self.node);
+        let body = self.sealed(&topic, &serde_json::to_vec(r).unwrap_or_default());
+        let _ = self.client.publish(&topic, body, 0, false);
     }
 
     /// Publishes this board's claim (retained) and waits until the broker sends
     /// it back (from then on the broker holds it), then a moment more: two boards
     /// claiming at once both see both claims, and the one [`Claim::beats`] picks stands.
     async fn claim(&mut self, claim: &Claim) -> Claimed {
-        let body = serde_json::to_vec(claim).unwrap_or_default();
-        if self
-            .client
-            .publish(&self.topics.state(), body, 1, true)
-            .is_err()
-        {
+        let topic = self.topics.state();
+        let body = self.sealed(&topic, &serde_json::to_vec(claim).unwrap_or_default());
+        if self.client.publish(&topic, body, 1, true).is_err() {
             return Claimed::NoEcho;
         }
         let deadline = tokio::time::sleep(Duration::from_millis(CLAIM_ECHO_MS));
@@ -249,6 +298,65 @@ fn proof_times(takeover_ms: Millis) -> (Millis, Millis) {
     (beat, takeover_ms.saturating_sub(margin).max(beat))
 }
 
+fn lock(s: &std::sync::Mutex<Sealer>) -> std::sync::MutexGuard<'_, Sealer> {
+    s.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The link's receiving side: what comes in is opened, checked for freshness
+/// and bounded before anything else sees it.
+struct Opener {
+    keys: auth::Keys,
+    node: String,
+    topics: Topics,
+    max: usize,
+    sessions: auth::Sessions,
+    sealer: Arc<std::sync::Mutex<Sealer>>,
+    rejected: Arc<AtomicU64>,
+    logged: Option<Millis>,
+    clock: SystemClock,
+}
+
+impl Opener {
+    /// The body of a genuine, fresh message; None (counted) for anything else.
+    fn open(&mut self, topic: &str, payload: &[u8]) -> Option<bytes::Bytes> {
+        let checked = if payload.len() > self.max {
+            Err(auth::Refusal::TooLarge)
+        } else {
+            auth::open(&self.keys, topic, payload).and_then(|m| {
+                // Beats and reports name their sender in the topic too.
+                if self.topics.node_of(topic).is_some_and(|n| n != m.node) {
+                    return Err(auth::Refusal::Forged);
+                }
+                if m.node != self.node {
+                    // Heard, even if stale: a peer that restarted learns our session.
+                    lock(&self.sealer).heard(m.nonce);
+                }
+                // A retained claim is from an earlier session by nature: its epoch orders it.
+                if topic != self.topics.state() {
+                    self.sessions.accept(&self.node, &m)?;
+                }
+                Ok(m.body)
+            })
+        };
+        match checked {
+            Ok(body) => Some(bytes::Bytes::copy_from_slice(body)),
+            Err(why) => {
+                let n = self.rejected.fetch_add(1, Ordering::Relaxed) + 1;
+                let now = self.clock.mono();
+                if self
+                    .logged
+                    .is_none_or(|t| now.saturating_sub(t) >= REFUSAL_LOG_MS)
+                {
+                    self.logged = Some(now);
+                    tracing::warn!(%topic, why = why.as_str(), rejected = n,
+                        "pair: a message on the pair's topics refused (not from this pair, or replayed); nothing done");
+                }
+                None
+            }
+        }
+    }
+}
+
 /// What became of a claim.
 enum Claimed {
     /// The broker holds it and no other board's claim beats it.
@@ -292,6 +400,7 @@ impl Activation {
                 epoch: self.epoch,
                 lag_records: 0,
                 lag_ms: 0,
+                rejected: self.link.rejected.load(Ordering::Relaxed),
                 peer: PeerStatus {
                     node: String::new(),
                     state: PeerStateName::Lost,
@@ -537,12 +646,14 @@ impl ActivePair {
                 "pair: snapshot to the standby"
             );
             for f in frames(Kind::Snapshot, self.epoch, self.stream, c.pos, snap) {
+                let f = self.link.sealed(&stream_topic, &f);
                 self.sent(f.len());
                 let _ = self.link.client.publish_wait(&stream_topic, f, 1).await;
             }
             self.gate.snapshot_sent(c.pos, mono);
         } else if self.gate.publishing() {
             for f in frames(Kind::Record, self.epoch, self.stream, c.pos, &c.body) {
+                let f = self.link.sealed(&stream_topic, &f);
                 self.sent(f.len());
                 let _ = self.link.client.publish_wait(&stream_topic, f, 1).await;
             }
@@ -682,6 +793,7 @@ impl ActivePair {
             epoch: self.epoch,
             lag_records: self.gate.lag_records(),
             lag_ms: u64::try_from(self.gate.lag_ms(mono)).unwrap_or(0),
+            rejected: self.link.rejected.load(Ordering::Relaxed),
             peer: PeerStatus {
                 node: self.gate.peer_node().to_string(),
                 state: PeerStateName::from(self.gate.peer()),
@@ -712,10 +824,11 @@ fn open_replica(cfg: &Config) -> Result<Replica, RunError> {
     })
 }
 
-/// Replaces the state dir's state with the active's snapshot.
-fn install(cfg: &Config, replica: &mut Option<Replica>, bytes: &[u8]) -> Result<(), RunError> {
+/// Replaces the state dir's state with the active's snapshot, once it has been
+/// opened and read whole as a state file in a side file (false: it was not one;
+/// nothing on disk changed).
+fn install(cfg: &Config, replica: &mut Option<Replica>, bytes: &[u8]) -> Result<bool, RunError> {
     use std::io::Write;
-    drop(replica.take());
     let dir = &cfg.gateway.state_dir;
     std::fs::create_dir_all(dir)?;
     let part = dir.join("tidemark.redb.part");
@@ -724,6 +837,12 @@ fn install(cfg: &Config, replica: &mut Option<Replica>, bytes: &[u8]) -> Result<
         f.write_all(bytes)?;
         f.sync_all()?;
     }
+    if let Err(e) = crate::store::verify_file(&part) {
+        tracing::warn!(error = %e, bytes = bytes.len(), "pair: the snapshot is not a state file this board can open; keeping its own state and asking again");
+        let _ = std::fs::remove_file(&part);
+        return Ok(false);
+    }
+    drop(replica.take());
     match std::fs::remove_file(Wal::file(dir)) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -732,7 +851,7 @@ fn install(cfg: &Config, replica: &mut Option<Replica>, bytes: &[u8]) -> Result<
     std::fs::rename(&part, Store::file(dir))?;
     std::fs::File::open(dir)?.sync_all()?;
     *replica = Some(open_replica(cfg)?);
-    Ok(())
+    Ok(true)
 }
 
 /// How the standby's loop ended.
@@ -828,7 +947,7 @@ async fn follow_loop(
 ) -> Result<Option<Taken>, RunError> {
     let _ = link.role.send(Role::Standby);
     let topics = link.topics.clone();
-    let mut asm = Assembler::default();
+    let mut asm = Assembler::bounded(sb.max_frame);
     let mut position = Position::default();
     let mut replica: Option<Replica> = None;
     let mut want = true;
@@ -845,18 +964,12 @@ async fn follow_loop(
     // Since when the active is ahead of this board (its beats name its last commit).
     let mut behind_since: Option<Millis> = None;
     let report = |link: &PairLink, position: &Position, want: bool| {
-        let r = Report {
+        link.report(&Report {
             node: sb.node.clone(),
             stream: position.stream,
             pos: position.pos,
             want,
-        };
-        let _ = link.client.publish(
-            &topics.report(&sb.node),
-            serde_json::to_vec(&r).unwrap_or_default(),
-            0,
-            false,
-        );
+        });
     };
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -899,7 +1012,11 @@ async fn follow_loop(
                         match position.step(&item) {
                             Step::Install => {
                                 tracing::info!(bytes = item.data.len(), pos = item.pos, "pair: installing the active's snapshot");
-                                tokio::task::block_in_place(|| install(cfg, &mut replica, &item.data))?;
+                                if !tokio::task::block_in_place(|| install(cfg, &mut replica, &item.data))? {
+                                    want = true;
+                                    report(link, &position, want);
+                                    continue;
+                                }
                                 position.done(&item);
                                 if position.pos >= active_pos {
                                     behind_since = None;
@@ -996,6 +1113,7 @@ async fn follow_loop(
                     role: Role::Standby,
                     epoch: position.epoch,
                     lag_records: active_pos.saturating_sub(position.pos),
+                    rejected: link.rejected.load(Ordering::Relaxed),
                     lag_ms: behind_since
                         .filter(|_| active_pos > position.pos)
                         .map_or(0, |t| u64::try_from(now.mono.saturating_sub(t)).unwrap_or(0)),

@@ -16,7 +16,7 @@ mod tests;
 pub mod wal;
 
 pub use error::StoreError;
-pub use read::{Inspect, OutboxReader, inspect};
+pub use read::{Inspect, OutboxReader, inspect, verify_file};
 use read::{check_version, has_tables, read_snapshot};
 
 use std::collections::BTreeMap;

@@ -192,6 +192,19 @@ pub fn inspect(state_dir: &Path) -> Result<Inspect, StoreError> {
     }
 }
 
+/// Whether `path` is a state file this build can open (a standby checks a
+/// snapshot with this before it replaces anything): its version, then every
+/// table it restores from, devices included.
+pub fn verify_file(path: &Path) -> Result<(), StoreError> {
+    // A copy of a live file needs redb's recovery, done in place: `path` is a side file.
+    let db = Database::open(path).map_err(|source| StoreError::Open {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    check_version(&db, path)?;
+    read_snapshot(&db, path, true).map(drop)
+}
+
 /// A new directory (mode 0700) under the temp dir; a name already taken (by
 /// anyone, a symlink included) is never used.
 fn private_temp_dir() -> std::io::Result<std::path::PathBuf> {

@@ -401,6 +401,30 @@ fn filter5(path: String, qos: rumqttc::v5::mqttbytes::QoS) -> rumqttc::v5::mqttb
 }
 
 impl Loop {
+    /// The will of the next connection (QoS 1, not retained).
+    pub fn set_will(&mut self, topic: &str, payload: Vec<u8>) {
+        match self {
+            Loop::V4(l) => {
+                l.mqtt_options.set_last_will(rumqttc::LastWill::new(
+                    topic,
+                    payload,
+                    rumqttc::QoS::AtLeastOnce,
+                    false,
+                ));
+            }
+            Loop::V5(l) => {
+                l.options
+                    .set_last_will(rumqttc::v5::mqttbytes::v5::LastWill::new(
+                        topic,
+                        payload,
+                        rumqttc::v5::mqttbytes::QoS::AtLeastOnce,
+                        false,
+                        None,
+                    ));
+            }
+        }
+    }
+
     /// Polls once; reconnects on the next call after an error.
     pub async fn poll(&mut self) -> Result<Event, LinkError> {
         match self {
