@@ -67,10 +67,13 @@ impl Board {
     }
 }
 
+/// A message seen on the pair's topics: topic, bytes, retained.
+type Captured = (String, Vec<u8>, bool);
+
 /// A client with every right on the site broker and no pair key.
 struct Attacker {
     client: Client,
-    seen: Arc<Mutex<Vec<(String, Vec<u8>, bool)>>>,
+    seen: Arc<Mutex<Vec<Captured>>>,
 }
 
 impl Attacker {
@@ -165,7 +168,7 @@ fn an_attacker_on_the_site_broker_without_the_key_moves_nothing() {
         fleet.send(&mut publisher, 10);
         std::thread::sleep(Duration::from_millis(50));
     }
-    let captured: Vec<(String, Vec<u8>, bool)> = attacker.seen.lock().unwrap().clone();
+    let captured: Vec<Captured> = attacker.seen.lock().unwrap().clone();
     assert!(
         captured.iter().any(|(t, _, _)| t.ends_with("/stream")),
         "no record captured"

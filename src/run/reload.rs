@@ -236,7 +236,10 @@ impl Reloader {
         }
         let _ = self.targets.source.send(new.source.clone());
         self.registry.reloaded(Some(&hash));
-        let _ = self.targets.sink.send(SinkMsg::Apply(new.sink.clone()));
+        let _ = self
+            .targets
+            .sink
+            .send(SinkMsg::Apply(Box::new(new.sink.clone())));
         if rebind {
             self.targets.http.serve(listener, &new.metrics);
         }
@@ -498,7 +501,7 @@ impl Reloader {
         let _ = self
             .targets
             .sink
-            .send(SinkMsg::Apply(self.current.sink.clone()));
+            .send(SinkMsg::Apply(Box::new(self.current.sink.clone())));
     }
 
     async fn roll_back(&mut self, p: Pending, errors: Vec<String>) {

@@ -34,7 +34,7 @@ pub enum SinkMsg {
     Metrics(Box<Metrics>),
     /// A reload was applied: these settings (a new link if they differ) and the
     /// retained status again (its `config_hash` changed).
-    Apply(SinkConfig),
+    Apply(Box<SinkConfig>),
     /// What became of a remote document: retained on this topic (the
     /// `P/config/result` of the prefix it came under), kept until the uplink is up.
     Result(String, crate::fleet::ConfigResult),
@@ -244,8 +244,8 @@ impl Sink {
                 }
                 msg = self.rx.recv(), if rx_open => match msg {
                     Some(SinkMsg::Apply(cfg)) => {
-                        self.to_edge_node(super::spb::SpbMsg::Apply(Box::new(cfg.clone())));
-                        self.apply(cfg).await;
+                        self.to_edge_node(super::spb::SpbMsg::Apply(cfg.clone()));
+                        self.apply(*cfg).await;
                         backoff = None;
                     }
                     Some(SinkMsg::Stop) | None => {
