@@ -15,6 +15,7 @@ Env TIDEMARK=path picks the binary (default: a fresh release build).
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -54,8 +55,13 @@ def run(bin, pair, devices, count, rate, commit_ms):
     extra = ""
     boards = []
     names = ["a", "b"] if pair else [None]
+    key = os.path.join(root, "pair.key")
+    if pair:
+        # The pair's messages are sealed with this key (both boards share it).
+        subprocess.run([bin, "pair", "keygen", "--out", key], check=True, capture_output=True)
     for name in names:
-        sb = f"[standby]\nenabled = true\nnode = \"{name}\"\n" if name else ""
+        sb = (f"[standby]\nenabled = true\nnode = \"{name}\"\nkey_file = \"{key}\"\n"
+              if name else "")
         gw = report.Gateway(bin, os.path.join(root, name or "alone"), src.url, up.url,
                             extra=extra + sb, env=env, log="info",
                             log_file=os.path.join(root, f"{name or 'alone'}.log"))
