@@ -543,3 +543,81 @@ fn a_hung_active_resumed_mid_stream_takes_no_session_and_loses_nothing() {
         }
     }
 }
+
+/// A power cut takes both boards at once and only the former standby comes
+/// back: it takes over from its own disk within `takeover_s` (+ connect time) and
+/// every reading counts once; the other board, back later, follows it.
+#[test]
+fn after_both_boards_die_together_the_former_standby_alone_takes_over() {
+    let site = Mosquitto::stock();
+    let up_broker = Mosquitto::stock();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = dir.keep();
+    let takeover_s = 3;
+    let mut boards = [
+        Board::new(&dir, "a", &site, &up_broker, takeover_s),
+        Board::new(&dir, "b", &site, &up_broker, takeover_s),
+    ];
+    let up = Collector::start(up_broker.port, "tidemark/gw/#", "cut-collector");
+    boards[0].start();
+    wait_line(&boards[0], ACTIVE, 0, MIN);
+    boards[0].gw.as_ref().expect("a").wait_ready();
+    boards[1].start();
+    wait_line(&boards[0], JOINED, 0, MIN);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pump = {
+        let (stop, port) = (stop.clone(), site.port);
+        std::thread::spawn(move || {
+            let mut publisher = Publisher::connect(port, "cut-fleet");
+            let mut fleet = Fleet::new(40, 100);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && fleet.send(&mut publisher, 10)
+            {
+                std::thread::sleep(Duration::from_millis(40));
+            }
+            (publisher, fleet)
+        })
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    let (a, b) = (
+        boards[0].gw.take().expect("a"),
+        boards[1].gw.take().expect("b"),
+    );
+    signal(&a.child, "KILL");
+    signal(&b.child, "KILL");
+    drop((a, b));
+    std::thread::sleep(Duration::from_secs(1));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut publisher, mut fleet) = pump.join().expect("fleet thread");
+    let t0 = support::now_ms();
+    boards[1].start();
+    wait_line(
+        &boards[1],
+        TAKEOVER,
+        0,
+        Duration::from_secs(takeover_s + 15),
+    );
+    eprintln!(
+        "the former standby took over {} ms after it started alone",
+        support::now_ms() - t0
+    );
+    while fleet.send(&mut publisher, 10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    publisher.flush();
+    wait_counted(&fleet, &up, &boards[1].log, 3 * MIN);
+    assert_exact(&fleet, &up);
+    let joined = boards[1].count(JOINED);
+    boards[0].start();
+    wait_line(&boards[1], JOINED, joined, MIN);
+    assert!(
+        boards[0].count("this one follows it as standby") > 0,
+        "{}",
+        boards[0].log_text()
+    );
+    for b in &mut boards {
+        if let Some(g) = b.gw.take() {
+            let (code, _) = g.terminate();
+            assert_eq!(code, Some(0), "{}", b.log_text());
+        }
+    }
+}

@@ -104,6 +104,7 @@ async fn paired(
         let Some(o) = opts.take() else {
             return Err(RunError::Pair("reload options used twice".into()));
         };
+        pair::activated(cfg);
         let paths = o.paths.clone();
         let remote = o.remote.clone();
         let (hang_tx, hang_rx) = mpsc::unbounded_channel();

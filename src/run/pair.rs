@@ -824,6 +824,53 @@ fn open_replica(cfg: &Config) -> Result<Replica, RunError> {
     })
 }
 
+/// The standby's note that its state file is the active's, in sync as of its last
+/// record (epoch, stream, position): after a power cut of both boards the former
+/// standby takes over from its own disk (README "Two boards, one gateway").
+fn synced_marker(dir: &std::path::Path) -> std::path::PathBuf {
+    dir.join("pair-synced")
+}
+
+fn mark_synced(dir: &std::path::Path, p: &Position) {
+    use std::io::Write;
+    let tmp = dir.join("pair-synced.new");
+    let done = (|| -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        writeln!(f, "{} {} {}", p.epoch, p.stream, p.pos)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, synced_marker(dir))?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if let Err(e) = done {
+        tracing::warn!(error = %e, "pair: cannot note the replica as in sync; after a power cut of both boards this one would wait for the other");
+    }
+}
+
+fn unmark_synced(dir: &std::path::Path) {
+    match std::fs::remove_file(synced_marker(dir)) {
+        Ok(()) => {
+            let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!(error = %e, "pair: cannot remove the in-sync note"),
+    }
+}
+
+/// This board is the active now: its disk is no standby's replica any more.
+pub fn activated(cfg: &Config) {
+    unmark_synced(&cfg.gateway.state_dir);
+}
+
+fn read_synced(dir: &std::path::Path) -> Option<Position> {
+    let text = std::fs::read_to_string(synced_marker(dir)).ok()?;
+    let mut n = text.split_whitespace().map(|w| w.parse::<u64>().ok());
+    Some(Position {
+        epoch: n.next()??,
+        stream: n.next()??,
+        pos: n.next()??,
+    })
+}
+
 /// Replaces the state dir's state with the active's snapshot, once it has been
 /// opened and read whole as a state file in a side file (false: it was not one;
 /// nothing on disk changed).
@@ -843,6 +890,7 @@ fn install(cfg: &Config, replica: &mut Option<Replica>, bytes: &[u8]) -> Result<
         return Ok(false);
     }
     drop(replica.take());
+    unmark_synced(dir);
     match std::fs::remove_file(Wal::file(dir)) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -951,6 +999,28 @@ async fn follow_loop(
     let mut position = Position::default();
     let mut replica: Option<Replica> = None;
     let mut want = true;
+    // A replica in sync when this board last stopped: it may take over from it
+    // while nothing of the active is heard (both boards lost power together).
+    let mut resumed = false;
+    let dir = cfg.gateway.state_dir.clone();
+    if let Some(at) = read_synced(&dir) {
+        match tokio::task::block_in_place(|| open_replica(cfg)) {
+            Ok(r) => {
+                tracing::info!(
+                    epoch = at.epoch,
+                    position = at.pos,
+                    "pair: this board's replica was in sync when it stopped"
+                );
+                replica = Some(r);
+                resumed = true;
+                position.epoch = at.epoch;
+                position.pos = at.pos;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "pair: the replica on disk does not open; asking the active for its state")
+            }
+        }
+    }
     let start = clock.mono();
     let mut active_seen = start;
     let mut active_seen_wall: Option<Millis> = None;
@@ -1008,6 +1078,8 @@ async fn follow_loop(
                             active_seen = now.mono;
                             active_seen_wall = Some(now.wall);
                             active_dead = false;
+                            // The active lives on: the disk's replica is behind it now.
+                            resumed = false;
                         }
                         match position.step(&item) {
                             Step::Install => {
@@ -1022,6 +1094,7 @@ async fn follow_loop(
                                     behind_since = None;
                                 }
                                 want = false;
+                                mark_synced(&dir, &position);
                                 report(link, &position, want);
                             }
                             Step::Apply => {
@@ -1043,6 +1116,7 @@ async fn follow_loop(
                                     Err(e) => {
                                         tracing::warn!(error = %e, "pair: a record did not apply; asking for a snapshot");
                                         want = true;
+                                        unmark_synced(&dir);
                                         report(link, &position, want);
                                     }
                                 }
@@ -1051,6 +1125,7 @@ async fn follow_loop(
                             Step::Gap => {
                                 if !want {
                                     tracing::info!(pos = item.pos, at = position.pos, "pair: a record is missing; asking for a snapshot");
+                                    unmark_synced(&dir);
                                 }
                                 want = true;
                                 report(link, &position, want);
@@ -1085,6 +1160,7 @@ async fn follow_loop(
                                 active_seen_wall = Some(now.wall);
                                 active_pos = active_pos.max(b.pos);
                                 active_dead = false;
+                                resumed = false;
                                 if active_pos > position.pos && behind_since.is_none() {
                                     behind_since = Some(now.mono);
                                 }
@@ -1142,7 +1218,7 @@ async fn follow_loop(
                 if !silent || !path {
                     continue;
                 }
-                if want || replica.is_none() {
+                if (want && !resumed) || replica.is_none() {
                     if now.mono >= next_warn {
                         next_warn = now.mono + sb.takeover_ms;
                         tracing::error!(active = %active, "pair: the active is gone and this board does not have its state (it never finished catching up): not taking over");
