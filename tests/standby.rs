@@ -621,3 +621,80 @@ fn after_both_boards_die_together_the_former_standby_alone_takes_over() {
         }
     }
 }
+
+/// `tidemark fleet push` of `doc` as document `id` to the pair's gateway: (exit code, result).
+fn push(up: &Mosquitto, key: &Path, id: u64, doc: &Path) -> (i32, serde_json::Value) {
+    let o = support::tidemark()
+        .args(["fleet", "push", "--url", &up.url(), "--key"])
+        .arg(key)
+        .args([
+            "--gateway",
+            "gw",
+            "--id",
+            &id.to_string(),
+            "--timeout-s",
+            "30",
+        ])
+        .arg(doc)
+        .output()
+        .expect("tidemark fleet push");
+    let r = serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null);
+    (o.status.code().unwrap_or(-1), r)
+}
+
+/// The last remote document id is replicated state (SPEC §12): applied on the
+/// active, it is still taken on the board that takes over, so an older signed
+/// document is refused there too.
+#[test]
+fn a_takeover_keeps_the_last_remote_document_id() {
+    let site = Mosquitto::start(false);
+    let up_broker = Mosquitto::start(false);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = dir.keep();
+    let signing = dir.join("fleet.key");
+    support::fleet::keygen(&signing);
+    let fleet_keys = format!(
+        "[fleet]\nenabled = true\ntrusted_keys = [{:?}]\nconfirm_s = 30\n",
+        format!("{}.pub", signing.display())
+    );
+    let mut boards = [
+        Board::with(&dir, "a", (&site, &up_broker), 3, &fleet_keys),
+        Board::with(&dir, "b", (&site, &up_broker), 3, &fleet_keys),
+    ];
+    boards[0].start();
+    wait_line(&boards[0], ACTIVE, 0, MIN);
+    boards[0].gw.as_ref().expect("a").wait_ready();
+    boards[1].start();
+    wait_line(&boards[0], JOINED, 0, MIN);
+    let doc = dir.join("doc.toml");
+    std::fs::write(&doc, "[log]\nlevel = \"debug\"\n").unwrap();
+    let (code, r) = push(&up_broker, &signing, 6, &doc);
+    assert_eq!(
+        (code, &r["result"]),
+        (0, &serde_json::Value::from("applied")),
+        "{r}"
+    );
+    // Replicated before the active dies: the standby reports every record.
+    std::thread::sleep(Duration::from_secs(2));
+    boards[0].kill9();
+    wait_line(&boards[1], TAKEOVER, 0, MIN);
+    boards[1].gw.as_ref().expect("b").wait_ready();
+    for stale in [5, 6] {
+        let (code, r) = push(&up_broker, &signing, stale, &doc);
+        assert_eq!(
+            (code, r["errors"][0].as_str()),
+            (1, Some("stale_id")),
+            "document {stale} after the takeover: {r}\n{}",
+            boards[1].log_text()
+        );
+    }
+    let (code, r) = push(&up_broker, &signing, 7, &doc);
+    assert_eq!(
+        (code, &r["result"]),
+        (0, &serde_json::Value::from("applied")),
+        "{r}"
+    );
+    if let Some(g) = boards[1].gw.take() {
+        let _ = g.terminate();
+    }
+}
