@@ -284,6 +284,19 @@ impl Driver {
         self.durable(now.mono);
     }
 
+    /// The edge node started a session: its next counter, durable with the next
+    /// commit and followed by a standby.
+    pub fn take_bd_seq(&mut self, now: Now, next: u64) {
+        if next <= self.engine.bd_seq() {
+            return;
+        }
+        self.engine.take_bd_seq(next);
+        if let Some(j) = self.journal_mut() {
+            j.bd_seq(next);
+        }
+        self.durable(now.mono);
+    }
+
     /// Records `rules` as the engine settings in force (restore).
     pub fn set_rules(&mut self, rules: &EngineConfig) {
         self.rules = Some(rules.record());

@@ -42,6 +42,7 @@ enum OpRef<'a> {
     O,
     R(#[serde(with = "serde_bytes")] &'a [u8]),
     F(u64),
+    B(u64),
 }
 
 #[derive(Deserialize)]
@@ -64,6 +65,7 @@ enum Op {
     C(String),
     R(#[serde(with = "serde_bytes")] Vec<u8>),
     F(u64),
+    B(u64),
 }
 
 /// The ops since the last cut, encoded.
@@ -117,6 +119,12 @@ impl Journal {
     /// A remote document id taken (replay protection, docs/reference.md "Fleet").
     pub fn fleet_id(&mut self, id: u64) {
         self.push(&OpRef::F(id));
+        self.tick_at = None;
+    }
+
+    /// The Sparkplug edge node's next session counter.
+    pub fn bd_seq(&mut self, next: u64) {
+        self.push(&OpRef::B(next));
         self.tick_at = None;
     }
 
@@ -176,6 +184,7 @@ pub fn apply(engine: &mut Engine, mut ops: &[u8]) -> Result<Option<Vec<u8>>, Rep
                 reloaded = Some(rules.record());
             }
             Op::F(id) => engine.take_fleet_id(id),
+            Op::B(next) => engine.take_bd_seq(next),
             Op::R(record) => {
                 engine.reconfigure(&crate::config::engine_from_record(&record)?);
                 reloaded = Some(record);

@@ -168,6 +168,9 @@ pub struct Engine {
     /// The highest remote document id taken: state, so replay protection survives
     /// a lost `remote.toml` and reaches a standby.
     fleet_last_id: u64,
+    /// The Sparkplug edge node's next session counter: state, so a standby that
+    /// takes over goes on with the `bdSeq` hosts expect.
+    bd_seq: u64,
 }
 
 impl Engine {
@@ -197,6 +200,7 @@ impl Engine {
             visit: Vec::new(),
             sparkplug: sparkplug::State::new(&cfg.sparkplug),
             fleet_last_id: 0,
+            bd_seq: 0,
         }
     }
 
@@ -309,6 +313,16 @@ impl Engine {
     /// The highest remote document id taken (0: none).
     pub fn fleet_last_id(&self) -> u64 {
         self.fleet_last_id
+    }
+
+    /// The edge node's next session counter moved on (never back).
+    pub fn take_bd_seq(&mut self, next: u64) {
+        self.bd_seq = self.bd_seq.max(next);
+    }
+
+    /// The edge node's next session counter (0: none).
+    pub fn bd_seq(&self) -> u64 {
+        self.bd_seq
     }
 
     /// A new process: its monotonic clock has a new origin, so a jump of
@@ -474,6 +488,7 @@ impl Engine {
             clock: self.clock.clone(),
             sparkplug: self.take_sparkplug_changes(),
             fleet_last_id: self.fleet_last_id,
+            bd_seq: self.bd_seq,
         };
         for g in self.dirty_groups.drain(..) {
             let slot = &mut self.groups[g as usize];

@@ -186,6 +186,8 @@ pub struct Changes {
     pub sparkplug: Vec<crate::sparkplug::EdgeNode>,
     /// The highest remote document id taken (0: none).
     pub fleet_last_id: u64,
+    /// The Sparkplug edge node's next session counter (0: none).
+    pub bd_seq: u64,
 }
 
 /// Changed devices as the store's records: (group, id) and the device's CBOR,

@@ -154,6 +154,7 @@ pub(super) fn run_durable(
     engine.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
     engine.restore_clock(snap.gateway_clock);
     engine.take_fleet_id(crate::store::schema::fleet_last_id(&snap.meta));
+    engine.take_bd_seq(crate::store::schema::bd_seq(&snap.meta));
     engine.restore_sparkplug(snap.sparkplug);
     let out = match output {
         Some(path) => {

@@ -234,6 +234,7 @@ impl Core {
                 tracing::debug!("reload applied to the engine");
             }
             Inbound::FleetId(id) => driver.take_fleet_id(self.clock.now(), id),
+            Inbound::BdSeq(next) => driver.take_bd_seq(self.clock.now(), next),
             Inbound::Proven => st.proven = self.clock.mono(),
             Inbound::Wake => {}
             Inbound::Stop => st.stopping = true,

@@ -33,6 +33,8 @@ pub enum Inbound {
     Reload(Box<Config>),
     /// A remote document id taken: kept in the state store (replay protection).
     FleetId(u64),
+    /// The Sparkplug edge node's next session counter: kept in the state store.
+    BdSeq(u64),
     /// A live status question (SPEC §11), answered between two messages.
     Query(
         super::api::Query,

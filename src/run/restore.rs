@@ -49,6 +49,7 @@ pub fn open_state(cfg: &Config) -> Result<(storer::Durable, Engine, Vec<u8>), Ru
     engine.restored();
     engine.restore_clock(snap.gateway_clock);
     engine.take_fleet_id(crate::store::schema::fleet_last_id(&snap.meta));
+    engine.take_bd_seq(crate::store::schema::bd_seq(&snap.meta));
     engine.restore_sparkplug(snap.sparkplug);
     // What the journal holds since the last checkpoint goes into the engine and the state file.
     let configured = cfg.engine.record();

@@ -78,6 +78,8 @@ pub struct EdgeSink {
     /// When the last rebirth request was answered (monotonic ms).
     reborn_at: Option<Millis>,
     registry: std::sync::Arc<super::registry::Registry>,
+    /// Where each session's counter goes to be journaled.
+    core: tokio::sync::mpsc::Sender<super::events::Inbound>,
     /// Outside its proof of the pair's claim the board neither connects nor publishes.
     fence: super::fence::Fence,
 }
@@ -87,18 +89,20 @@ pub fn bd_seq_path(state_dir: &Path) -> PathBuf {
     state_dir.join("sparkplug-bdseq")
 }
 
-/// The `bdSeq` of the next session, with the one after it stored durably first
-/// (a crash mid-session must not reuse it).
-fn next_bd_seq(path: &Path) -> u64 {
+/// The session counter of the next session (`bdSeq` is it mod 256), at least
+/// `floor` (the state store's: a standby that took over goes on from the old
+/// active's), with the one after it stored durably first (a crash mid-session
+/// must not reuse it).
+fn next_bd_seq(path: &Path, floor: u64) -> u64 {
     let bd = std::fs::read_to_string(path)
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok())
         .unwrap_or(0)
-        % 256;
+        .max(floor);
     let write = || -> std::io::Result<()> {
         let tmp = path.with_extension("new");
         let mut f = std::fs::File::create(&tmp)?;
-        std::io::Write::write_all(&mut f, format!("{}\n", (bd + 1) % 256).as_bytes())?;
+        std::io::Write::write_all(&mut f, format!("{}\n", bd + 1).as_bytes())?;
         f.sync_all()?;
         drop(f);
         std::fs::rename(&tmp, path)?;
@@ -177,9 +181,12 @@ impl EdgeSink {
         delivered: watch::Sender<u64>,
         (state_dir, seed, clock): (&Path, u64, SystemClock),
         registry: std::sync::Arc<super::registry::Registry>,
+        (floor, core): (u64, tokio::sync::mpsc::Sender<super::events::Inbound>),
     ) -> Result<Self, LinkError> {
         let bd_file = bd_seq_path(state_dir);
-        let node = Node::new(node_cfg, next_bd_seq(&bd_file));
+        let counter = next_bd_seq(&bd_file, floor);
+        let _ = core.try_send(super::events::Inbound::BdSeq(counter + 1));
+        let node = Node::new(node_cfg, counter);
         let (client, lp) = build(&cfg, &node, clock.now().wall)?;
         Ok(Self {
             cfg,
@@ -202,6 +209,7 @@ impl EdgeSink {
             clock,
             reborn_at: None,
             registry,
+            core,
             fence: super::fence::Fence::open(clock),
         })
     }
@@ -423,7 +431,12 @@ impl EdgeSink {
         self.d.disconnected();
         self.barriers.clear();
         self.unconfirmed = 0;
-        self.node.new_session(next_bd_seq(&self.bd_file));
+        let counter = next_bd_seq(&self.bd_file, 0);
+        // Into the state store (and to a standby) as well as the file.
+        let _ = self
+            .core
+            .try_send(super::events::Inbound::BdSeq(counter + 1));
+        self.node.new_session(counter);
         let now = self.clock.now().wall;
         match build(&self.cfg, &self.node, now) {
             Ok(link) => (self.client, self.lp) = link,
@@ -459,5 +472,28 @@ impl EdgeSink {
             self.say_goodbye().await;
         }
         self.session_over();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_session_counter_goes_on_from_the_file_or_the_state_store_whichever_is_further() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = bd_seq_path(dir.path());
+        assert_eq!(next_bd_seq(&path, 0), 0);
+        assert_eq!(next_bd_seq(&path, 0), 1);
+        // A board that took over: the old active's counter from the replicated state.
+        assert_eq!(next_bd_seq(&path, 300), 300);
+        assert_eq!(next_bd_seq(&path, 0), 301);
+        let cfg = NodeConfig {
+            group_id: "g".into(),
+            edge_node_id: "n".into(),
+            primary_host_id: None,
+            rebirth_min_interval_ms: 5_000,
+        };
+        assert_eq!(Node::new(cfg, 301).bd_seq(), 301 % 256);
     }
 }

@@ -127,6 +127,7 @@ pub fn start(
                 edge_tx,
                 (&cfg.gateway.state_dir, seed.rotate_left(29), clock),
                 registry.clone(),
+                (restored.driver.engine().bd_seq(), core_tx.clone()),
             )?
             .with_fence(fence.clone());
             edge_tasks.push(tokio::spawn(edge.run()));

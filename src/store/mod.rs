@@ -555,6 +555,9 @@ impl Store {
             if ch.fleet_last_id > 0 {
                 m.insert(K_FLEET_ID, ch.fleet_last_id.to_be_bytes().as_slice())?;
             }
+            if ch.bd_seq > 0 {
+                m.insert(schema::K_BD_SEQ, ch.bd_seq.to_be_bytes().as_slice())?;
+            }
             for n in &ch.sparkplug {
                 cbor(n, &mut self.buf);
                 let key = format!("{K_SPARKPLUG}{}/{}", n.group, n.node);

@@ -41,6 +41,10 @@ pub const K_RULES: &str = "engine_rules";
 /// `META` key of the highest remote document id taken (u64, big-endian; added later,
 /// compatible: absent = none). Kept here so a lost `remote.toml` never lowers it.
 pub const K_FLEET_ID: &str = "fleet_last_id";
+/// `META` key of the Sparkplug edge node's next session counter (`bdSeq` = it mod 256;
+/// u64, big-endian; added later, compatible: absent = 0). A standby that takes over
+/// goes on from it.
+pub const K_BD_SEQ: &str = "sparkplug_bd_seq";
 /// `META` key of the write-ahead journal generation its records must carry (u64, big-endian).
 pub const K_WAL: &str = "wal_generation";
 
@@ -62,6 +66,13 @@ pub fn rules_doc(meta: &std::collections::BTreeMap<String, Vec<u8>>) -> Option<V
 /// The highest remote document id taken, as stored (0: none).
 pub fn fleet_last_id(meta: &std::collections::BTreeMap<String, Vec<u8>>) -> u64 {
     meta.get(K_FLEET_ID)
+        .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
+        .map_or(0, u64::from_be_bytes)
+}
+
+/// The edge node's next session counter, as stored (0: none).
+pub fn bd_seq(meta: &std::collections::BTreeMap<String, Vec<u8>>) -> u64 {
+    meta.get(K_BD_SEQ)
         .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
         .map_or(0, u64::from_be_bytes)
 }

@@ -45,6 +45,7 @@ fn open(dir: &std::path::Path, cfg: &crate::config::Config) -> (Durable, Driver,
     e.restore_clock(snap.gateway_clock);
     e.restore_sparkplug(snap.sparkplug);
     e.take_fleet_id(crate::store::schema::fleet_last_id(&snap.meta));
+    e.take_bd_seq(crate::store::schema::bd_seq(&snap.meta));
     let (d, n, _) = Durable::recover(store, dir, &snap.meta, &mut e, &cfg.engine.record()).unwrap();
     (
         d,
@@ -336,10 +337,10 @@ fn a_restart_writes_the_groups_and_the_devices_restore_its_clock() {
     }
 }
 
-/// The highest remote document id taken is state: kept by a crash (journal), a
+/// The highest remote document id taken and the edge node's session counter are state: kept by a crash (journal), a
 /// checkpoint (meta) and a standby following the records, never lowered.
 #[test]
-fn the_last_remote_id_survives_a_crash_a_checkpoint_and_reaches_a_standby() {
+fn the_last_remote_id_and_the_bd_seq_survive_a_crash_a_checkpoint_and_reach_a_standby() {
     let cfg = cfg();
     let (active_dir, standby_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (d, mut drv, _) = open(active_dir.path(), &cfg);
@@ -350,15 +351,22 @@ fn the_last_remote_id_survives_a_crash_a_checkpoint_and_reaches_a_standby() {
     drv.start(Now::at(at));
     drv.take_fleet_id(Now::at(at), 6);
     drv.take_fleet_id(Now::at(at), 5);
+    drv.take_bd_seq(Now::at(at), 300);
     let mut b = drv.take_journal(Now::at(at));
     d.write(&mut b, 0).unwrap();
     sd.follow(sdrv.engine_mut(), &d.take_body(), &mut in_force)
         .unwrap();
     assert_eq!(sdrv.engine().fleet_last_id(), 6, "the standby follows it");
+    assert_eq!(
+        sdrv.engine().bd_seq(),
+        300,
+        "and the edge node's session counter"
+    );
     drop(d);
     // A crash: the journal holds it.
     let (d, drv2, _) = open(active_dir.path(), &cfg);
     assert_eq!(drv2.engine().fleet_last_id(), 6, "after a crash");
+    assert_eq!(drv2.engine().bd_seq(), 300);
     drop(d);
     // A checkpoint (the journal reset): the state file's meta holds it.
     let (mut d, mut drv3, _) = open(active_dir.path(), &cfg);
