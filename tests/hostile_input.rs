@@ -35,15 +35,6 @@ fn flood(port: u16, id: &str, n: u64, topic: impl Fn(u64) -> String, payload: &[
     let _ = pump.join();
 }
 
-fn vm_rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 #[test]
 fn a_flood_of_bad_input_while_the_uplink_is_down_costs_no_window_result() {
     // 1 M with the release binary (about 15 s); the debug build the suite runs
@@ -187,7 +178,7 @@ fn sparkplug_input_over_every_bound_and_a_rebirth_storm_hold_no_memory_and_are_c
     });
     std::thread::sleep(Duration::from_secs(1));
     let pid = gw.child.id();
-    let before = vm_rss_kib(pid);
+    let before = rss_kib(pid);
 
     let big = birth(0, 22_500, 20);
     assert!(
@@ -247,7 +238,7 @@ fn sparkplug_input_over_every_bound_and_a_rebirth_storm_hold_no_memory_and_are_c
             )
         },
     );
-    let after = vm_rss_kib(pid);
+    let after = rss_kib(pid);
     let m = metrics(http);
     eprintln!(
         "RSS {before} KiB before, {after} KiB after; rejected {}; rebirths answered {} refused {}",

@@ -8,63 +8,19 @@
 //! of them is active within `takeover_s` + 15 s.
 mod support;
 
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rumqttc::{Client, Event, MqttOptions, Packet, QoS};
 use support::fleet::*;
-use support::{Collector, Gateway, GatewayConfig, Mosquitto, Publisher, signal, wait_or_explain};
+use support::pair::*;
+use support::{Collector, Mosquitto, Publisher, signal, wait_or_explain};
 
 const TAKEOVER_S: u64 = 3;
 
-struct Board {
-    name: &'static str,
-    http: u16,
-    config: PathBuf,
-    log: PathBuf,
-    gw: Option<Gateway>,
-}
-
-impl Board {
-    fn new(dir: &Path, name: &'static str, site: &Mosquitto, up: &Mosquitto, key: &Path) -> Self {
-        let http = support::free_port();
-        let config = GatewayConfig::new("gw", &dir.join(format!("state-{name}")), site, up)
-            .http(http)
-            .merge("metrics", FLEET)
-            .set("standby", "enabled = true")
-            .set("standby", &format!("node = \"{name}\""))
-            .set("standby", &format!("takeover_s = {TAKEOVER_S}"))
-            .set(
-                "standby",
-                &format!("key_file = {:?}", key.display().to_string()),
-            )
-            .write(&dir.join(format!("{name}.toml")));
-        Self {
-            name,
-            http,
-            config,
-            log: dir.join(format!("{name}.log")),
-            gw: None,
-        }
-    }
-    fn start(&mut self) {
-        self.gw = Some(Gateway::spawn(&self.config, &self.log));
-    }
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-    fn count(&self, line: &str) -> usize {
-        self.log_text().matches(line).count()
-    }
-    fn pair(&self) -> serde_json::Value {
-        let (code, body) = support::http_get(self.http, "/api/v1/status");
-        assert_eq!(code, 200, "{body}");
-        serde_json::from_str::<serde_json::Value>(&body).expect("status")["pair"].clone()
-    }
-    fn rejected(&self) -> u64 {
-        self.pair()["rejected"].as_u64().expect("pair.rejected")
-    }
+/// `pair.rejected` of a board's status.
+fn rejected(b: &Board) -> u64 {
+    b.pair()["rejected"].as_u64().expect("pair.rejected")
 }
 
 /// A message seen on the pair's topics: topic, bytes, retained.
@@ -124,44 +80,20 @@ fn frame(epoch: u64, stream: u64, pos: u64, data: &[u8]) -> Vec<u8> {
     out
 }
 
-fn wait_line(b: &Board, line: &str, before: usize, limit: Duration) {
-    wait_or_explain(
-        limit,
-        || b.count(line) > before,
-        || format!("{:?} not in {}'s log:\n{}", line, b.name, b.log_text()),
-    );
-}
-
-const ACTIVE: &str = "pair: this board is active";
-const TAKEOVER: &str = "pair: the active is dead; taking over";
-const JOINED: &str = "pair: the standby has every record";
-const DEPOSED: &str = "another board claims the gateway with a newer epoch";
-
 #[test]
 fn an_attacker_on_the_site_broker_without_the_key_moves_nothing() {
     let site = Mosquitto::start(false);
     let up_broker = Mosquitto::start(false);
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.keep();
-    let key = dir.join("pair.key");
-    let o = support::tidemark()
-        .args(["pair", "keygen", "--out"])
-        .arg(&key)
-        .output()
-        .unwrap();
-    assert!(o.status.success());
     let mut boards = [
-        Board::new(&dir, "a", &site, &up_broker, &key),
-        Board::new(&dir, "b", &site, &up_broker, &key),
+        Board::new(&dir, "a", &site, &up_broker, TAKEOVER_S),
+        Board::new(&dir, "b", &site, &up_broker, TAKEOVER_S),
     ];
     let up = Collector::start(up_broker.port, "tidemark/#", "attack-up");
     let mut publisher = Publisher::connect(site.port, "attack-fleet");
     let mut fleet = Fleet::new(20, 200);
-    boards[0].start();
-    wait_line(&boards[0], ACTIVE, 0, MIN);
-    boards[0].gw.as_ref().unwrap().wait_ready();
-    boards[1].start();
-    wait_line(&boards[0], JOINED, 0, MIN);
+    pair_up(&mut boards);
     let attacker = Attacker::connect(site.port);
     // Real traffic to capture: the fleet flows, both boards beat and report.
     for _ in 0..40 {
@@ -173,7 +105,7 @@ fn an_attacker_on_the_site_broker_without_the_key_moves_nothing() {
         captured.iter().any(|(t, _, _)| t.ends_with("/stream")),
         "no record captured"
     );
-    let (ra, rb) = (boards[0].rejected(), boards[1].rejected());
+    let (ra, rb) = (rejected(&boards[0]), rejected(&boards[1]));
     let p = "tidemark/gw/pair";
     // What each board subscribes to: the active state/beats/reports, the standby state/beats/stream.
     let (mut to_a, mut to_b) = (0u64, 0u64);
@@ -236,13 +168,13 @@ fn an_attacker_on_the_site_broker_without_the_key_moves_nothing() {
     attacker.send(&format!("{p}/stream"), vec![1u8; 50 << 20], false);
     wait_or_explain(
         Duration::from_secs(30),
-        || boards[0].rejected() >= ra + to_a && boards[1].rejected() >= rb + to_b,
+        || rejected(&boards[0]) >= ra + to_a && rejected(&boards[1]) >= rb + to_b,
         || {
             format!(
                 "rejected: a {} (want {}), b {} (want {})\n{}\n{}",
-                boards[0].rejected(),
+                rejected(&boards[0]),
                 ra + to_a,
-                boards[1].rejected(),
+                rejected(&boards[1]),
                 rb + to_b,
                 boards[0].log_text(),
                 boards[1].log_text()
@@ -279,19 +211,7 @@ fn an_attacker_on_the_site_broker_without_the_key_moves_nothing() {
     assert_eq!(boards[1].count("not a state file"), 0);
     // The forged report confirmed nothing: with the real standby stopped, acks wait for it
     // (until takeover_s declares it lost) instead of going at once.
-    let slow = |b: &Board| {
-        let m = support::metrics(b.http);
-        let all = support::total(&m, "tidemark_ack_delay_seconds_count");
-        let fast = m
-            .lines()
-            .filter_map(|l| l.strip_prefix("tidemark_ack_delay_seconds_bucket{le=\""))
-            .filter_map(|l| l.split_once("\"} "))
-            .find(|(le, _)| le.parse::<f64>().ok() == Some(2.0))
-            .and_then(|(_, n)| n.parse::<u64>().ok())
-            .expect("2 s bucket");
-        all - fast
-    };
-    let slow_before = slow(&boards[0]);
+    let slow_before = boards[0].slow_acks();
     let g = boards[1].gw.take().unwrap();
     signal(&g.child, "STOP");
     for _ in 0..20 {
@@ -300,7 +220,7 @@ fn an_attacker_on_the_site_broker_without_the_key_moves_nothing() {
     }
     wait_or_explain(
         MIN,
-        || slow(&boards[0]) >= slow_before + 20,
+        || boards[0].slow_acks() >= slow_before + 20,
         || {
             format!(
                 "acks went before the real standby's sync:\n{}",
@@ -310,19 +230,10 @@ fn an_attacker_on_the_site_broker_without_the_key_moves_nothing() {
     );
     signal(&g.child, "CONT");
     boards[1].gw = Some(g);
-    let vm_rss = |b: &Board| -> u64 {
-        let pid = b.gw.as_ref().unwrap().child.id();
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .unwrap_or(0)
-    };
     assert!(
-        vm_rss(&boards[1]) < 128 * 1024,
+        boards[1].rss_kib() < 128 * 1024,
         "standby RSS {} KiB",
-        vm_rss(&boards[1])
+        boards[1].rss_kib()
     );
     while fleet.send(&mut publisher, 10) {
         std::thread::sleep(Duration::from_millis(20));

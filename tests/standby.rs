@@ -5,121 +5,12 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use support::fleet::*;
-use support::{Collector, Gateway, GatewayConfig, Mosquitto, Publisher, signal, wait_or_explain};
-
-struct Board {
-    name: &'static str,
-    http: u16,
-    config: PathBuf,
-    state: PathBuf,
-    log: PathBuf,
-    gw: Option<Gateway>,
-}
-
-impl Board {
-    fn new(
-        dir: &Path,
-        name: &'static str,
-        site: &Mosquitto,
-        up: &Mosquitto,
-        takeover_s: u64,
-    ) -> Self {
-        Self::with(dir, name, (site, up), takeover_s, "")
-    }
-
-    /// A board whose config adds `extra` (TOML: keys of `[metrics]`, then sections).
-    fn with(
-        dir: &Path,
-        name: &'static str,
-        (site, up): (&Mosquitto, &Mosquitto),
-        takeover_s: u64,
-        extra: &str,
-    ) -> Self {
-        let state = dir.join(format!("state-{name}"));
-        let http = support::free_port();
-        let key = pair_key(dir);
-        let config = GatewayConfig::new("gw", &state, site, up)
-            .http(http)
-            .merge("metrics", FLEET)
-            .merge("metrics", extra)
-            .set("standby", "enabled = true")
-            .set("standby", &format!("node = \"{name}\""))
-            .set("standby", &format!("takeover_s = {takeover_s}"))
-            .set(
-                "standby",
-                &format!("key_file = {:?}", key.display().to_string()),
-            )
-            .write(&dir.join(format!("{name}.toml")));
-        Self {
-            name,
-            http,
-            config,
-            state,
-            log: dir.join(format!("{name}.log")),
-            gw: None,
-        }
-    }
-
-    fn start(&mut self) {
-        self.gw = Some(Gateway::spawn(&self.config, &self.log));
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn count(&self, line: &str) -> usize {
-        self.log_text().matches(line).count()
-    }
-
-    fn kill9(&mut self) {
-        if let Some(g) = self.gw.take() {
-            g.kill9();
-        }
-    }
-}
-
-/// The pair's key in `dir`, made by `tidemark pair keygen` the first time.
-fn pair_key(dir: &Path) -> PathBuf {
-    let key = dir.join("pair.key");
-    if !key.exists() {
-        let o = support::tidemark()
-            .args(["pair", "keygen", "--out"])
-            .arg(&key)
-            .output()
-            .expect("tidemark pair keygen");
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let again = support::tidemark()
-            .args(["pair", "keygen", "--out"])
-            .arg(&key)
-            .output()
-            .expect("tidemark pair keygen");
-        assert_eq!(again.status.code(), Some(2), "keygen must not overwrite");
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(&key).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o600);
-    }
-    key
-}
-
-const ACTIVE: &str = "pair: this board is active";
-const TAKEOVER: &str = "pair: the active is dead; taking over";
-const JOINED: &str = "pair: the standby has every record";
-const DEPOSED: &str = "another board claims the gateway with a newer epoch";
-const LOST: &str = "pair: the standby is lost";
-
-/// Waits until `line` appears in `b`'s log more than `before` times.
-fn wait_line(b: &Board, line: &str, before: usize, limit: Duration) {
-    wait_or_explain(
-        limit,
-        || b.count(line) > before,
-        || format!("{:?} not in {}'s log:\n{}", line, b.name, b.log_text()),
-    );
-}
+use support::pair::*;
+use support::{Collector, Mosquitto, Publisher, signal, wait_or_explain};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Fault {
@@ -153,15 +44,10 @@ fn a_pair_survives_kills_a_wiped_board_and_a_hang_counting_every_reading_once() 
     boards[1].start();
     wait_line(&boards[0], JOINED, 0, MIN);
     // Both boards show the pair: the active its synced standby, the standby its active.
-    let pair_of = |b: &Board| -> serde_json::Value {
-        let (code, body) = support::http_get(b.http, "/api/v1/status");
-        assert_eq!(code, 200, "{body}");
-        serde_json::from_str::<serde_json::Value>(&body).expect("status JSON")["pair"].clone()
-    };
     wait_or_explain(
         MIN,
         || {
-            let (a, b) = (pair_of(&boards[0]), pair_of(&boards[1]));
+            let (a, b) = (boards[0].pair(), boards[1].pair());
             a["role"] == "active"
                 && a["peer"]["node"] == "b"
                 && a["peer"]["state"] == "synced"
@@ -172,13 +58,7 @@ fn a_pair_survives_kills_a_wiped_board_and_a_hang_counting_every_reading_once() 
                 && b["epoch"] == 1
                 && b["peer"]["last_seen"].is_u64()
         },
-        || {
-            format!(
-                "pair status: a {} b {}",
-                pair_of(&boards[0]),
-                pair_of(&boards[1])
-            )
-        },
+        || format!("pair status: a {} b {}", boards[0].pair(), boards[1].pair()),
     );
     let text = support::metrics(boards[1].http);
     assert!(
@@ -212,19 +92,7 @@ fn a_pair_survives_kills_a_wiped_board_and_a_hang_counting_every_reading_once() 
     // Acks wait for the standby: with it stopped the active's acks are held, until
     // takeover_s passes and the active runs alone (standby_lost); the standby, resumed,
     // catches up again (standby_joined) and does not take over.
-    let held = |b: &Board| {
-        let m = support::metrics(b.http);
-        let all = support::total(&m, "tidemark_ack_delay_seconds_count");
-        let fast = m
-            .lines()
-            .filter_map(|l| l.strip_prefix("tidemark_ack_delay_seconds_bucket{le=\""))
-            .filter_map(|l| l.split_once("\"} "))
-            .find(|(le, _)| le.parse::<f64>().ok() == Some(2.0))
-            .and_then(|(_, n)| n.parse::<u64>().ok())
-            .expect("the 2 s bucket of tidemark_ack_delay_seconds");
-        all - fast
-    };
-    let slow_before = held(&boards[0]);
+    let slow_before = boards[0].slow_acks();
     let (lost, joined) = (boards[0].count(LOST), boards[0].count(JOINED));
     let g = boards[1].gw.take().expect("b");
     signal(&g.child, "STOP");
@@ -237,11 +105,11 @@ fn a_pair_survives_kills_a_wiped_board_and_a_hang_counting_every_reading_once() 
     boards[1].gw = Some(g);
     wait_or_explain(
         MIN,
-        || held(&boards[0]) >= slow_before + 20,
+        || boards[0].slow_acks() >= slow_before + 20,
         || {
             format!(
                 "acks did not wait for the stopped standby: {} slow\n{}",
-                held(&boards[0]),
+                boards[0].slow_acks(),
                 boards[0].log_text()
             )
         },
@@ -487,25 +355,9 @@ fn a_hung_active_resumed_mid_stream_takes_no_session_and_loses_nothing() {
         Board::with(&dir, "b", (&site, &up_broker), takeover_s, short),
     ];
     let up = Collector::start(up_broker.port, "tidemark/gw/#", "resume-collector");
-    boards[0].start();
-    wait_line(&boards[0], ACTIVE, 0, MIN);
-    boards[0].gw.as_ref().expect("a").wait_ready();
-    boards[1].start();
-    wait_line(&boards[0], JOINED, 0, MIN);
+    pair_up(&mut boards);
     // QoS 1 at ~250 readings/s from before the hang until after the resume.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let pump = {
-        let (stop, port) = (stop.clone(), site.port);
-        std::thread::spawn(move || {
-            let mut publisher = Publisher::connect(port, "resume-fleet");
-            let mut fleet = Fleet::new(40, 150);
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) && fleet.send(&mut publisher, 10)
-            {
-                std::thread::sleep(Duration::from_millis(40));
-            }
-            (publisher, fleet)
-        })
-    };
+    let (stop, pump) = pump(site.port, "resume-fleet", Fleet::new(40, 150));
     std::thread::sleep(Duration::from_secs(2));
     let g = boards[0].gw.take().expect("a running");
     signal(&g.child, "STOP");
@@ -559,24 +411,8 @@ fn after_both_boards_die_together_the_former_standby_alone_takes_over() {
         Board::new(&dir, "b", &site, &up_broker, takeover_s),
     ];
     let up = Collector::start(up_broker.port, "tidemark/gw/#", "cut-collector");
-    boards[0].start();
-    wait_line(&boards[0], ACTIVE, 0, MIN);
-    boards[0].gw.as_ref().expect("a").wait_ready();
-    boards[1].start();
-    wait_line(&boards[0], JOINED, 0, MIN);
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let pump = {
-        let (stop, port) = (stop.clone(), site.port);
-        std::thread::spawn(move || {
-            let mut publisher = Publisher::connect(port, "cut-fleet");
-            let mut fleet = Fleet::new(40, 100);
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) && fleet.send(&mut publisher, 10)
-            {
-                std::thread::sleep(Duration::from_millis(40));
-            }
-            (publisher, fleet)
-        })
-    };
+    pair_up(&mut boards);
+    let (stop, pump) = pump(site.port, "cut-fleet", Fleet::new(40, 100));
     std::thread::sleep(Duration::from_secs(2));
     let (a, b) = (
         boards[0].gw.take().expect("a"),

@@ -17,6 +17,7 @@ pub mod bin;
 pub mod engine;
 pub mod fleet;
 pub mod node;
+pub mod pair;
 mod site;
 
 // Each test binary uses a different part of it.
@@ -487,6 +488,16 @@ impl Drop for Publisher {
 
 /// Epoch ms now (tests only; the gateway reads its own clock).
 #[allow(clippy::disallowed_methods)]
+/// VmRSS of process `pid`, KiB (0 when gone).
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
