@@ -186,6 +186,19 @@ fn an_attacker_on_the_site_broker_without_the_key_moves_nothing() {
         support::total(&metrics, "tidemark_pair_rejected_total") >= rb + to_b,
         "{metrics}"
     );
+    // The forged retained claims did not stay: the active published its own again.
+    wait_or_explain(
+        Duration::from_secs(10),
+        || {
+            support::retained(site.port, &format!("{p}/state"))
+                .last()
+                .is_some_and(|m| {
+                    m.payload.starts_with(b"TMp1")
+                        && String::from_utf8_lossy(&m.payload).contains(r#""node":"a""#)
+                })
+        },
+        || format!("retained claim not restored:\n{}", boards[0].log_text()),
+    );
     // Past takeover_s: nobody took over, nobody was deposed, both still synced.
     std::thread::sleep(Duration::from_secs(TAKEOVER_S + 2));
     assert_eq!(boards[1].count(TAKEOVER), 0, "{}", boards[1].log_text());

@@ -340,19 +340,29 @@ impl Opener {
         };
         match checked {
             Ok(body) => Some(bytes::Bytes::copy_from_slice(body)),
+            Err(why) if topic == self.topics.state() => {
+                self.refused(topic, why);
+                // Passed on as no claim at all: the active publishes its own again.
+                Some(bytes::Bytes::new())
+            }
             Err(why) => {
-                let n = self.rejected.fetch_add(1, Ordering::Relaxed) + 1;
-                let now = self.clock.mono();
-                if self
-                    .logged
-                    .is_none_or(|t| now.saturating_sub(t) >= REFUSAL_LOG_MS)
-                {
-                    self.logged = Some(now);
-                    tracing::warn!(%topic, why = why.as_str(), rejected = n,
-                        "pair: a message on the pair's topics refused (not from this pair, or replayed); nothing done");
-                }
+                self.refused(topic, why);
                 None
             }
+        }
+    }
+
+    /// Counts a refusal; logs at most once a minute.
+    fn refused(&mut self, topic: &str, why: auth::Refusal) {
+        let n = self.rejected.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = self.clock.mono();
+        if self
+            .logged
+            .is_none_or(|t| now.saturating_sub(t) >= REFUSAL_LOG_MS)
+        {
+            self.logged = Some(now);
+            tracing::warn!(%topic, why = why.as_str(), rejected = n,
+                "pair: a message on the pair's topics refused (not from this pair, or replayed); nothing done");
         }
     }
 }
@@ -508,6 +518,8 @@ pub struct ActivePair {
     fenced: Vec<(u64, crate::sys::link::Held, Millis)>,
     /// A newer claim of another board was seen: nothing is proven any more.
     deposed_by: Option<Claim>,
+    /// When the claim was last published again.
+    reasserted: Option<Millis>,
 }
 
 /// What the active's pair task is wired to.
@@ -556,6 +568,7 @@ impl ActivePair {
             revoked_at: 0,
             fenced: Vec::new(),
             deposed_by: None,
+            reasserted: None,
             epoch: a.epoch,
             stream: stream.max(1),
             link: a.link,
@@ -674,7 +687,18 @@ impl ActivePair {
             PairEvent::Up => return,
         };
         if topic == self.link.topics.state() {
-            if let Ok(c) = serde_json::from_slice::<Claim>(&payload)
+            let claim = serde_json::from_slice::<Claim>(&payload).ok();
+            if claim
+                .as_ref()
+                .is_none_or(|c| c.node != self.own.node && !c.beats(&self.own))
+            {
+                // The retained claim was overwritten (an older claim replayed, or garbage
+                // that failed its check): this board's goes back, so a board that starts
+                // now elects from the truth.
+                self.reassert(now.mono);
+                return;
+            }
+            if let Some(c) = claim
                 && c.node != self.own.node
                 && c.beats(&self.own)
             {
@@ -743,6 +767,30 @@ impl ActivePair {
             u64::try_from(bytes).unwrap_or(0),
             std::sync::atomic::Ordering::Relaxed,
         );
+    }
+
+    /// Publishes this board's claim again (retained), at most once a second.
+    fn reassert(&mut self, mono: Millis) {
+        if self.deposed_by.is_some()
+            || self
+                .reasserted
+                .is_some_and(|t| mono.saturating_sub(t) < 1_000)
+        {
+            return;
+        }
+        self.reasserted = Some(mono);
+        tracing::warn!(
+            "pair: the retained claim is not this board's current one; publishing it again"
+        );
+        let topic = self.link.topics.state();
+        let own = Claim {
+            at: self.clock.now().wall,
+            ..self.own.clone()
+        };
+        let body = self
+            .link
+            .sealed(&topic, &serde_json::to_vec(&own).unwrap_or_default());
+        let _ = self.link.client.publish(&topic, body, 1, true);
     }
 
     /// Nothing is proven from `mono` on (a stall, the link lost).
@@ -1133,7 +1181,10 @@ async fn follow_loop(
                         }
                     }
                     PairEvent::Msg(topic, payload) if topic == topics.state() => {
-                        if let Ok(c) = serde_json::from_slice::<Claim>(&payload) {
+                        // An older claim (a genuine one replayed) never replaces the one known.
+                        if let Ok(c) = serde_json::from_slice::<Claim>(&payload)
+                            && claim.as_ref().is_none_or(|old| c == *old || c.beats(old))
+                        {
                             position.epoch = position.epoch.max(c.epoch);
                             if claim.as_ref().is_none_or(|old| old.node != c.node) {
                                 active_seen = now.mono;
