@@ -224,19 +224,23 @@ fn an_attacker_on_the_site_broker_without_the_key_moves_nothing() {
     assert_eq!(boards[1].count("not a state file"), 0);
     // The forged report confirmed nothing: with the real standby stopped, acks wait for it
     // (until takeover_s declares it lost) instead of going at once.
-    let slow_before = boards[0].slow_acks();
+    let (slow_before, lost) = (boards[0].slow_acks(), boards[0].count(LOST));
+    let status_before = boards[0].pair();
     let g = boards[1].gw.take().unwrap();
     signal(&g.child, "STOP");
     for _ in 0..20 {
         fleet.send(&mut publisher, 2);
         std::thread::sleep(Duration::from_millis(20));
     }
+    // The stopped standby is lost after takeover_s; the acks of meanwhile waited for it.
+    wait_line(&boards[0], LOST, lost, MIN);
     wait_or_explain(
         MIN,
         || boards[0].slow_acks() >= slow_before + 20,
         || {
             format!(
-                "acks went before the real standby's sync:\n{}",
+                "acks went before the real standby's sync: {} slow, {slow_before} before; pair before the stop {status_before}\n{}",
+                boards[0].slow_acks(),
                 boards[0].log_text()
             )
         },
