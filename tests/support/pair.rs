@@ -129,15 +129,20 @@ impl Board {
 
     /// Acks that took longer than 2 s (`tidemark_ack_delay_seconds` above its 2 s bucket).
     pub fn slow_acks(&self) -> u64 {
+        self.acks_over(2.0)
+    }
+
+    /// Acks that took longer than `le` seconds (one of the histogram's bucket bounds).
+    pub fn acks_over(&self, le_s: f64) -> u64 {
         let m = super::metrics(self.http);
         let all = super::total(&m, "tidemark_ack_delay_seconds_count");
         let fast = m
             .lines()
             .filter_map(|l| l.strip_prefix("tidemark_ack_delay_seconds_bucket{le=\""))
             .filter_map(|l| l.split_once("\"} "))
-            .find(|(le, _)| le.parse::<f64>().ok() == Some(2.0))
+            .find(|(le, _)| le.parse::<f64>().ok() == Some(le_s))
             .and_then(|(_, n)| n.parse::<u64>().ok())
-            .expect("the 2 s bucket of tidemark_ack_delay_seconds");
+            .expect("a bucket of tidemark_ack_delay_seconds");
         all - fast
     }
 
