@@ -7,7 +7,7 @@ use crate::codec::{DecodeError, Decoded};
 use crate::config::Config;
 use crate::engine::EngineConfig;
 use crate::engine::{Engine, Now};
-use crate::journal::Journal;
+use crate::journal::{Journal, Mark};
 use crate::model::Millis;
 use crate::output::{Emit, Output, SinkFormat};
 use crate::store::{Batch, OutboxEntry};
@@ -271,28 +271,20 @@ impl Driver {
         self.durable(now.mono);
     }
 
-    /// A remote document id taken: durable with the next commit, in the journal
-    /// in order with the messages (a standby follows it).
-    pub fn take_fleet_id(&mut self, now: Now, id: u64) {
-        if id <= self.engine.fleet_last_id() {
+    /// A mark of state outside the windows (a remote document id taken, the edge
+    /// node's next session): durable with the next commit, journaled in order
+    /// with the messages so a standby follows it; never moves back.
+    pub fn mark(&mut self, now: Now, m: Mark) {
+        let have = match m {
+            Mark::FleetId(_) => self.engine.fleet_last_id(),
+            Mark::BdSeq(_) => self.engine.bd_seq(),
+        };
+        if m.value() <= have {
             return;
         }
-        self.engine.take_fleet_id(id);
+        m.apply(&mut self.engine);
         if let Some(j) = self.journal_mut() {
-            j.fleet_id(id);
-        }
-        self.durable(now.mono);
-    }
-
-    /// The edge node started a session: its next counter, durable with the next
-    /// commit and followed by a standby.
-    pub fn take_bd_seq(&mut self, now: Now, next: u64) {
-        if next <= self.engine.bd_seq() {
-            return;
-        }
-        self.engine.take_bd_seq(next);
-        if let Some(j) = self.journal_mut() {
-            j.bd_seq(next);
+            j.mark(m);
         }
         self.durable(now.mono);
     }

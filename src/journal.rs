@@ -68,6 +68,32 @@ enum Op {
     B(u64),
 }
 
+/// State outside the windows that must survive a crash and reach a standby.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mark {
+    /// The highest remote document id taken (replay protection, docs/reference.md "Fleet").
+    FleetId(u64),
+    /// The Sparkplug edge node's next session counter (`bdSeq` = it mod 256).
+    BdSeq(u64),
+}
+
+impl Mark {
+    /// The number it carries.
+    pub fn value(self) -> u64 {
+        match self {
+            Mark::FleetId(v) | Mark::BdSeq(v) => v,
+        }
+    }
+
+    /// Into `engine`'s state (each only ever rises).
+    pub fn apply(self, engine: &mut Engine) {
+        match self {
+            Mark::FleetId(id) => engine.take_fleet_id(id),
+            Mark::BdSeq(next) => engine.take_bd_seq(next),
+        }
+    }
+}
+
 /// The ops since the last cut, encoded.
 #[derive(Debug, Default)]
 pub struct Journal {
@@ -116,15 +142,12 @@ impl Journal {
         self.tick_at = None;
     }
 
-    /// A remote document id taken (replay protection, docs/reference.md "Fleet").
-    pub fn fleet_id(&mut self, id: u64) {
-        self.push(&OpRef::F(id));
-        self.tick_at = None;
-    }
-
-    /// The Sparkplug edge node's next session counter.
-    pub fn bd_seq(&mut self, next: u64) {
-        self.push(&OpRef::B(next));
+    /// A mark of state outside the windows ([`Mark`]).
+    pub fn mark(&mut self, m: Mark) {
+        self.push(&match m {
+            Mark::FleetId(id) => OpRef::F(id),
+            Mark::BdSeq(next) => OpRef::B(next),
+        });
         self.tick_at = None;
     }
 
@@ -183,8 +206,8 @@ pub fn apply(engine: &mut Engine, mut ops: &[u8]) -> Result<Option<Vec<u8>>, Rep
                 engine.reconfigure(&rules);
                 reloaded = Some(rules.record());
             }
-            Op::F(id) => engine.take_fleet_id(id),
-            Op::B(next) => engine.take_bd_seq(next),
+            Op::F(id) => Mark::FleetId(id).apply(engine),
+            Op::B(next) => Mark::BdSeq(next).apply(engine),
             Op::R(record) => {
                 engine.reconfigure(&crate::config::engine_from_record(&record)?);
                 reloaded = Some(record);

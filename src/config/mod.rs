@@ -2,15 +2,18 @@
 //! deserialized strictly (unknown keys are errors) and validated once into a
 //! typed [`Config`]. Every problem is reported as one line naming its key.
 
+mod defaults;
 mod load;
 mod raw;
 mod reload;
 mod sections;
+mod standby;
 mod validate;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+pub use defaults::DEFAULTS;
 pub use raw::*;
 // Domain types live by the code that uses them; the config only builds them.
 pub use crate::codec::{PayloadConfig, PayloadFormat, TimestampUnit};
@@ -22,6 +25,7 @@ pub use crate::time::{InvalidPolicy, TimeConfig, TimePolicy};
 pub use load::*;
 pub use reload::engine_from_record;
 pub use sections::*;
+pub use standby::Standby;
 pub use validate::parse_url;
 
 /// A validated configuration, a section per component (SPEC §2).

@@ -75,7 +75,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let engine = engine(&mut p, &raw, &gateway.id);
     let sink = sections::Sink::validate(&mut p, &raw, &gid);
     let fleet = sections::Fleet::validate(&mut p, &raw.fleet);
-    let standby = sections::Standby::validate(&mut p, &raw);
+    let standby = super::standby::Standby::validate(&mut p, &raw);
     let metrics = sections::Metrics::validate(&mut p, &raw.metrics);
     let log = sections::Log::validate(&mut p, &raw.log);
     if !p.0.is_empty() {

@@ -233,8 +233,7 @@ impl Core {
                 st.bounds = Some(cfg.sink.outbox);
                 tracing::debug!("reload applied to the engine");
             }
-            Inbound::FleetId(id) => driver.take_fleet_id(self.clock.now(), id),
-            Inbound::BdSeq(next) => driver.take_bd_seq(self.clock.now(), next),
+            Inbound::Mark(m) => driver.mark(self.clock.now(), m),
             Inbound::Proven => st.proven = self.clock.mono(),
             Inbound::Wake => {}
             Inbound::Stop => st.stopping = true,

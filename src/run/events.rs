@@ -31,10 +31,9 @@ pub enum Inbound {
     Wake,
     /// A reload's validated config: the engine's rules from the next message on.
     Reload(Box<Config>),
-    /// A remote document id taken: kept in the state store (replay protection).
-    FleetId(u64),
-    /// The Sparkplug edge node's next session counter: kept in the state store.
-    BdSeq(u64),
+    /// State outside the windows to keep in the state store (a remote document id
+    /// taken, the edge node's next session).
+    Mark(crate::journal::Mark),
     /// A live status question (SPEC §11), answered between two messages.
     Query(
         super::api::Query,

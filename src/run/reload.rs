@@ -389,7 +389,11 @@ impl Reloader {
             return self.result(id, Outcome::Rejected, None, vec![why]);
         }
         // Taken from here on, applied or not: durable in the state store first.
-        let _ = self.targets.core.send(Inbound::FleetId(doc.id)).await;
+        let _ = self
+            .targets
+            .core
+            .send(Inbound::Mark(crate::journal::Mark::FleetId(doc.id)))
+            .await;
         let env: BTreeMap<String, String> = std::env::vars().collect();
         let new = match config::load_with_remote(&self.opts.paths, &env, &doc.config) {
             Ok(c) => c,

@@ -185,7 +185,9 @@ impl EdgeSink {
     ) -> Result<Self, LinkError> {
         let bd_file = bd_seq_path(state_dir);
         let counter = next_bd_seq(&bd_file, floor);
-        let _ = core.try_send(super::events::Inbound::BdSeq(counter + 1));
+        let _ = core.try_send(super::events::Inbound::Mark(crate::journal::Mark::BdSeq(
+            counter + 1,
+        )));
         let node = Node::new(node_cfg, counter);
         let (client, lp) = build(&cfg, &node, clock.now().wall)?;
         Ok(Self {
@@ -435,7 +437,9 @@ impl EdgeSink {
         // Into the state store (and to a standby) as well as the file.
         let _ = self
             .core
-            .try_send(super::events::Inbound::BdSeq(counter + 1));
+            .try_send(super::events::Inbound::Mark(crate::journal::Mark::BdSeq(
+                counter + 1,
+            )));
         self.node.new_session(counter);
         let now = self.clock.now().wall;
         match build(&self.cfg, &self.node, now) {

@@ -1,6 +1,7 @@
 use super::*;
 use crate::driver::Driver;
 use crate::engine::Now;
+use crate::journal::Mark;
 use crate::output::SinkFormat;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
@@ -349,9 +350,9 @@ fn the_last_remote_id_and_the_bd_seq_survive_a_crash_a_checkpoint_and_reach_a_st
     let mut in_force = cfg.engine.record();
     let at = T0;
     drv.start(Now::at(at));
-    drv.take_fleet_id(Now::at(at), 6);
-    drv.take_fleet_id(Now::at(at), 5);
-    drv.take_bd_seq(Now::at(at), 300);
+    drv.mark(Now::at(at), Mark::FleetId(6));
+    drv.mark(Now::at(at), Mark::FleetId(5));
+    drv.mark(Now::at(at), Mark::BdSeq(300));
     let mut b = drv.take_journal(Now::at(at));
     d.write(&mut b, 0).unwrap();
     sd.follow(sdrv.engine_mut(), &d.take_body(), &mut in_force)
@@ -370,7 +371,7 @@ fn the_last_remote_id_and_the_bd_seq_survive_a_crash_a_checkpoint_and_reach_a_st
     drop(d);
     // A checkpoint (the journal reset): the state file's meta holds it.
     let (mut d, mut drv3, _) = open(active_dir.path(), &cfg);
-    drv3.take_fleet_id(Now::at(at + 1), 7);
+    drv3.mark(Now::at(at + 1), Mark::FleetId(7));
     let mut b = drv3.take_checkpoint(Now::at(at + 1));
     d.write(&mut b, 0).unwrap();
     drop(d);
