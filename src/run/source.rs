@@ -118,21 +118,22 @@ impl Source {
         look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut alarm = super::alarm::Alarm::new(self.proof.clock);
         loop {
-            // The state store cannot commit: stop taking messages (the broker keeps
-            // them; a long pause drops the connection and they come again).
-            // A board of a pair outside its proof of the claim neither reads nor
-            // (re)connects: the session may be another board's now.
+            // The state store cannot commit, or a board of a pair has no fresh proof of
+            // the claim (the session may be another board's): nothing is read or
+            // (re)connected; the broker keeps the messages.
             let fenced = !self.links.fence.holds();
             let paused = (!self.links.store_state.borrow().is_ok() || fenced) && !self.stopping;
             if paused != was_paused {
                 was_paused = paused;
                 // To the core a pause is a disconnect: the broker's backlog grows,
                 // so processing time must not advance anything meanwhile (SPEC §5).
-                let ev = if paused && fenced {
-                    tracing::warn!(url = %self.cfg.endpoint.url(), "source paused: this board has no fresh proof of the pair's claim");
-                    Inbound::Disconnected
-                } else if paused {
-                    tracing::warn!(url = %self.cfg.endpoint.url(), "source paused: the state store cannot commit");
+                let ev = if paused {
+                    let why = if fenced {
+                        "this board has no fresh proof of the pair's claim"
+                    } else {
+                        "the state store cannot commit"
+                    };
+                    tracing::warn!(url = %self.cfg.endpoint.url(), "source paused: {why}");
                     Inbound::Disconnected
                 } else {
                     tracing::info!(url = %self.cfg.endpoint.url(), "source resumed");
