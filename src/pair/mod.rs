@@ -10,8 +10,10 @@
 //! - `state`: retained, the active's claim: node and epoch ([`Claim`], JSON).
 
 pub mod auth;
+pub mod follow;
 mod gate;
 
+pub use follow::{Action, ClaimRace, Claimed, Follower, Note};
 pub use gate::{Change, Gate, PeerState};
 
 use serde::{Deserialize, Serialize};
@@ -280,6 +282,28 @@ impl Claim {
     pub fn beats(&self, other: &Claim) -> bool {
         (self.epoch, &self.node) > (other.epoch, &other.node)
     }
+
+    /// What `seen` on the state topic means to the active that claimed `self`
+    /// (None: not a claim, or one that failed its check).
+    pub fn judge(&self, seen: Option<Claim>) -> Seen {
+        match seen {
+            Some(c) if c.node == self.node => Seen::Own,
+            Some(c) if c.beats(self) => Seen::Deposed(c),
+            _ => Seen::Overwritten,
+        }
+    }
+}
+
+/// A claim on the state topic, seen by the active.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seen {
+    /// Its own (the broker's echo, or an older one of its own).
+    Own,
+    /// Another board's that does not beat it, or garbage: the retained claim
+    /// was overwritten, and the active publishes its own again.
+    Overwritten,
+    /// Another board's newer claim: the active stops publishing and rejoins as standby.
+    Deposed(Claim),
 }
 
 /// The standby's view of the stream: which item it can apply next.

@@ -15,7 +15,7 @@ use crate::run::sink::SinkMsg;
 use std::sync::atomic::Ordering;
 
 use crate::pair::{
-    Beat, Change, Claim, Gate, Kind, PeerStateName, PeerStatus, Report, Role, Status, frames,
+    Beat, Change, Claim, Gate, Kind, PeerStateName, PeerStatus, Report, Role, Seen, Status, frames,
 };
 use crate::sys::clock::SystemClock;
 
@@ -225,30 +225,25 @@ impl ActivePair {
             PairEvent::Up => return,
         };
         if topic == self.link.topics.state() {
-            let claim = serde_json::from_slice::<Claim>(&payload).ok();
-            if claim
-                .as_ref()
-                .is_none_or(|c| c.node != self.own.node && !c.beats(&self.own))
+            match self
+                .own
+                .judge(serde_json::from_slice::<Claim>(&payload).ok())
             {
-                // The retained claim was overwritten (an older claim replayed, or garbage
-                // that failed its check): this board's goes back, so a board that starts
-                // now elects from the truth.
-                self.reassert(now.mono);
-                return;
-            }
-            if let Some(c) = claim
-                && c.node != self.own.node
-                && c.beats(&self.own)
-            {
-                tracing::warn!(active = %c.node, epoch = c.epoch, own_epoch = self.epoch,
-                    "pair: another board claims the gateway with a newer epoch; this one stops publishing and rejoins as standby");
-                self.proof.revoke();
-                self.fenced.clear();
-                self.deposed_by = Some(c.clone());
-                let _ = self.deposed.send(RunError::Deposed {
-                    node: c.node,
-                    epoch: c.epoch,
-                });
+                Seen::Own => {}
+                // An older claim replayed, or garbage that failed its check: this
+                // board's goes back, so a board that starts now elects from the truth.
+                Seen::Overwritten => self.reassert(now.mono),
+                Seen::Deposed(c) => {
+                    tracing::warn!(active = %c.node, epoch = c.epoch, own_epoch = self.epoch,
+                        "pair: another board claims the gateway with a newer epoch; this one stops publishing and rejoins as standby");
+                    self.proof.revoke();
+                    self.fenced.clear();
+                    self.deposed_by = Some(c.clone());
+                    let _ = self.deposed.send(RunError::Deposed {
+                        node: c.node,
+                        epoch: c.epoch,
+                    });
+                }
             }
             return;
         }

@@ -14,18 +14,11 @@ use std::sync::atomic::Ordering;
 use crate::pair::{Claim, PeerStateName, PeerStatus, Role, Status};
 use crate::sys::clock::SystemClock;
 
-/// Beats go out this often.
-const BEAT_MS: Millis = 1_000;
-/// Our own beat came back this recently: the path to the site broker works.
-const PATH_PROVEN_MS: Millis = 3_000;
-/// Time given to a claim to come back from the broker.
-const CLAIM_ECHO_MS: u64 = 3_000;
+use crate::pair::Claimed;
+use crate::pair::follow::{BEAT_MS, STALL_MS};
+
 /// At a clean stop, time given to the standby to report the last commit.
 const STOP_WAIT_MS: u64 = 2_000;
-/// Time after the echo of a claim in which a rival claim still counts.
-const CLAIM_SETTLE_MS: u64 = 500;
-/// A gap between two ticks longer than this is a stall of the board itself.
-const STALL_MS: Millis = 1_500;
 /// Time given to the retained claim to arrive after subscribing.
 const CLAIM_WAIT_MS: u64 = 1_500;
 
@@ -51,16 +44,6 @@ mod standby;
 pub use active::{ActiveLinks, ActivePair};
 pub use session::PairLink;
 pub use standby::{Followed, activated, follow};
-
-/// What became of a claim.
-enum Claimed {
-    /// The broker holds it and no other board's claim beats it.
-    Held,
-    /// Another board's claim beats it.
-    Superseded(Claim),
-    /// The broker did not send it back in time.
-    NoEcho,
-}
 
 /// How a board starts: the retained claim decides.
 pub enum Start {

@@ -13,7 +13,7 @@ use crate::run::error::RunError;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::pair::auth::{self, Sealer};
-use crate::pair::{Beat, Claim, Report, Role, Topics};
+use crate::pair::{Beat, Claim, ClaimRace, Claimed, Report, Role, Topics};
 use crate::sys::clock::SystemClock;
 use crate::sys::link::{self, Client, Event, LinkOptions};
 
@@ -190,40 +190,24 @@ impl PairLink {
         if self.client.publish(&topic, body, 1, true).is_err() {
             return Claimed::NoEcho;
         }
-        let deadline = tokio::time::sleep(Duration::from_millis(CLAIM_ECHO_MS));
-        tokio::pin!(deadline);
-        let settle = tokio::time::sleep(Duration::from_millis(CLAIM_SETTLE_MS));
-        tokio::pin!(settle);
-        let mut echoed = false;
-        let mut rival: Option<Claim> = None;
+        let clock = SystemClock::new();
+        let mut race = ClaimRace::new(claim.clone(), clock.mono());
         loop {
+            let wait = race.deadline().saturating_sub(clock.mono());
             let ev = tokio::select! {
-                () = &mut deadline, if !echoed => break,
-                () = &mut settle, if echoed => break,
-                ev = self.events.recv() => ev,
+                () = tokio::time::sleep(Duration::from_millis(u64::try_from(wait).unwrap_or(0))) => None,
+                ev = self.events.recv() => Some(ev),
             };
-            match ev {
-                Some(PairEvent::Msg(topic, payload)) if topic == self.topics.state() => {
-                    let Ok(c) = serde_json::from_slice::<Claim>(&payload) else {
-                        continue;
-                    };
-                    if &c == claim {
-                        if !echoed {
-                            echoed = true;
-                            settle.set(tokio::time::sleep(Duration::from_millis(CLAIM_SETTLE_MS)));
-                        }
-                    } else if c.beats(claim) && rival.as_ref().is_none_or(|r| c.beats(r)) {
-                        rival = Some(c);
-                    }
-                }
-                Some(_) => {}
-                None => break,
+            let ended = matches!(ev, Some(None));
+            if let Some(Some(PairEvent::Msg(topic, payload))) = ev
+                && topic == self.topics.state()
+                && let Ok(c) = serde_json::from_slice::<Claim>(&payload)
+            {
+                race.seen(c, clock.mono());
             }
-        }
-        match (echoed, rival) {
-            (_, Some(r)) => Claimed::Superseded(r),
-            (true, None) => Claimed::Held,
-            (false, None) => Claimed::NoEcho,
+            if let Some(outcome) = race.outcome(clock.mono(), ended) {
+                return outcome;
+            }
         }
     }
 

@@ -14,9 +14,7 @@ use crate::run::error::RunError;
 use crate::run::registry::Registry;
 use std::sync::atomic::Ordering;
 
-use crate::pair::{
-    Assembler, Beat, Claim, PeerStateName, PeerStatus, Position, Report, Role, Status, Step,
-};
+use crate::pair::{Action, Beat, Claim, Follower, Note, Position, Role};
 use crate::store::Store;
 use crate::store::wal::Wal;
 use crate::sys::clock::SystemClock;
@@ -196,6 +194,39 @@ struct Taken {
     proven_at: Millis,
 }
 
+/// The standby's I/O around [`Follower`]: its replica on disk, the status
+/// endpoint, the pair's link.
+struct Pump<'a> {
+    cfg: &'a Config,
+    link: &'a mut PairLink,
+    clock: SystemClock,
+    registry: &'a Arc<Registry>,
+    empty: &'a Engine,
+    replica: Option<Replica>,
+    started: (Millis, Millis),
+}
+
+/// The replica on disk as it was when this board stopped, if it was in sync then.
+fn resume(cfg: &Config) -> (Option<Replica>, Option<Position>) {
+    let Some(at) = read_synced(&cfg.gateway.state_dir) else {
+        return (None, None);
+    };
+    match tokio::task::block_in_place(|| open_replica(cfg)) {
+        Ok(r) => {
+            tracing::info!(
+                epoch = at.epoch,
+                position = at.pos,
+                "pair: this board's replica was in sync when it stopped"
+            );
+            (Some(r), Some(at))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "pair: the replica on disk does not open; asking the active for its state");
+            (None, None)
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn follow_loop(
     cfg: &Config,
@@ -209,269 +240,224 @@ async fn follow_loop(
     shutdown: &mut (impl std::future::Future<Output = ()> + Unpin),
 ) -> Result<Option<Taken>, RunError> {
     let _ = link.role.send(Role::Standby);
-    let topics = link.topics.clone();
-    let mut asm = Assembler::bounded(sb.max_frame);
-    let mut position = Position::default();
-    let mut replica: Option<Replica> = None;
-    let mut want = true;
-    // A replica in sync when this board last stopped: it may take over from it
-    // while nothing of the active is heard (both boards lost power together).
-    let mut resumed = false;
-    let dir = cfg.gateway.state_dir.clone();
-    if let Some(at) = read_synced(&dir) {
-        match tokio::task::block_in_place(|| open_replica(cfg)) {
-            Ok(r) => {
-                tracing::info!(
-                    epoch = at.epoch,
-                    position = at.pos,
-                    "pair: this board's replica was in sync when it stopped"
-                );
-                replica = Some(r);
-                resumed = true;
-                position.epoch = at.epoch;
-                position.pos = at.pos;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "pair: the replica on disk does not open; asking the active for its state")
-            }
-        }
-    }
-    let start = clock.mono();
-    let mut active_seen = start;
-    let mut active_seen_wall: Option<Millis> = None;
-    let mut active_dead = false;
-    let mut active_pos = 0u64;
-    let mut own_echo: Option<Millis> = None;
-    let mut next_beat = 0;
-    let mut next_warn = start + sb.takeover_ms;
-    let start_wall = clock.now().wall;
-    let mut last_applied: Option<Millis> = None;
-    // Since when the active is ahead of this board (its beats name its last commit).
-    let mut behind_since: Option<Millis> = None;
-    let report = |link: &PairLink, position: &Position, want: bool| {
-        link.report(&Report {
-            node: sb.node.clone(),
-            stream: position.stream,
-            pos: position.pos,
-            want,
-        });
+    let (replica, resumed) = resume(cfg);
+    let now = clock.now();
+    let mut f = Follower::new(
+        &sb.node,
+        link.inst,
+        sb.takeover_ms,
+        sb.max_frame,
+        claim.clone(),
+        resumed,
+        now.mono,
+    );
+    let mut pump = Pump {
+        cfg,
+        link,
+        clock,
+        registry,
+        empty,
+        replica,
+        started: (now.mono, now.wall),
     };
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_tick = start;
     tracing::info!(node = %sb.node, "pair: standby; asking the active for its state");
-    loop {
-        tokio::select! {
-            () = &mut *shutdown => return Ok(None),
+    let taken = loop {
+        let actions = tokio::select! {
+            () = &mut *shutdown => break None,
             Some(q) = queries.recv() => {
-                if let crate::run::events::Inbound::Query(q, reply) = q {
-                    let engine = replica.as_ref().map_or(empty, |r| &r.engine);
-                    let links = crate::run::api::Links {
-                        source_up: false,
-                        source_since: start_wall,
-                        last_commit_at: last_applied,
-                        proven: own_echo.unwrap_or(start),
-                    };
-                    let _ = reply.send(crate::run::api::answer(engine, &q, clock.now(), registry, links));
-                }
+                pump.answer(q, &f);
+                continue;
             }
-            ev = link.events.recv() => {
+            ev = pump.link.events.recv() => {
                 let Some(ev) = ev else {
                     return Err(RunError::Pair("pair link ended".into()));
                 };
-                let now = clock.now();
-                match ev {
-                    PairEvent::Up => {
-                        // Silence while this board was away is not the active's.
-                        active_seen = active_seen.max(now.mono);
-                        report(link, &position, want);
-                    }
-                    PairEvent::Down => {}
-                    PairEvent::Msg(topic, payload) if topic == topics.stream() => {
-                        let Some(item) = asm.push(&payload) else { continue };
-                        if claim.as_ref().is_none_or(|c| item.epoch >= c.epoch) {
-                            active_seen = now.mono;
-                            active_seen_wall = Some(now.wall);
-                            active_dead = false;
-                            // The active lives on: the disk's replica is behind it now.
-                            resumed = false;
-                        }
-                        match position.step(&item) {
-                            Step::Install => {
-                                tracing::info!(bytes = item.data.len(), pos = item.pos, "pair: installing the active's snapshot");
-                                if !tokio::task::block_in_place(|| install(cfg, &mut replica, &item.data))? {
-                                    want = true;
-                                    report(link, &position, want);
-                                    continue;
-                                }
-                                position.done(&item);
-                                if position.pos >= active_pos {
-                                    behind_since = None;
-                                }
-                                want = false;
-                                mark_synced(&dir, &position);
-                                report(link, &position, want);
-                            }
-                            Step::Apply => {
-                                let Some(r) = replica.as_mut() else { continue };
-                                let applied = tokio::task::block_in_place(|| {
-                                    r.durable.follow(&mut r.engine, &item.data, &mut r.in_force)
-                                });
-                                // Rebirth requests are the active's to send.
-                                r.engine.take_commands();
-                                match applied {
-                                    Ok(()) => {
-                                        last_applied = Some(now.wall);
-                                        position.done(&item);
-                                        if position.pos >= active_pos {
-                                            behind_since = None;
-                                        }
-                                        report(link, &position, want);
-                                    }
-                                    Err(e) => {
-                                        tracing::warn!(error = %e, "pair: a record did not apply; asking for a snapshot");
-                                        want = true;
-                                        unmark_synced(&dir);
-                                        report(link, &position, want);
-                                    }
-                                }
-                            }
-                            Step::Skip => {}
-                            Step::Gap => {
-                                if !want {
-                                    tracing::info!(pos = item.pos, at = position.pos, "pair: a record is missing; asking for a snapshot");
-                                    unmark_synced(&dir);
-                                }
-                                want = true;
-                                report(link, &position, want);
-                            }
-                        }
-                    }
-                    PairEvent::Msg(topic, payload) if topic == topics.state() => {
-                        // An older claim (a genuine one replayed) never replaces the one known.
-                        if let Ok(c) = serde_json::from_slice::<Claim>(&payload)
-                            && claim.as_ref().is_none_or(|old| c == *old || c.beats(old))
-                        {
-                            position.epoch = position.epoch.max(c.epoch);
-                            if claim.as_ref().is_none_or(|old| old.node != c.node) {
-                                active_seen = now.mono;
-                                active_dead = false;
-                            }
-                            *claim = Some(c);
-                        }
-                    }
-                    PairEvent::Msg(topic, payload) => {
-                        let Some(node) = topics.node_of(&topic) else { continue };
-                        let Ok(b) = serde_json::from_slice::<Beat>(&payload) else { continue };
-                        if node == sb.node {
-                            if b.inst == link.inst {
-                                own_echo = Some(now.mono);
-                            } else if !b.dead {
-                                tracing::error!(node = %node, "pair: another process runs with this board's standby.node; give each board its own");
-                            }
-                        } else if claim.as_ref().is_some_and(|c| c.node == node) {
-                            if b.dead {
-                                tracing::warn!(active = %node, "pair: the site broker reports the active gone");
-                                active_dead = true;
-                            } else {
-                                active_seen = now.mono;
-                                active_seen_wall = Some(now.wall);
-                                active_pos = active_pos.max(b.pos);
-                                active_dead = false;
-                                resumed = false;
-                                if active_pos > position.pos && behind_since.is_none() {
-                                    behind_since = Some(now.mono);
-                                }
-                            }
-                        }
-                    }
-                }
+                pump.event(&mut f, ev)
             }
             _ = tick.tick() => {
-                let now = clock.now();
-                if now.mono.saturating_sub(last_tick) > STALL_MS {
-                    // This board stalled (a pause, a suspended VM): the silence is its own.
-                    tracing::warn!(stalled_ms = now.mono - last_tick, "pair: this board stalled; the active's silence is counted from now");
-                    active_seen = active_seen.max(now.mono);
-                    own_echo = None;
+                let now = pump.clock.now();
+                let out = f.tick(now.mono, now.wall);
+                pump.show(&f, now);
+                out
+            }
+        };
+        if let Some(t) = pump.act(&mut f, actions, sb).await? {
+            break Some(t);
+        }
+    };
+    *claim = f.claim().cloned();
+    Ok(taken)
+}
+
+impl Pump<'_> {
+    /// One event of the link, into the machine.
+    fn event(&mut self, f: &mut Follower, ev: PairEvent) -> Vec<Action> {
+        let now = self.clock.now();
+        let topics = &self.link.topics;
+        match ev {
+            PairEvent::Up => f.up(now.mono),
+            PairEvent::Down => Vec::new(),
+            PairEvent::Msg(topic, payload) if topic == topics.stream() => {
+                f.frame(&payload, now.mono, now.wall)
+            }
+            PairEvent::Msg(topic, payload) if topic == topics.state() => {
+                if let Ok(c) = serde_json::from_slice::<Claim>(&payload) {
+                    f.state(c, now.mono);
                 }
-                last_tick = now.mono;
-                if now.mono >= next_beat {
-                    next_beat = now.mono + BEAT_MS;
-                    link.beat(Role::Standby, (position.epoch, position.pos), false, now.mono);
-                    report(link, &position, want);
-                }
-                let active = claim.as_ref().map(|c| c.node.clone()).unwrap_or_default();
-                let status = Status {
-                    node: sb.node.clone(),
-                    role: Role::Standby,
-                    epoch: position.epoch,
-                    lag_records: active_pos.saturating_sub(position.pos),
-                    rejected: link.rejected.load(Ordering::Relaxed),
-                    lag_ms: behind_since
-                        .filter(|_| active_pos > position.pos)
-                        .map_or(0, |t| u64::try_from(now.mono.saturating_sub(t)).unwrap_or(0)),
-                    peer: PeerStatus {
-                        node: active.clone(),
-                        state: if now.mono.saturating_sub(active_seen) >= sb.takeover_ms || active_dead {
-                            PeerStateName::Lost
-                        } else if want {
-                            PeerStateName::CatchingUp
-                        } else {
-                            PeerStateName::Synced
-                        },
-                        last_seen: active_seen_wall,
-                    },
+                Vec::new()
+            }
+            PairEvent::Msg(topic, payload) => {
+                let Some(node) = topics.node_of(&topic) else {
+                    return Vec::new();
                 };
-                if let Ok(mut p) = registry.pair.lock() {
-                    *p = Some(status);
+                match serde_json::from_slice::<Beat>(&payload) {
+                    Ok(b) => f.beat(node, &b, now.mono, now.wall),
+                    Err(_) => Vec::new(),
                 }
-                registry.health.core_beat(now.mono);
-                let engine = replica.as_ref().map_or(empty, |r| &r.engine);
-                registry.health.set_prometheus(
-                    crate::run::metrics::collect(engine, now, registry, false).prometheus(),
-                );
-                let silent = active_dead || now.mono.saturating_sub(active_seen) >= sb.takeover_ms;
-                let path = own_echo.is_some_and(|t| now.mono.saturating_sub(t) <= PATH_PROVEN_MS);
-                if !silent || !path {
-                    continue;
-                }
-                if (want && !resumed) || replica.is_none() {
-                    if now.mono >= next_warn {
-                        next_warn = now.mono + sb.takeover_ms;
-                        tracing::error!(active = %active, "pair: the active is gone and this board does not have its state (it never finished catching up): not taking over");
-                    }
-                    continue;
-                }
-                let Some(epoch) = position.epoch.max(claim.as_ref().map_or(0, |c| c.epoch)).checked_add(1) else {
-                    return Err(RunError::Pair("the pair's epoch is exhausted".into()));
-                };
-                let proven_at = clock.mono();
-                let mine = Claim { node: sb.node.clone(), epoch, at: now.wall };
-                tracing::warn!(active = %active, epoch, position = position.pos, "pair: the active is dead; taking over");
-                match link.claim(&mine).await {
-                    Claimed::Held => {}
-                    Claimed::Superseded(c) => {
-                        tracing::warn!(active = %c.node, epoch = c.epoch, "pair: another board claimed the gateway first; following it");
-                        position.epoch = position.epoch.max(c.epoch);
-                        active_seen = now.mono;
-                        active_dead = false;
-                        *claim = Some(c);
-                        continue;
-                    }
-                    Claimed::NoEcho => {
-                        tracing::warn!("pair: the claim did not come back from the site broker; retrying");
-                        continue;
-                    }
-                }
-                drop(replica.take());
-                return Ok(Some(Taken {
-                    epoch,
-                    from: Some((active, position.pos)),
-                    takeover_ms: sb.takeover_ms,
-                    proven_at,
-                }));
             }
         }
     }
+
+    /// Carries out the machine's actions (and those they lead to); a takeover ends the loop.
+    async fn act(
+        &mut self,
+        f: &mut Follower,
+        actions: Vec<Action>,
+        sb: &Standby,
+    ) -> Result<Option<Taken>, RunError> {
+        let mut queue = std::collections::VecDeque::from(actions);
+        let dir = self.cfg.gateway.state_dir.clone();
+        while let Some(a) = queue.pop_front() {
+            let next = match a {
+                Action::Report(r) => {
+                    self.link.report(&r);
+                    continue;
+                }
+                Action::Beat(epoch, pos) => {
+                    self.link
+                        .beat(Role::Standby, (epoch, pos), false, self.clock.mono());
+                    continue;
+                }
+                Action::Install(item) => {
+                    tracing::info!(
+                        bytes = item.data.len(),
+                        pos = item.pos,
+                        "pair: installing the active's snapshot"
+                    );
+                    let ok = tokio::task::block_in_place(|| {
+                        install(self.cfg, &mut self.replica, &item.data)
+                    })?;
+                    f.installed(&item, ok)
+                }
+                Action::Apply(item) => {
+                    let Some(r) = self.replica.as_mut() else {
+                        continue;
+                    };
+                    let applied = tokio::task::block_in_place(|| {
+                        r.durable.follow(&mut r.engine, &item.data, &mut r.in_force)
+                    });
+                    // Rebirth requests are the active's to send.
+                    r.engine.take_commands();
+                    if let Err(e) = &applied {
+                        tracing::warn!(error = %e, "pair: a record did not apply; asking for a snapshot");
+                    }
+                    f.applied(&item, applied.is_ok(), self.clock.now().wall)
+                }
+                Action::MarkSynced(p) => {
+                    mark_synced(&dir, &p);
+                    continue;
+                }
+                Action::Unmark => {
+                    unmark_synced(&dir);
+                    continue;
+                }
+                Action::Claim(mine) => {
+                    let proven_at = self.clock.mono();
+                    tracing::warn!(active = %f.claim().map_or("", |c| c.node.as_str()), epoch = mine.epoch, "pair: the active is dead; taking over");
+                    let outcome = self.link.claim(&mine).await;
+                    let out = f.claimed(mine, outcome, self.clock.mono());
+                    if let Some(Action::TakeOver(c, from, pos)) = out.first() {
+                        drop(self.replica.take());
+                        return Ok(Some(Taken {
+                            epoch: c.epoch,
+                            from: Some((from.clone(), *pos)),
+                            takeover_ms: sb.takeover_ms,
+                            proven_at,
+                        }));
+                    }
+                    out
+                }
+                Action::TakeOver(..) => continue,
+                Action::Say(note) => {
+                    say(&note)?;
+                    continue;
+                }
+            };
+            queue.extend(next);
+        }
+        Ok(None)
+    }
+
+    /// Answers a status query from the replicated engine.
+    fn answer(&self, q: crate::run::events::Inbound, f: &Follower) {
+        if let crate::run::events::Inbound::Query(q, reply) = q {
+            let engine = self.replica.as_ref().map_or(self.empty, |r| &r.engine);
+            let links = crate::run::api::Links {
+                source_up: false,
+                source_since: self.started.1,
+                last_commit_at: f.last_applied(),
+                proven: f.proven().unwrap_or(self.started.0),
+            };
+            let _ = reply.send(crate::run::api::answer(
+                engine,
+                &q,
+                self.clock.now(),
+                self.registry,
+                links,
+            ));
+        }
+    }
+
+    /// The pair's status and metrics, after a tick.
+    fn show(&self, f: &Follower, now: crate::engine::Now) {
+        let status = f.status(now.mono, self.link.rejected.load(Ordering::Relaxed));
+        if let Ok(mut p) = self.registry.pair.lock() {
+            *p = Some(status);
+        }
+        self.registry.health.core_beat(now.mono);
+        let engine = self.replica.as_ref().map_or(self.empty, |r| &r.engine);
+        self.registry.health.set_prometheus(
+            crate::run::metrics::collect(engine, now, self.registry, false).prometheus(),
+        );
+    }
+}
+
+/// Logs what the machine says; an exhausted epoch ends the standby.
+fn say(note: &Note) -> Result<(), RunError> {
+    match note {
+        Note::Gap(pos) => tracing::info!(pos, "pair: a record is missing; asking for a snapshot"),
+        Note::ActiveGone(node) => {
+            tracing::warn!(active = %node, "pair: the site broker reports the active gone")
+        }
+        Note::Twin => tracing::error!(
+            "pair: another process runs with this board's standby.node; give each board its own"
+        ),
+        Note::Stalled(ms) => tracing::warn!(
+            stalled_ms = ms,
+            "pair: this board stalled; the active's silence is counted from now"
+        ),
+        Note::CannotTakeOver(active) => {
+            tracing::error!(active = %active, "pair: the active is gone and this board does not have its state (it never finished catching up): not taking over")
+        }
+        Note::Superseded(c) => {
+            tracing::warn!(active = %c.node, epoch = c.epoch, "pair: another board claimed the gateway first; following it")
+        }
+        Note::NoEcho => {
+            tracing::warn!("pair: the claim did not come back from the site broker; retrying")
+        }
+        Note::EpochExhausted => return Err(RunError::Pair("the pair's epoch is exhausted".into())),
+    }
+    Ok(())
 }
