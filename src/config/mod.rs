@@ -2,6 +2,7 @@
 //! deserialized strictly (unknown keys are errors) and validated once into a
 //! typed [`Config`]. Every problem is reported as one line naming its key.
 
+mod checks;
 mod defaults;
 mod load;
 mod raw;
@@ -14,7 +15,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 pub use defaults::DEFAULTS;
-pub use raw::*;
+pub use raw::{
+    LogFormat, MAX_SKEW_WINDOW, MsOrAuto, Protocol, RawAdaptive, RawBroker, RawConfig, RawFleet,
+    RawGateway, RawGroupDefaults, RawGroupOverride, RawLog, RawMetrics, RawPayload, RawSink,
+    RawSinkSparkplug, RawSource, RawSparkplug, RawStandby, RawTime, RawWindow, WindowKind,
+};
 // Domain types live by the code that uses them; the config only builds them.
 pub use crate::codec::{PayloadConfig, PayloadFormat, TimestampUnit};
 pub use crate::engine::{EngineConfig, GroupConfig, GroupRules};
@@ -22,11 +27,16 @@ pub use crate::output::SinkFormat;
 pub use crate::sparkplug::SparkplugConfig;
 pub use crate::time::window::WindowSpec;
 pub use crate::time::{InvalidPolicy, TimeConfig, TimePolicy};
-pub use load::*;
+pub use checks::parse_url;
+pub use load::{
+    REMOTE, annotate_sources, load, load_gateway, load_str, load_with_env, load_with_remote,
+    over_remote,
+};
 pub use reload::engine_from_record;
-pub use sections::*;
+pub use sections::{
+    Broker, Fleet, Gateway, HostState, Log, Metrics, OutboxBounds, Probe, Sink, Source,
+};
 pub use standby::Standby;
-pub use validate::parse_url;
 
 /// A validated configuration, a section per component (SPEC §2).
 #[derive(Debug, Clone)]

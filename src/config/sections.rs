@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use super::validate::{Problems, endpoint, ms};
+use super::checks::{Problems, endpoint, ms};
 use super::{Endpoint, LogFormat, Protocol, RawConfig};
 use crate::model::Id;
 use crate::output::SinkFormat;

@@ -1,7 +1,7 @@
 //! `[standby]`: this board's part in a pair and the pair's key (docs/reference.md,
 //! "Two boards").
 
-use super::validate::Problems;
+use super::checks::Problems;
 
 /// `[standby]`: this board's part in a pair (SPEC §13); None when off.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -2,8 +2,8 @@
 //! every problem as a `key: problem` line.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
+use super::checks::{Problems, ms};
 use super::*;
 use crate::model::Id;
 use crate::time::adaptive::AdaptiveConfig;
@@ -40,31 +40,6 @@ pub(super) fn describe_serde_error(path: &str, msg: &str) -> String {
     format!("{key}: {msg}")
 }
 
-/// Problems found so far, `key: problem` each.
-pub(super) struct Problems(pub(super) Vec<String>);
-
-impl Problems {
-    pub(super) fn add(&mut self, key: &str, msg: impl std::fmt::Display) {
-        self.0.push(format!("{key}: {msg}"));
-    }
-    pub(super) fn positive(&mut self, key: &str, v: u64) {
-        if v == 0 {
-            self.add(key, "must be > 0");
-        }
-    }
-}
-
-/// Largest duration accepted anywhere (about 100 years): keeps i64 math safe.
-const MAX_DURATION_MS: u64 = 1 << 42;
-
-pub(super) fn ms(p: &mut Problems, key: &str, v: u64) -> i64 {
-    if v > MAX_DURATION_MS {
-        p.add(key, format!("must be <= {MAX_DURATION_MS}"));
-        return 1;
-    }
-    i64::try_from(v).unwrap_or(1)
-}
-
 /// Every section validated; every problem of every section reported.
 pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let mut p = Problems(Vec::new());
@@ -75,7 +50,7 @@ pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let engine = engine(&mut p, &raw, &gateway.id);
     let sink = sections::Sink::validate(&mut p, &raw, &gid);
     let fleet = sections::Fleet::validate(&mut p, &raw.fleet);
-    let standby = super::standby::Standby::validate(&mut p, &raw);
+    let standby = Standby::validate(&mut p, &raw);
     let metrics = sections::Metrics::validate(&mut p, &raw.metrics);
     let log = sections::Log::validate(&mut p, &raw.log);
     if !p.0.is_empty() {
@@ -354,166 +329,4 @@ fn group_config(
         window,
         adaptive,
     }
-}
-
-/// An MQTT endpoint from the connection keys of `[section]`.
-pub(super) fn endpoint(
-    p: &mut Problems,
-    section: &str,
-    k: &LinkKeys<'_>,
-    default_client_id: &str,
-) -> Endpoint {
-    let key = format!("{section}.url");
-    let parsed = parse_url(k.url);
-    if let Err(e) = &parsed {
-        p.add(&key, e);
-    }
-    if k.qos > 1 {
-        p.add(
-            &format!("{section}.qos"),
-            format!("{} is not supported (0 or 1)", k.qos),
-        );
-    }
-    if k.client_id.len() > 128 {
-        p.add(
-            &format!("{section}.client_id"),
-            "must be at most 128 characters",
-        );
-    }
-    let password = if k.password_file.is_empty() {
-        None
-    } else {
-        match std::fs::read_to_string(k.password_file) {
-            Ok(s) => Some(s.trim_end_matches(['\n', '\r']).to_string()),
-            Err(e) => {
-                p.add(
-                    &format!("{section}.password_file"),
-                    format!("cannot read {:?}: {e}", k.password_file),
-                );
-                None
-            }
-        }
-    };
-    let is_tls = matches!(parsed, Ok((true, _, _)));
-    tls_files(p, section, k, is_tls, parsed.is_ok());
-    if k.keep_alive_s > u64::from(u16::MAX) {
-        p.add(
-            &format!("{section}.keep_alive_s"),
-            format!("{} is above the MQTT limit of {}", k.keep_alive_s, u16::MAX),
-        );
-    }
-    let (tls, host, port) = parsed.unwrap_or((false, String::new(), 0));
-    Endpoint {
-        tls,
-        host,
-        port,
-        client_id: if k.client_id.is_empty() {
-            default_client_id.to_string()
-        } else {
-            k.client_id.to_string()
-        },
-        username: (!k.username.is_empty()).then(|| k.username.to_string()),
-        password,
-        ca_file: (!k.ca_file.is_empty()).then(|| PathBuf::from(k.ca_file)),
-        client_cert: (!k.cert_file.is_empty())
-            .then(|| (PathBuf::from(k.cert_file), PathBuf::from(k.key_file))),
-        keep_alive_s: u16::try_from(k.keep_alive_s).unwrap_or(u16::MAX),
-        qos: k.qos,
-    }
-}
-
-/// The CA and client certificate files exist, and only with `mqtts://`.
-fn tls_files(p: &mut Problems, section: &str, k: &LinkKeys<'_>, is_tls: bool, url_ok: bool) {
-    if !k.ca_file.is_empty() {
-        if let Err(e) = std::fs::metadata(k.ca_file) {
-            p.add(
-                &format!("{section}.ca_file"),
-                format!("cannot read {:?}: {e}", k.ca_file),
-            );
-        } else if url_ok && !is_tls {
-            p.add(
-                &format!("{section}.ca_file"),
-                "set, but url is not mqtts://",
-            );
-        }
-    }
-    let (cert, key) = (k.cert_file, k.key_file);
-    for (name, f) in [("cert_file", cert), ("key_file", key)] {
-        if f.is_empty() {
-            continue;
-        }
-        if let Err(e) = std::fs::metadata(f) {
-            p.add(
-                &format!("{section}.{name}"),
-                format!("cannot read {f:?}: {e}"),
-            );
-        } else if !is_tls && url_ok {
-            p.add(&format!("{section}.{name}"), "set, but url is not mqtts://");
-        }
-    }
-    if cert.is_empty() != key.is_empty() {
-        let missing = if cert.is_empty() {
-            "cert_file"
-        } else {
-            "key_file"
-        };
-        p.add(
-            &format!("{section}.{missing}"),
-            "mutual TLS needs both cert_file and key_file",
-        );
-    }
-}
-
-/// Parses `mqtt://host[:port][/]` or `mqtts://...`.
-pub fn parse_url(url: &str) -> Result<(bool, String, u16), String> {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return Err(format!(
-            "{url:?} is not a URL (expected mqtt://host:port or mqtts://host:port)"
-        ));
-    };
-    let (tls, default_port) = match scheme {
-        "mqtt" | "tcp" => (false, 1883),
-        "mqtts" | "ssl" => (true, 8883),
-        other => {
-            return Err(format!(
-                "unsupported scheme {other:?} (expected mqtt or mqtts)"
-            ));
-        }
-    };
-    let rest = rest.strip_suffix('/').unwrap_or(rest);
-    if rest.contains('@') {
-        return Err(
-            "credentials in the URL are not allowed; use username and password_file".into(),
-        );
-    }
-    if rest.contains('/') || rest.contains('?') {
-        return Err(format!("{url:?} must not have a path or query"));
-    }
-    let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
-        let (h, after) = v6
-            .split_once(']')
-            .ok_or_else(|| format!("{url:?}: unterminated [ in host"))?;
-        let port = match after.strip_prefix(':') {
-            Some(p) => p.parse().map_err(|_| format!("{url:?}: bad port {p:?}"))?,
-            None if after.is_empty() => default_port,
-            None => return Err(format!("{url:?}: junk after host")),
-        };
-        (h.to_string(), port)
-    } else {
-        match rest.rsplit_once(':') {
-            Some((h, p)) => (
-                h.to_string(),
-                p.parse::<u16>()
-                    .map_err(|_| format!("{url:?}: bad port {p:?}"))?,
-            ),
-            None => (rest.to_string(), default_port),
-        }
-    };
-    if host.is_empty() {
-        return Err(format!("{url:?}: missing host"));
-    }
-    if port == 0 {
-        return Err(format!("{url:?}: port must be > 0"));
-    }
-    Ok((tls, host, port))
 }

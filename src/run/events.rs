@@ -36,8 +36,8 @@ pub enum Inbound {
     Mark(crate::journal::Mark),
     /// A live status question (SPEC §11), answered between two messages.
     Query(
-        super::api::Query,
-        tokio::sync::oneshot::Sender<super::api::Answer>,
+        crate::run::status::api::Query,
+        tokio::sync::oneshot::Sender<crate::run::status::api::Answer>,
     ),
     /// Shut down: process what was received, final commit.
     Stop,

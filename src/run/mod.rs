@@ -13,27 +13,18 @@
 //! the last batch → the store commits it → its acks go out → the source
 //! disconnects → the sink drains for a few seconds, publishes `offline`, exits.
 
-mod acks;
 mod alarm;
-pub mod api;
+mod control;
 mod core;
-mod delivery;
+mod durable;
 mod error;
 mod events;
 mod fence;
-mod health;
-mod http;
-mod metrics;
+pub mod http;
+mod outputs;
 mod pair;
-mod plan;
-mod proof;
-mod registry;
-mod reload;
-mod restore;
-mod sink;
 mod source;
-mod spb;
-mod storer;
+pub mod status;
 mod wiring;
 
 use tokio::sync::mpsc;
@@ -41,10 +32,10 @@ use tokio::sync::mpsc;
 use crate::config::Config;
 use crate::sys::broker;
 use crate::sys::clock::SystemClock;
+pub use control::{LogControl, ReloadOptions};
+use durable::restore::restore;
 pub use error::RunError;
-use reload::Http;
-pub use reload::{LogControl, ReloadOptions};
-use restore::restore;
+use http::Http;
 
 /// Runs the gateway until SIGTERM/SIGINT (then flushes and returns Ok);
 /// SIGHUP reloads the config files `opts` names.
@@ -86,7 +77,7 @@ async fn paired(
     tokio::pin!(shutdown);
     let inst = u64::try_from(clock.now().wall).unwrap_or(1) ^ (u64::from(std::process::id()) << 32);
     let mut opts = Some(opts);
-    health::notify_ready(&format!("standby pair node {}: electing", sb.node));
+    status::health::notify_ready(&format!("standby pair node {}: electing", sb.node));
     let mut start = tokio::select! {
         () = &mut shutdown => return Ok(()),
         s = pair::elect(cfg, sb, inst) => s?,
@@ -196,7 +187,7 @@ async fn serve_as(
     tracing::info!(gateway = %cfg.gateway.id, source = %cfg.source.endpoint.url(),
         sink = %cfg.sink.endpoint.url(), config_hash = %cfg.hash(), "tidemark running");
     // State is restored and the source is connecting (or retrying): systemd may go on.
-    health::notify_ready(&format!("running; source {}", cfg.source.endpoint.url()));
+    status::health::notify_ready(&format!("running; source {}", cfg.source.endpoint.url()));
     tokio::pin!(shutdown);
     let mut confirm = tokio::time::interval(std::time::Duration::from_millis(100));
     confirm.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -205,9 +196,9 @@ async fn serve_as(
             () = &mut shutdown => break None,
             e = gw.fatal.recv() => break e,
             Some(()) = hangups.recv() => {
-                health::notify_reloading();
+                status::health::notify_reloading();
                 gw.reloader.reload().await;
-                health::notify_ready("running; config reloaded");
+                status::health::notify_ready("running; config reloaded");
             }
             Some((via, doc)) = gw.documents.recv() => gw.reloader.document(via, &doc).await,
             _ = confirm.tick(), if gw.reloader.confirming() => gw.reloader.confirm().await,
@@ -220,6 +211,6 @@ async fn serve_as(
         return Err(e);
     }
     tracing::info!("stopping: final commit, then acks and the uplink");
-    health::notify_stopping();
+    status::health::notify_stopping();
     gw.stop().await
 }

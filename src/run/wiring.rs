@@ -10,17 +10,18 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use super::core::{self, Core, CoreConfig};
-use super::error::RunError;
-use super::events::{Inbound, StoreJob, StoreState};
-use super::health::{self, Health};
-use super::registry::Registry;
-use super::reload::{Http, ReloadOptions, Reloader, Targets};
-use super::restore::Restored;
-use super::sink::Sink;
-use super::source::{self, Source};
-use super::storer;
 use crate::config::Config;
+use crate::run::control::{ReloadOptions, Reloader, Targets};
+use crate::run::core::{self, Core, CoreConfig};
+use crate::run::durable;
+use crate::run::durable::restore::Restored;
+use crate::run::error::RunError;
+use crate::run::events::{Inbound, StoreJob, StoreState};
+use crate::run::http::Http;
+use crate::run::outputs::mqtt::Sink;
+use crate::run::source::{self, Source};
+use crate::run::status::health::{self, Health};
+use crate::run::status::registry::Registry;
 use crate::sys::clock::SystemClock;
 
 /// A running gateway: what stops it and what reloads it.
@@ -41,8 +42,8 @@ pub struct Running {
 /// The core and store threads (blocking work: the engine, fsync).
 fn spawn_threads(
     core: Core,
-    durable: storer::Durable,
-    links: storer::Links,
+    durable: durable::Durable,
+    links: durable::Links,
     clock: SystemClock,
     fatal: mpsc::UnboundedSender<RunError>,
 ) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
@@ -53,7 +54,7 @@ fn spawn_threads(
         std::thread::Builder::new()
             .name("tidemark-store".into())
             .spawn(move || {
-                if let Err(e) = storer::run(durable, links, clock) {
+                if let Err(e) = durable::run(durable, links, clock) {
                     let _ = fatal.send(RunError::Store(e));
                 }
             })?,
@@ -67,7 +68,7 @@ pub fn start(
     restored: Restored,
     listener: Option<TcpListener>,
     clock: SystemClock,
-    pair: Option<super::pair::Activation>,
+    pair: Option<crate::run::pair::Activation>,
 ) -> Result<Running, RunError> {
     let started_at = clock.now().wall;
     let seed = u64::try_from(started_at).unwrap_or(1) ^ u64::from(std::process::id());
@@ -87,10 +88,10 @@ pub fn start(
     let source_link = source::build(&cfg.source, started_at)?;
     // A board of a pair acts only on a fresh proof of the claim (its pair task keeps it).
     let (proof, fence) = if pair.is_some() {
-        let (p, f) = super::fence::Fence::paired(clock);
+        let (p, f) = crate::run::fence::Fence::paired(clock);
         (Some(p), f)
     } else {
-        (None, super::fence::Fence::open(clock))
+        (None, crate::run::fence::Fence::open(clock))
     };
 
     let (core_tx, core_rx) = mpsc::channel::<Inbound>(8192);
@@ -120,7 +121,7 @@ pub fn start(
             let (plain_tx, plain_rx) = watch::channel(0u64);
             let (edge_tx, edge_rx) = watch::channel(0u64);
             let (spb_tx, spb_rx) = mpsc::unbounded_channel();
-            let edge = super::spb::EdgeSink::new(
+            let edge = crate::run::outputs::sparkplug::EdgeSink::new(
                 cfg.sink.clone(),
                 node.clone(),
                 (restored.durable.store().reader(), spb_rx),
@@ -169,7 +170,7 @@ pub fn start(
             snapshots: snapshots_rx,
         },
     );
-    let store_links = storer::Links {
+    let store_links = durable::Links {
         rx: store_rx,
         acks: acks_tx.clone(),
         sink: sink_tx.clone(),
@@ -184,7 +185,7 @@ pub fn start(
     let mut durable = restored.durable;
     if let (Some(activation), Some(proof)) = (pair, proof) {
         durable = durable.replicating();
-        let links = super::pair::ActiveLinks {
+        let links = crate::run::pair::ActiveLinks {
             commits: pair_rx,
             acks: acks_tx.clone(),
             snapshots: snapshots_tx,
@@ -194,7 +195,7 @@ pub fn start(
             proof,
         };
         let stream = seed.rotate_left(41) | 1;
-        pair_task = Some(super::pair::ActivePair::new(
+        pair_task = Some(crate::run::pair::ActivePair::new(
             activation, links, clock, stream,
         ));
     }
@@ -220,7 +221,9 @@ pub fn start(
     let mut tasks = vec![
         tokio::spawn(health::watchdog(registry.health.clone(), stop_rx.clone())),
         tokio::spawn(core::wake(core_tx.clone(), wake_rx, stop_rx.clone())),
-        tokio::spawn(super::acks::acks(acks_rx, current_rx, acked_tx, flushed_tx)),
+        tokio::spawn(crate::run::durable::acks::acks(
+            acks_rx, current_rx, acked_tx, flushed_tx,
+        )),
         tokio::spawn(source.run()),
         tokio::spawn(sink.run()),
     ];

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::engine::Liveness;
 use crate::model::Millis;
-use crate::run::api::{ClockState, DevicePage, DeviceRow, Status};
+use crate::run::status::api::{ClockState, DevicePage, DeviceRow, Status};
 use crate::time::gateway::Verdict;
 
 /// What to show, from where.

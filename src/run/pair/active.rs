@@ -10,8 +10,8 @@ use tokio::sync::{mpsc, watch};
 use crate::model::Millis;
 use crate::run::error::RunError;
 use crate::run::events::{AckJob, Notice, PairCommit};
-use crate::run::registry::Registry;
-use crate::run::sink::SinkMsg;
+use crate::run::outputs::mqtt::SinkMsg;
+use crate::run::status::registry::Registry;
 use std::sync::atomic::Ordering;
 
 use crate::pair::{

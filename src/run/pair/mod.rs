@@ -6,9 +6,9 @@
 use std::time::Duration;
 
 use super::error::RunError;
-use super::registry::Registry;
 use crate::config::{Config, Standby};
 use crate::model::Millis;
+use crate::run::status::registry::Registry;
 use std::sync::atomic::Ordering;
 
 use crate::pair::{Claim, PeerStateName, PeerStatus, Role, Status};

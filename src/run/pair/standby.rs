@@ -11,7 +11,7 @@ use crate::config::{Config, Standby};
 use crate::engine::Engine;
 use crate::model::Millis;
 use crate::run::error::RunError;
-use crate::run::registry::Registry;
+use crate::run::status::registry::Registry;
 use std::sync::atomic::Ordering;
 
 use crate::pair::{Action, Beat, Claim, Follower, Note, Position, Role};
@@ -21,7 +21,7 @@ use crate::sys::clock::SystemClock;
 
 /// The replicated state on the standby's disk and in its engine.
 struct Replica {
-    durable: crate::run::storer::Durable,
+    durable: crate::run::durable::Durable,
     engine: Engine,
     in_force: Vec<u8>,
 }
@@ -29,7 +29,7 @@ struct Replica {
 /// Opens the state dir exactly as it is: no new clock origin, no reload (a
 /// standby's engine must stay the active's, record for record).
 fn open_replica(cfg: &Config) -> Result<Replica, RunError> {
-    let (durable, engine, in_force) = crate::run::restore::open_state(cfg)?;
+    let (durable, engine, in_force) = crate::run::durable::restore::open_state(cfg)?;
     Ok(Replica {
         durable,
         engine,
@@ -136,7 +136,7 @@ pub async fn follow(
 ) -> Result<Followed, RunError> {
     // The status endpoint answers from the replicated engine (SPEC §13: the standby shows its lag).
     let registry = Arc::new(Registry::new(
-        Arc::new(crate::run::health::Health::new(clock)),
+        Arc::new(crate::run::status::health::Health::new(clock)),
         0,
         0,
         cfg.hash(),
@@ -145,13 +145,13 @@ pub async fn follow(
     let (http_stop_tx, http_stop) = watch::channel(false);
     let http = match cfg.metrics.listen {
         Some(addr) => Some(
-            crate::run::reload::Http::bind(addr)
+            crate::run::http::Http::bind(addr)
                 .await
                 .map_err(|source| RunError::Listen { addr, source })?,
         ),
         None => None,
     };
-    let http = crate::run::reload::Http::start(
+    let http = crate::run::http::Http::start(
         http,
         &cfg.metrics,
         (registry.clone(), queries_tx),
@@ -404,13 +404,13 @@ impl Pump<'_> {
     fn answer(&self, q: crate::run::events::Inbound, f: &Follower) {
         if let crate::run::events::Inbound::Query(q, reply) = q {
             let engine = self.replica.as_ref().map_or(self.empty, |r| &r.engine);
-            let links = crate::run::api::Links {
+            let links = crate::run::status::api::Links {
                 source_up: false,
                 source_since: self.started.1,
                 last_commit_at: f.last_applied(),
                 proven: f.proven().unwrap_or(self.started.0),
             };
-            let _ = reply.send(crate::run::api::answer(
+            let _ = reply.send(crate::run::status::api::answer(
                 engine,
                 &q,
                 self.clock.now(),
@@ -429,7 +429,7 @@ impl Pump<'_> {
         self.registry.health.core_beat(now.mono);
         let engine = self.replica.as_ref().map_or(self.empty, |r| &r.engine);
         self.registry.health.set_prometheus(
-            crate::run::metrics::collect(engine, now, self.registry, false).prometheus(),
+            crate::run::status::metrics::collect(engine, now, self.registry, false).prometheus(),
         );
     }
 }

@@ -12,12 +12,13 @@ use serde::Serialize;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::watch;
 
-use super::delivery::{Acked, Delivery, Next};
-use super::events::Notice;
-use super::metrics::Metrics;
-use super::registry::Registry;
+use super::{FENCE_LOOK, read_from};
 use crate::fleet::Via;
 use crate::model::Millis;
+use crate::run::events::Notice;
+use crate::run::outputs::delivery::{Acked, Delivery, Next};
+use crate::run::status::metrics::Metrics;
+use crate::run::status::registry::Registry;
 use crate::store::{OutboxEntry, OutboxReader};
 use crate::sys::clock::Backoff;
 use crate::sys::link::{self, Client, Event, LinkError, LinkOptions, Loop};
@@ -44,11 +45,6 @@ pub enum SinkMsg {
 
 /// Gateway notices kept while the uplink is down (the newest).
 const NOTICES_KEPT: usize = 64;
-/// How often a fenced link looks at its proof again.
-pub(super) const FENCE_LOOK: Duration = Duration::from_millis(50);
-
-/// Outbox entries read per backlog step.
-const BACKLOG_READ: usize = 512;
 /// Time given to the uplink to drain at shutdown.
 const DRAIN: Duration = Duration::from_secs(3);
 
@@ -99,9 +95,9 @@ pub struct Sink {
     /// A PINGREQ is unanswered.
     ping_pending: bool,
     /// The Sparkplug edge node's task (`[sink.sparkplug]`), fed the same entries.
-    spb: Option<tokio::sync::mpsc::UnboundedSender<super::spb::SpbMsg>>,
+    spb: Option<tokio::sync::mpsc::UnboundedSender<crate::run::outputs::sparkplug::SpbMsg>>,
     /// Outside its proof of the pair's claim the board neither connects nor publishes.
-    fence: super::fence::Fence,
+    fence: crate::run::fence::Fence,
 }
 
 impl Sink {
@@ -140,12 +136,12 @@ impl Sink {
             clock,
             ping_pending: false,
             spb: None,
-            fence: super::fence::Fence::open(clock),
+            fence: crate::run::fence::Fence::open(clock),
         })
     }
 
     /// Fenced by the pair's claim (a board of a pair).
-    pub fn with_fence(mut self, fence: super::fence::Fence) -> Self {
+    pub fn with_fence(mut self, fence: crate::run::fence::Fence) -> Self {
         self.fence = fence;
         self
     }
@@ -153,13 +149,13 @@ impl Sink {
     /// Hands every entry, the counters, reloads and the stop to the edge node too.
     pub fn with_edge_node(
         mut self,
-        spb: tokio::sync::mpsc::UnboundedSender<super::spb::SpbMsg>,
+        spb: tokio::sync::mpsc::UnboundedSender<crate::run::outputs::sparkplug::SpbMsg>,
     ) -> Self {
         self.spb = Some(spb);
         self
     }
 
-    fn to_edge_node(&self, m: super::spb::SpbMsg) {
+    fn to_edge_node(&self, m: crate::run::outputs::sparkplug::SpbMsg) {
         if let Some(s) = &self.spb {
             let _ = s.send(m);
         }
@@ -187,7 +183,7 @@ impl Sink {
         // Between reconnect attempts; a stop or a reload does not wait for it.
         let mut backoff: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
         let mut rx_open = true;
-        let mut alarm = super::alarm::Alarm::new(self.clock);
+        let mut alarm = crate::run::alarm::Alarm::new(self.clock);
         loop {
             let fenced = !self.fence.holds();
             if !fenced {
@@ -244,12 +240,12 @@ impl Sink {
                 }
                 msg = self.rx.recv(), if rx_open => match msg {
                     Some(SinkMsg::Apply(cfg)) => {
-                        self.to_edge_node(super::spb::SpbMsg::Apply(cfg.clone()));
+                        self.to_edge_node(crate::run::outputs::sparkplug::SpbMsg::Apply(cfg.clone()));
                         self.apply(*cfg).await;
                         backoff = None;
                     }
                     Some(SinkMsg::Stop) | None => {
-                        self.to_edge_node(super::spb::SpbMsg::Stop);
+                        self.to_edge_node(crate::run::outputs::sparkplug::SpbMsg::Stop);
                         if !self.d.is_connected() {
                             // Down: what is left stays in the outbox for the next start.
                             break;
@@ -329,7 +325,7 @@ impl Sink {
         match m {
             SinkMsg::Live(list) => {
                 if self.spb.is_some() {
-                    self.to_edge_node(super::spb::SpbMsg::Live(list.clone()));
+                    self.to_edge_node(crate::run::outputs::sparkplug::SpbMsg::Live(list.clone()));
                 }
                 if self.cfg.plain {
                     self.d.live(list);
@@ -345,7 +341,9 @@ impl Sink {
                 self.notices.push_back(n);
             }
             SinkMsg::Metrics(m) => {
-                self.to_edge_node(super::spb::SpbMsg::Counters(m.sparkplug_counters()));
+                self.to_edge_node(crate::run::outputs::sparkplug::SpbMsg::Counters(
+                    m.sparkplug_counters(),
+                ));
                 if self.d.is_connected() {
                     let payload = m.encode(self.cfg.format);
                     let _ = self
@@ -562,20 +560,4 @@ async fn fill(d: &mut Delivery, client: &Client, reader: &OutboxReader, qos: u8)
             Next::Wait => return,
         }
     }
-}
-
-/// Up to a backlog step of outbox entries after `after`, read off the async threads.
-pub(super) async fn read_from(
-    reader: &OutboxReader,
-    after: Option<u64>,
-) -> Result<Vec<(u64, OutboxEntry)>, crate::store::StoreError> {
-    let r = reader.clone();
-    tokio::task::spawn_blocking(move || r.outbox_after(after, BACKLOG_READ))
-        .await
-        .unwrap_or_else(|e| {
-            Ok({
-                tracing::error!(error = %e, "outbox reader task failed");
-                Vec::new()
-            })
-        })
 }

@@ -251,7 +251,7 @@ fn a_crash_after_a_journaled_reload_recovers_each_message_under_its_own_rules() 
     let dir = tempfile::tempdir().unwrap();
     let (old, new) = (cfg_in(dir.path(), 10_000), cfg_in(dir.path(), 4_000));
     {
-        let r = super::super::restore::restore(&old, SystemClock::new()).unwrap();
+        let r = crate::run::durable::restore::restore(&old, SystemClock::new()).unwrap();
         let (mut d, mut drv) = (r.durable, r.driver);
         readings(&mut drv, 0, 30);
         d.write(&mut drv.take_journal(Now::at(T0 + 15_000)), 0)
@@ -264,7 +264,7 @@ fn a_crash_after_a_journaled_reload_recovers_each_message_under_its_own_rules() 
     }
     // Restarted with the file saying either rule: the state is the uncrashed one.
     for file in [&new, &old] {
-        let r = super::super::restore::restore(file, SystemClock::new()).unwrap();
+        let r = crate::run::durable::restore::restore(file, SystemClock::new()).unwrap();
         let e = r.driver.engine();
         let want = reference.engine();
         let windows = |e: &Engine| -> Vec<(i64, i64, u32)> {

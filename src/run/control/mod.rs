@@ -3,23 +3,21 @@
 //! the changed part — or rejected with the reason, changing nothing.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use tokio::sync::mpsc::{Sender, UnboundedSender};
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
-use super::events::{Inbound, Notice};
-use super::http;
-use super::registry::Registry;
-use super::sink::SinkMsg;
-use super::source::SourceConfig;
 use crate::config::{self, Config};
 use crate::fleet::{Checks, ConfigResult, Document, Outcome, Remote, Via};
 use crate::model::Millis;
+use crate::run::events::{Inbound, Notice};
+use crate::run::http::Http;
+use crate::run::outputs::mqtt::SinkMsg;
+use crate::run::source::SourceConfig;
+use crate::run::status::registry::Registry;
 use crate::sys::clock::SystemClock;
 
 /// Sets the log filter (`[log] level`) of the running process.
@@ -34,67 +32,6 @@ pub struct ReloadOptions {
     pub log: Option<LogControl>,
     /// The remote layer the gateway started with (SPEC §12).
     pub remote: Option<Remote>,
-}
-
-/// The local HTTP endpoint, rebound when `[metrics]` changes.
-pub struct Http {
-    task: Option<JoinHandle<()>>,
-    registry: Arc<Registry>,
-    core: Sender<Inbound>,
-    stop: watch::Receiver<bool>,
-}
-
-impl Http {
-    /// Binds `addr` (a reload binds before it applies anything).
-    pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
-        tokio::net::TcpListener::bind(addr).await
-    }
-
-    /// Serves on `listener`, if any, with the `[metrics]` settings `cfg`.
-    pub fn start(
-        listener: Option<tokio::net::TcpListener>,
-        cfg: &config::Metrics,
-        (registry, core): (Arc<Registry>, Sender<Inbound>),
-        stop: watch::Receiver<bool>,
-    ) -> Self {
-        let mut h = Self {
-            task: None,
-            registry,
-            core,
-            stop,
-        };
-        h.serve(listener, cfg);
-        h
-    }
-
-    fn serve(&mut self, listener: Option<tokio::net::TcpListener>, cfg: &config::Metrics) {
-        if let Some(old) = self.task.take() {
-            old.abort();
-        }
-        self.task = listener.map(|l| {
-            let api = http::Api {
-                registry: self.registry.clone(),
-                core: self.core.clone(),
-                limit_ms: cfg.health_timeout_ms,
-                token: cfg.token.clone(),
-            };
-            tokio::spawn(http::serve(l, api, self.stop.clone()))
-        });
-    }
-
-    /// Waits for the server to finish (after the stop).
-    pub async fn finished(self) {
-        if let Some(t) = self.task {
-            let _ = t.await;
-        }
-    }
-
-    /// Stops serving at once.
-    pub fn abort(&self) {
-        if let Some(t) = &self.task {
-            t.abort();
-        }
-    }
 }
 
 /// The components a reload speaks to.

@@ -7,11 +7,11 @@ use std::sync::atomic::Ordering;
 
 use serde::{Deserialize, Serialize};
 
-use super::metrics;
-pub use super::metrics::Counters;
-use super::registry::Registry;
 use crate::engine::{Device, Engine, Liveness, Now};
 use crate::model::Millis;
+use crate::run::status::metrics;
+pub use crate::run::status::metrics::Counters;
+use crate::run::status::registry::Registry;
 use crate::time::gateway::Verdict;
 
 /// Devices a page holds unless asked otherwise, and at most.

@@ -14,17 +14,21 @@ use std::sync::mpsc::Receiver;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::watch;
 
-use super::events::{AckJob, Notice, PairCommit, StoreEvent, StoreJob, StoreState};
-use super::registry::Registry;
-use super::sink::SinkMsg;
 use crate::engine::Engine;
 use crate::journal;
 use crate::model::Millis;
+use crate::run::events::{AckJob, Notice, PairCommit, StoreEvent, StoreJob, StoreState};
+use crate::run::outputs::mqtt::SinkMsg;
+use crate::run::status::registry::Registry;
 use crate::store::record;
 use crate::store::schema::{K_RULES, K_WAL, rules_doc, wal_generation};
 use crate::store::wal::Wal;
 use crate::store::{Batch, OutboxEntry, Store, StoreError};
 use crate::sys::clock::SystemClock;
+
+pub mod acks;
+pub mod plan;
+pub mod restore;
 
 /// The durable side of `run`: redb (checkpoints, outbox) and the journal.
 pub struct Durable {
@@ -347,7 +351,7 @@ impl Durable {
         if let Some(d) = r.delivered {
             self.forget_delivered(d + 1);
         }
-        if self.wal.len() >= super::plan::CHECKPOINT_BYTES {
+        if self.wal.len() >= crate::run::durable::plan::CHECKPOINT_BYTES {
             let mut batch = Batch {
                 changes: engine.take_changes(),
                 meta: vec![(K_RULES, in_force.clone())],

@@ -1,5 +1,5 @@
 //! When the core cuts a batch, and which kind (SPEC §9 group commit): a pure
-//! function of what is pending, beside [`super::delivery`] for the uplink.
+//! function of what is pending, beside [`crate::run::outputs::delivery`] for the uplink.
 
 use crate::model::Millis;
 

@@ -10,14 +10,16 @@ use std::time::Duration;
 use tokio::sync::mpsc::{Sender, UnboundedReceiver};
 use tokio::sync::watch;
 
-use super::error::RunError;
-use super::events::{Current, Inbound, StoreState};
-use super::proof::{ProbeStep, Proof, ms};
-use super::registry::Registry;
 use crate::config::Probe;
 use crate::model::Millis;
+use crate::run::error::RunError;
+use crate::run::events::{Current, Inbound, StoreState};
+use crate::run::source::proof::{ProbeStep, Proof, ms};
+use crate::run::status::registry::Registry;
 use crate::sys::clock::{Backoff, SystemClock};
 use crate::sys::link::{self, Client, Event, LinkError, LinkOptions, Loop};
+
+pub mod proof;
 
 /// The source's section of the config.
 pub type SourceConfig = crate::config::Source;
@@ -58,7 +60,7 @@ pub struct Links {
     /// What stops the gateway: a site broker that refuses the probe topic.
     pub fatal: tokio::sync::mpsc::UnboundedSender<RunError>,
     /// Outside its proof of the pair's claim the board takes no session.
-    pub fence: super::fence::Fence,
+    pub fence: crate::run::fence::Fence,
 }
 
 /// The source component.
@@ -116,7 +118,7 @@ impl Source {
         // Looks at the store's state even when no message comes.
         let mut look = tokio::time::interval(Duration::from_millis(50));
         look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        let mut alarm = super::alarm::Alarm::new(self.proof.clock);
+        let mut alarm = crate::run::alarm::Alarm::new(self.proof.clock);
         loop {
             // The state store cannot commit, or a board of a pair has no fresh proof of
             // the claim (the session may be another board's): nothing is read or

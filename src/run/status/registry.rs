@@ -1,6 +1,6 @@
 //! The numbers the components write and the metrics read: counters and gauges
 //! only. Feedback between components travels as typed events (see
-//! [`super::events`]), never through here.
+//! [`crate::run::events`]), never through here.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 use std::sync::Arc;
 
-use super::health::Health;
 use crate::model::Millis;
+use crate::run::status::health::Health;
 
 /// Upper bounds (ms) of the ack-delay histogram's buckets.
 pub const ACK_BUCKETS_MS: [Millis; 10] = [10, 50, 100, 250, 500, 1000, 1250, 1500, 2000, 5000];
@@ -31,6 +31,7 @@ impl Histogram {
             .fetch_add(u64::try_from(ms).unwrap_or(0), Ordering::Relaxed);
     }
 
+    /// Counts per bucket and the sum of all ack delays (ms).
     pub fn snapshot(&self) -> ([u64; 11], u64) {
         (
             std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed)),

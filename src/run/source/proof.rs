@@ -8,36 +8,36 @@ use crate::sys::clock::SystemClock;
 
 /// The proof of the path from the site broker (SPEC §5): when something last
 /// arrived, and the probes out since.
-pub(super) struct Proof {
+pub(crate) struct Proof {
     /// Monotonic clock.
-    pub(super) clock: SystemClock,
+    pub(crate) clock: SystemClock,
     /// Tells this process's probes from another's on the same topic (a standby).
-    pub(super) nonce: u64,
+    pub(crate) nonce: u64,
     /// Probes sent (the next one's number).
-    pub(super) sent: u64,
+    pub(crate) sent: u64,
     /// Something arrived (a message or one of our probes).
-    pub(super) last: Millis,
+    pub(crate) last: Millis,
     /// The last probe went out.
-    pub(super) last_probe: Option<Millis>,
+    pub(crate) last_probe: Option<Millis>,
     /// The oldest probe not answered by anything since.
-    pub(super) unanswered_since: Option<Millis>,
+    pub(crate) unanswered_since: Option<Millis>,
     /// SUBACKs to come, in order: whether each is the probe topic's.
-    pub(super) subacks: std::collections::VecDeque<bool>,
+    pub(crate) subacks: std::collections::VecDeque<bool>,
     /// QoS 1 PUBACKs to come, in order: whether each is the start-up probe's.
-    pub(super) pubacks: std::collections::VecDeque<bool>,
+    pub(crate) pubacks: std::collections::VecDeque<bool>,
     /// The broker acknowledged a connection's first probe and nothing has arrived
     /// since: not back within the timeout, the broker took it but will not deliver it.
-    pub(super) first_acked: Option<Millis>,
+    pub(crate) first_acked: Option<Millis>,
     /// When this connection's first probe went out; whether any probe came back on it.
-    pub(super) first_sent: Option<Millis>,
-    pub(super) probe_back: bool,
+    pub(crate) first_sent: Option<Millis>,
+    pub(crate) probe_back: bool,
     /// Connections in a row the broker closed right after their first probe, none
     /// back (mosquitto closes a connection that publishes where its ACL says no).
-    pub(super) closed_after_probe: u32,
+    pub(crate) closed_after_probe: u32,
 }
 
 impl Proof {
-    pub(super) fn new(nonce: u64, clock: SystemClock) -> Self {
+    pub(crate) fn new(nonce: u64, clock: SystemClock) -> Self {
         Self {
             clock,
             nonce,
@@ -55,14 +55,14 @@ impl Proof {
     }
 
     /// The path is proven now.
-    pub(super) fn proven(&mut self) {
+    pub(crate) fn proven(&mut self) {
         self.last = self.clock.mono();
         self.unanswered_since = None;
         self.first_acked = None;
     }
 
     /// A fresh connection: proven by its CONNACK, nothing outstanding.
-    pub(super) fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.proven();
         self.last_probe = None;
         self.first_sent = None;
@@ -72,12 +72,12 @@ impl Proof {
     }
 
     /// The payload of probe `n`.
-    pub(super) fn payload(&self, n: u64) -> Vec<u8> {
+    pub(crate) fn payload(&self, n: u64) -> Vec<u8> {
         format!("{:016x}:{n}", self.nonce).into_bytes()
     }
 
     /// Whether `payload` is one of this process's probes.
-    pub(super) fn ours(&self, payload: &[u8]) -> bool {
+    pub(crate) fn ours(&self, payload: &[u8]) -> bool {
         payload.len() > 17
             && payload[16] == b':'
             && payload[..16] == *format!("{:016x}", self.nonce).as_bytes()
@@ -85,7 +85,7 @@ impl Proof {
 }
 
 /// What the probe clock says at a look.
-pub(super) enum ProbeStep {
+pub(crate) enum ProbeStep {
     /// Nothing to do.
     Wait,
     /// Send a probe.
@@ -96,7 +96,7 @@ pub(super) enum ProbeStep {
 
 impl Proof {
     /// When [`Proof::step`] may next say something other than `Wait` (monotonic ms).
-    pub(super) fn next_look(&self, cfg: &Probe) -> Millis {
+    pub(crate) fn next_look(&self, cfg: &Probe) -> Millis {
         let (after, timeout) = ms(cfg.after_ms, cfg.timeout_ms);
         let send = match self.last_probe {
             Some(t) => self.last.max(t).saturating_add(after),
@@ -109,7 +109,7 @@ impl Proof {
             .fold(send, std::cmp::Ord::min)
     }
 
-    pub(super) fn step(&self, cfg: &Probe, now: Millis) -> ProbeStep {
+    pub(crate) fn step(&self, cfg: &Probe, now: Millis) -> ProbeStep {
         let (after, timeout) = ms(cfg.after_ms, cfg.timeout_ms);
         if let Some(since) = self.unanswered_since
             && now - since >= timeout
@@ -127,7 +127,7 @@ impl Proof {
 }
 
 /// Probe settings as milliseconds of the monotonic clock.
-pub(super) fn ms(after: u64, timeout: u64) -> (Millis, Millis) {
+pub(crate) fn ms(after: u64, timeout: u64) -> (Millis, Millis) {
     let m = |v: u64| Millis::try_from(v).unwrap_or(Millis::MAX);
     (m(after), m(timeout))
 }

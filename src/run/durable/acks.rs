@@ -4,7 +4,7 @@
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::watch;
 
-use super::events::{AckJob, Current};
+use crate::run::events::{AckJob, Current};
 
 /// Sends acks in receive order on the current connection; a token from an
 /// earlier one is dropped (the broker redelivers that message, and seq

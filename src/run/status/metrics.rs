@@ -5,26 +5,26 @@ use std::sync::atomic::Ordering;
 
 use serde::Serialize;
 
-use super::registry::{ACK_BUCKETS_MS, Registry};
 use crate::engine::{Engine, Now};
 use crate::model::{Millis, Reason};
+use crate::run::status::registry::{ACK_BUCKETS_MS, Registry};
 
 #[derive(Debug, Serialize)]
-pub(super) struct Group {
-    pub(super) watermark: Option<Millis>,
-    pub(super) lag_ms: Option<Millis>,
-    pub(super) devices_active: u64,
-    pub(super) devices_idle: u64,
-    pub(super) devices_offline: u64,
+pub(crate) struct Group {
+    pub(crate) watermark: Option<Millis>,
+    pub(crate) lag_ms: Option<Millis>,
+    pub(crate) devices_active: u64,
+    pub(crate) devices_idle: u64,
+    pub(crate) devices_offline: u64,
     readings_missing: u64,
     timestamps_invalid: u64,
     /// The watermark bound in force (learned when "auto", SPEC §5).
-    pub(super) bound_ms: Millis,
+    pub(crate) bound_ms: Millis,
     /// The allowed lateness in force (learned when "auto").
-    pub(super) lateness_ms: Millis,
+    pub(crate) lateness_ms: Millis,
     /// Live status only (not in `P/metrics`).
     #[serde(skip)]
-    pub(super) open_windows: u64,
+    pub(crate) open_windows: u64,
 }
 
 /// Counters since the gateway started (`P/metrics`, the status API).
@@ -63,9 +63,9 @@ pub struct Counters {
 }
 
 #[derive(Debug, Serialize)]
-pub(super) struct Connections {
+pub(crate) struct Connections {
     source: bool,
-    pub(super) sink: bool,
+    pub(crate) sink: bool,
 }
 
 /// Durable writes since the gateway started.
@@ -85,15 +85,15 @@ struct StoreIo {
 
 /// The gateway's own clock (SPEC §4, §8 `P/metrics`).
 #[derive(Debug, Serialize)]
-pub(super) struct GatewayClockOut {
+pub(crate) struct GatewayClockOut {
     /// Estimated error of the wall clock (wall − true), 0 while it is trusted.
-    pub(super) error_ms: Millis,
+    pub(crate) error_ms: Millis,
     /// The kernel reports the clock synchronized.
-    pub(super) kernel_synced: bool,
+    pub(crate) kernel_synced: bool,
     /// The kernel's maximum error estimate, µs.
     kernel_maxerror_us: i64,
     /// unsure | trusted | wrong.
-    pub(super) verdict: crate::time::gateway::Verdict,
+    pub(crate) verdict: crate::time::gateway::Verdict,
 }
 
 /// Reloads since the gateway started (SPEC §11).
@@ -106,20 +106,20 @@ struct Reloads {
 /// Gateway state at `now`.
 #[derive(Debug, Serialize)]
 pub struct Metrics {
-    pub(super) at: Millis,
-    pub(super) uptime_s: u64,
-    pub(super) config_hash: String,
+    pub(crate) at: Millis,
+    pub(crate) uptime_s: u64,
+    pub(crate) config_hash: String,
     reloads: Reloads,
-    pub(super) groups: BTreeMap<String, Group>,
-    pub(super) counters: Counters,
+    pub(crate) groups: BTreeMap<String, Group>,
+    pub(crate) counters: Counters,
     outbox_oldest_age_ms: Option<Millis>,
-    pub(super) connected: Connections,
+    pub(crate) connected: Connections,
     clock_held: bool,
-    pub(super) gateway_clock: GatewayClockOut,
+    pub(crate) gateway_clock: GatewayClockOut,
     store: StoreIo,
     /// The standby pair (SPEC §13); absent without one.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) pair: Option<crate::pair::Status>,
+    pub(crate) pair: Option<crate::pair::Status>,
     #[serde(skip)]
     pair_bytes: u64,
     #[serde(skip)]

@@ -24,11 +24,11 @@ pub struct Health {
     /// Since when the source is down.
     source_down_since: AtomicI64,
     /// The latest Prometheus text, refreshed by the core.
-    pub(super) prometheus: Mutex<String>,
+    pub(crate) prometheus: Mutex<String>,
     /// Why the state store cannot commit, while it cannot.
     store: Mutex<Option<String>>,
     /// The source subscription is in place (`/readyz`).
-    pub(super) subscribed: std::sync::atomic::AtomicBool,
+    pub(crate) subscribed: std::sync::atomic::AtomicBool,
 }
 
 impl Health {
@@ -95,7 +95,7 @@ impl Health {
         }
     }
 
-    pub(super) fn state(&self) -> State {
+    pub(crate) fn state(&self) -> State {
         State {
             now: self.clock.mono(),
             core_beat: self.core_beat.load(Ordering::Relaxed),

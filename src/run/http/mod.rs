@@ -9,13 +9,82 @@ use std::time::Duration;
 use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::{Method, Request, Response, StatusCode};
+use std::net::SocketAddr;
+use tokio::sync::mpsc::Sender;
 use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
 
-use super::api::{self, Answer, DeviceFilter, Query};
-use super::events::Inbound;
-use super::registry::Registry;
 use crate::engine::Liveness;
 use crate::model::Millis;
+use crate::run::events::Inbound;
+use crate::run::status::api::{self, Answer, DeviceFilter, Query};
+use crate::run::status::registry::Registry;
+
+/// The local HTTP endpoint, rebound when `[metrics]` changes.
+pub struct Http {
+    task: Option<JoinHandle<()>>,
+    registry: Arc<Registry>,
+    core: Sender<Inbound>,
+    stop: watch::Receiver<bool>,
+}
+
+impl Http {
+    /// Binds `addr` (a reload binds before it applies anything).
+    pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+        tokio::net::TcpListener::bind(addr).await
+    }
+
+    /// Serves on `listener`, if any, with the `[metrics]` settings `cfg`.
+    pub fn start(
+        listener: Option<tokio::net::TcpListener>,
+        cfg: &crate::config::Metrics,
+        (registry, core): (Arc<Registry>, Sender<Inbound>),
+        stop: watch::Receiver<bool>,
+    ) -> Self {
+        let mut h = Self {
+            task: None,
+            registry,
+            core,
+            stop,
+        };
+        h.serve(listener, cfg);
+        h
+    }
+
+    /// Serves on `listener` (the one before is stopped).
+    pub fn serve(
+        &mut self,
+        listener: Option<tokio::net::TcpListener>,
+        cfg: &crate::config::Metrics,
+    ) {
+        if let Some(old) = self.task.take() {
+            old.abort();
+        }
+        self.task = listener.map(|l| {
+            let api = Api {
+                registry: self.registry.clone(),
+                core: self.core.clone(),
+                limit_ms: cfg.health_timeout_ms,
+                token: cfg.token.clone(),
+            };
+            tokio::spawn(serve(l, api, self.stop.clone()))
+        });
+    }
+
+    /// Waits for the server to finish (after the stop).
+    pub async fn finished(self) {
+        if let Some(t) = self.task {
+            let _ = t.await;
+        }
+    }
+
+    /// Stops serving at once.
+    pub fn abort(&self) {
+        if let Some(t) = &self.task {
+            t.abort();
+        }
+    }
+}
 
 /// Connections the HTTP endpoint serves at once.
 pub const MAX_CONNECTIONS: usize = 64;

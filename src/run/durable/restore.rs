@@ -1,18 +1,17 @@
 //! The state dir opened and the engine brought to the last commit, under the
 //! rules each journaled message arrived with.
 
-use super::error::RunError;
-use super::storer;
 use crate::config::Config;
 use crate::driver::Driver;
 use crate::engine::Engine;
+use crate::run::error::RunError;
 use crate::store::Store;
 use crate::sys::clock::SystemClock;
 
 /// The state restored from disk, ready to drive.
 pub struct Restored {
     /// The store and its journal.
-    pub durable: storer::Durable,
+    pub durable: crate::run::durable::Durable,
     /// The engine at the last commit.
     pub driver: Driver,
     /// Outbox entries waiting.
@@ -24,7 +23,9 @@ pub struct Restored {
 /// The state dir opened and the engine brought to the last commit, exactly as
 /// written: the checkpoint, then the journal. Returns the engine settings in
 /// force after the journal.
-pub fn open_state(cfg: &Config) -> Result<(storer::Durable, Engine, Vec<u8>), RunError> {
+pub fn open_state(
+    cfg: &Config,
+) -> Result<(crate::run::durable::Durable, Engine, Vec<u8>), RunError> {
     let (mut store, snap) =
         Store::open_streaming(&cfg.gateway.state_dir, cfg.sink.outbox.messages)?;
     store.set_max_bytes(cfg.sink.outbox.bytes);
@@ -53,7 +54,7 @@ pub fn open_state(cfg: &Config) -> Result<(storer::Durable, Engine, Vec<u8>), Ru
     engine.restore_sparkplug(snap.sparkplug);
     // What the journal holds since the last checkpoint goes into the engine and the state file.
     let configured = cfg.engine.record();
-    let (durable, replayed, in_force) = storer::Durable::recover(
+    let (durable, replayed, in_force) = crate::run::durable::Durable::recover(
         store,
         &cfg.gateway.state_dir,
         &snap.meta,

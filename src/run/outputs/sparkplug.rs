@@ -12,9 +12,9 @@ use std::time::Duration;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::watch;
 
-use super::delivery::{Acked, Delivery, Next};
-use super::sink::read_from;
+use super::read_from;
 use crate::model::Millis;
+use crate::run::outputs::delivery::{Acked, Delivery, Next};
 use crate::sparkplug::node::{self, COUNTERS, Entry, Node, NodeConfig};
 use crate::store::{OutboxEntry, OutboxReader};
 use crate::sys::clock::{Backoff, SystemClock};
@@ -28,7 +28,7 @@ pub enum SpbMsg {
     /// The counters of the latest `P/metrics`: an NDATA.
     Counters([u64; COUNTERS.len()]),
     /// A reload: the sink's new settings.
-    Apply(Box<super::sink::SinkConfig>),
+    Apply(Box<crate::config::Sink>),
     /// Drain, then NDEATH and disconnect.
     Stop,
 }
@@ -52,7 +52,7 @@ enum Phase {
 
 /// The edge node component.
 pub struct EdgeSink {
-    cfg: super::sink::SinkConfig,
+    cfg: crate::config::Sink,
     node: Node,
     client: Client,
     lp: Loop,
@@ -77,11 +77,11 @@ pub struct EdgeSink {
     clock: SystemClock,
     /// When the last rebirth request was answered (monotonic ms).
     reborn_at: Option<Millis>,
-    registry: std::sync::Arc<super::registry::Registry>,
+    registry: std::sync::Arc<crate::run::status::registry::Registry>,
     /// Where each session's counter goes to be journaled.
-    core: tokio::sync::mpsc::Sender<super::events::Inbound>,
+    core: tokio::sync::mpsc::Sender<crate::run::events::Inbound>,
     /// Outside its proof of the pair's claim the board neither connects nor publishes.
-    fence: super::fence::Fence,
+    fence: crate::run::fence::Fence,
 }
 
 /// Where `bdSeq` is kept.
@@ -117,11 +117,7 @@ fn next_bd_seq(path: &Path, floor: u64) -> u64 {
     bd
 }
 
-fn build(
-    cfg: &super::sink::SinkConfig,
-    node: &Node,
-    now: Millis,
-) -> Result<(Client, Loop), LinkError> {
+fn build(cfg: &crate::config::Sink, node: &Node, now: Millis) -> Result<(Client, Loop), LinkError> {
     let mut endpoint = cfg.endpoint.clone();
     endpoint.client_id = format!("{}-spb", endpoint.client_id);
     let death = node.death(u64::try_from(now).unwrap_or(0));
@@ -140,7 +136,7 @@ fn build(
 impl EdgeSink {
     /// An edge node publishing what `reader` holds; `delivered` says how far it got.
     /// Fenced by the pair's claim (a board of a pair).
-    pub fn with_fence(mut self, fence: super::fence::Fence) -> Self {
+    pub fn with_fence(mut self, fence: crate::run::fence::Fence) -> Self {
         self.fence = fence;
         self
     }
@@ -175,19 +171,19 @@ impl EdgeSink {
     }
 
     pub fn new(
-        cfg: super::sink::SinkConfig,
+        cfg: crate::config::Sink,
         node_cfg: NodeConfig,
         (reader, rx): (OutboxReader, UnboundedReceiver<SpbMsg>),
         delivered: watch::Sender<u64>,
         (state_dir, seed, clock): (&Path, u64, SystemClock),
-        registry: std::sync::Arc<super::registry::Registry>,
-        (floor, core): (u64, tokio::sync::mpsc::Sender<super::events::Inbound>),
+        registry: std::sync::Arc<crate::run::status::registry::Registry>,
+        (floor, core): (u64, tokio::sync::mpsc::Sender<crate::run::events::Inbound>),
     ) -> Result<Self, LinkError> {
         let bd_file = bd_seq_path(state_dir);
         let counter = next_bd_seq(&bd_file, floor);
-        let _ = core.try_send(super::events::Inbound::Mark(crate::journal::Mark::BdSeq(
-            counter + 1,
-        )));
+        let _ = core.try_send(crate::run::events::Inbound::Mark(
+            crate::journal::Mark::BdSeq(counter + 1),
+        ));
         let node = Node::new(node_cfg, counter);
         let (client, lp) = build(&cfg, &node, clock.now().wall)?;
         Ok(Self {
@@ -212,7 +208,7 @@ impl EdgeSink {
             reborn_at: None,
             registry,
             core,
-            fence: super::fence::Fence::open(clock),
+            fence: crate::run::fence::Fence::open(clock),
         })
     }
 
@@ -246,7 +242,7 @@ impl EdgeSink {
                 break;
             }
             tokio::select! {
-                () = tokio::time::sleep(super::sink::FENCE_LOOK), if fenced => {}
+                () = tokio::time::sleep(super::FENCE_LOOK), if fenced => {}
                 ev = self.lp.poll(), if backoff.is_none() && !fenced => match ev {
                     Ok(ev) => self.on_event(ev),
                     Err(e) => {
@@ -435,11 +431,9 @@ impl EdgeSink {
         self.unconfirmed = 0;
         let counter = next_bd_seq(&self.bd_file, 0);
         // Into the state store (and to a standby) as well as the file.
-        let _ = self
-            .core
-            .try_send(super::events::Inbound::Mark(crate::journal::Mark::BdSeq(
-                counter + 1,
-            )));
+        let _ = self.core.try_send(crate::run::events::Inbound::Mark(
+            crate::journal::Mark::BdSeq(counter + 1),
+        ));
         self.node.new_session(counter);
         let now = self.clock.now().wall;
         match build(&self.cfg, &self.node, now) {
