@@ -42,6 +42,9 @@ fn send_rounds(p: &mut Publisher, rounds: u64, sent: &mut Vec<(u64, i64)>) {
 
 const WINDOW_MS: i64 = 5_000;
 
+// One gateway (or pair) through one scenario, phase by phase: each phase needs
+// the state the last one left; split into tests, each would start its own.
+#[allow(clippy::too_many_lines)]
 /// A gateway whose clock is off by `offset` (libfaketime syntax, e.g. `+1h`,
 /// `-3h`; `expect_ms` is that in ms) for 25 s, then stepped to true time.
 fn off_then_stepped(offset: &str, expect_ms: i64) {

@@ -116,6 +116,9 @@ impl Site {
     }
 }
 
+// One gateway (or pair) through one scenario, phase by phase: each phase needs
+// the state the last one left; split into tests, each would start its own.
+#[allow(clippy::too_many_lines)]
 /// The whole SPEC §9 promise on a real full filesystem, held long enough that
 /// the paused source connection times out and the broker redelivers.
 #[test]

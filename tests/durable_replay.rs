@@ -142,6 +142,9 @@ fn kill_9_with_adaptive_watermarks_changes_no_result() {
     );
 }
 
+// One gateway (or pair) through one scenario, phase by phase: each phase needs
+// the state the last one left; split into tests, each would start its own.
+#[allow(clippy::too_many_lines)]
 fn crash_and_compare(dir: &tempfile::TempDir, kills_wanted: usize, fixed: bool) {
     let reference = dir.path().join("reference.jsonl");
     let r = tidemark()

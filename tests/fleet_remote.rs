@@ -164,6 +164,9 @@ fn write(dir: &Path, name: &str, body: &str) -> PathBuf {
     p
 }
 
+// One gateway (or pair) through one scenario, phase by phase: each phase needs
+// the state the last one left; split into tests, each would start its own.
+#[allow(clippy::too_many_lines)]
 #[test]
 fn two_gateways_take_signed_documents_reject_bad_ones_roll_back_a_broken_source_and_show_in_fleet_ls()
  {

@@ -12,6 +12,9 @@ use support::{
     Collector, Gateway, Mosquitto, Publisher, final_windows, now_ms, wait_or_explain, wait_until,
 };
 
+// One gateway (or pair) through one scenario, phase by phase: each phase needs
+// the state the last one left; split into tests, each would start its own.
+#[allow(clippy::too_many_lines)]
 #[test]
 fn end_to_end_outputs_have_spec_shapes_and_match_replay() {
     let broker = Mosquitto::start(false);
@@ -295,6 +298,9 @@ fn sh(dir: &Path, cmd: &str) {
     assert!(st.success(), "{cmd}");
 }
 
+// One gateway (or pair) through one scenario, phase by phase: each phase needs
+// the state the last one left; split into tests, each would start its own.
+#[allow(clippy::too_many_lines)]
 /// mqtts with a private CA, a client certificate and a password file on both links.
 #[test]
 fn mutual_tls_with_password_file_on_source_and_sink() {
@@ -462,6 +468,9 @@ fn sample(text: &str, name: &str) -> Option<f64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+// One gateway (or pair) through one scenario, phase by phase: each phase needs
+// the state the last one left; split into tests, each would start its own.
+#[allow(clippy::too_many_lines)]
 #[test]
 fn systemd_notify_watchdog_and_the_local_http_endpoint() {
     use std::os::unix::net::UnixDatagram;

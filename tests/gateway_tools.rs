@@ -112,6 +112,9 @@ fn capture_records_live_traffic_that_replay_reads_even_when_killed_mid_line() {
     assert_eq!(total, 2, "{stdout}");
 }
 
+// One gateway (or pair) through one scenario, phase by phase: each phase needs
+// the state the last one left; split into tests, each would start its own.
+#[allow(clippy::too_many_lines)]
 #[test]
 fn simulate_to_run_to_upstream_accounts_for_every_message() {
     let broker = Mosquitto::start(false);

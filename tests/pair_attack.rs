@@ -80,6 +80,9 @@ fn frame(epoch: u64, stream: u64, pos: u64, data: &[u8]) -> Vec<u8> {
     out
 }
 
+// One gateway (or pair) through one scenario, phase by phase: each phase needs
+// the state the last one left; split into tests, each would start its own.
+#[allow(clippy::too_many_lines)]
 #[test]
 fn an_attacker_on_the_site_broker_without_the_key_moves_nothing() {
     let site = Mosquitto::start(false);

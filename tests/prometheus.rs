@@ -86,6 +86,9 @@ fn promtool_checks_the_rules_and_their_unit_tests_fire_the_alerts() {
     }
 }
 
+// One gateway (or pair) through one scenario, phase by phase: each phase needs
+// the state the last one left; split into tests, each would start its own.
+#[allow(clippy::too_many_lines)]
 #[test]
 fn a_real_prometheus_scrapes_the_gateway_and_every_dashboard_query_returns_data() {
     let dir = tempfile::tempdir().unwrap();

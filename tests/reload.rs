@@ -158,6 +158,9 @@ fn assert_windows_switch_at(up: &[&Collector], t: i64) {
     }
 }
 
+// One gateway (or pair) through one scenario, phase by phase: each phase needs
+// the state the last one left; split into tests, each would start its own.
+#[allow(clippy::too_many_lines)]
 fn reloads_apply_in_place(protocol: &'static str) {
     let site = Site::new(protocol);
     let (up1, up2) = (Mosquitto::stock(), Mosquitto::stock());

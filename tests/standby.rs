@@ -21,6 +21,9 @@ enum Fault {
     Hang,
 }
 
+// One gateway (or pair) through one scenario, phase by phase: each phase needs
+// the state the last one left; split into tests, each would start its own.
+#[allow(clippy::too_many_lines)]
 #[test]
 fn a_pair_survives_kills_a_wiped_board_and_a_hang_counting_every_reading_once() {
     // Stock brokers: 20 in flight, 1 000 queued per session, as a site runs them.

@@ -116,6 +116,9 @@ fn status_cli(args: &[&str]) -> std::process::Output {
         .expect("tidemark status")
 }
 
+// One gateway (or pair) through one scenario, phase by phase: each phase needs
+// the state the last one left; split into tests, each would start its own.
+#[allow(clippy::too_many_lines)]
 #[test]
 fn api_status_cli_metrics_and_the_page_in_chromium_agree_on_a_fleet_with_offline_devices_and_a_wrong_clock()
  {

@@ -308,6 +308,24 @@ impl Engine {
             }));
             return;
         }
+        self.accepted(di, gi, event, (provisional, invalid_ts), now, parts, out);
+    }
+
+    /// An accepted reading of device `di` in group `gi`: counts, the watermark's
+    /// inputs, the device's next visit, and its coming back online.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn accepted(
+        &mut self,
+        di: usize,
+        gi: usize,
+        event: Millis,
+        (provisional, invalid_ts): (bool, bool),
+        now: Now,
+        parts: TopicParts,
+        out: &mut dyn Emit,
+    ) {
+        let dev = &mut self.devices[di].state;
         self.counters.accepted += 1;
         dev.accepted += 1;
         if invalid_ts {

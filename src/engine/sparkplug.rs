@@ -124,6 +124,68 @@ impl Engine {
             .collect()
     }
 
+    /// An NDEATH of the current birth (its bdSeq matches): every device of the node dies.
+    fn node_death(
+        &mut self,
+        ni: usize,
+        group: &Id,
+        node: &Id,
+        bd_seq: Option<u64>,
+        now: Now,
+        out: &mut dyn Emit,
+    ) {
+        let n = &self.sparkplug.nodes[ni].0;
+        let current = match (n.bd_seq, bd_seq) {
+            (Some(have), Some(got)) => have == got,
+            _ => true,
+        };
+        if current {
+            let prefix = format!("{node}.");
+            let members: Vec<usize> = self
+                .group_devices_idx(group)
+                .into_iter()
+                .filter(|&di| {
+                    let d = &self.devices[di].state.id;
+                    *d == *node || d.starts_with(&prefix)
+                })
+                .collect();
+            for di in members {
+                self.die(di, now, out);
+            }
+        }
+    }
+
+    /// The node's message sequence: false for a duplicate (dropped, counted); a
+    /// gap is counted as missing readings and asks the node for a rebirth.
+    fn sparkplug_seq(
+        &mut self,
+        ni: usize,
+        group: &Id,
+        node: &Id,
+        seq: Option<u64>,
+        now: Now,
+    ) -> bool {
+        match self.sparkplug.nodes[ni].0.observe_seq(seq) {
+            Seq::Next => {}
+            Seq::Again => {
+                self.counters.duplicates += 1;
+                if let Some(di) = self.find_device(group, node) {
+                    self.devices[di].state.duplicates += 1;
+                    self.mark_device(di);
+                }
+                return false;
+            }
+            Seq::Gap(n) => {
+                let di = self.device_slot(group, node);
+                self.devices[di].state.missing += u64::from(n);
+                self.counters.readings_missing += u64::from(n);
+                self.mark_device(di);
+                self.request_rebirth(ni, group, node, now);
+            }
+        }
+        true
+    }
+
     pub(super) fn sparkplug_message(
         &mut self,
         topic: &str,
@@ -190,47 +252,11 @@ impl Engine {
                 self.announce(&group, &device, now, out);
                 return;
             }
-            MsgType::NDeath => {
-                let n = &self.sparkplug.nodes[ni].0;
-                let current = match (n.bd_seq, sp::bd_seq(&p)) {
-                    (Some(have), Some(got)) => have == got,
-                    _ => true,
-                };
-                if current {
-                    let prefix = format!("{node}.");
-                    let members: Vec<usize> = self
-                        .group_devices_idx(&group)
-                        .into_iter()
-                        .filter(|&di| {
-                            let d = &self.devices[di].state.id;
-                            *d == node || d.starts_with(&prefix)
-                        })
-                        .collect();
-                    for di in members {
-                        self.die(di, now, out);
-                    }
-                }
-                return;
-            }
+            MsgType::NDeath => return self.node_death(ni, &group, &node, sp::bd_seq(&p), now, out),
             _ => {}
         }
-        match self.sparkplug.nodes[ni].0.observe_seq(p.seq) {
-            Seq::Next => {}
-            Seq::Again => {
-                self.counters.duplicates += 1;
-                if let Some(di) = self.find_device(&group, &node) {
-                    self.devices[di].state.duplicates += 1;
-                    self.mark_device(di);
-                }
-                return;
-            }
-            Seq::Gap(n) => {
-                let di = self.device_slot(&group, &node);
-                self.devices[di].state.missing += u64::from(n);
-                self.counters.readings_missing += u64::from(n);
-                self.mark_device(di);
-                self.request_rebirth(ni, &group, &node, now);
-            }
+        if !self.sparkplug_seq(ni, &group, &node, p.seq, now) {
+            return;
         }
         match t.kind {
             MsgType::DBirth => {

@@ -197,6 +197,17 @@ struct Input<R: BufRead> {
 }
 
 impl<R: BufRead> Input<R> {
+    /// A capture read from its start.
+    fn new(r: R) -> Self {
+        Self {
+            r,
+            line: String::new(),
+            offset: 0,
+            line_no: 0,
+            mono: VirtualMono::default(),
+        }
+    }
+
     /// The next record's gateway clocks, its topic and payload appended to
     /// `topics` and `payloads`; None at the end.
     fn next_into(
@@ -440,13 +451,7 @@ pub fn run_memory_with<R: BufRead + Send, W: Write + Send>(
         None,
     );
     let decoder = rp.engine().decoder().clone();
-    let input = Input {
-        r: input,
-        line: String::new(),
-        offset: 0,
-        line_no: 0,
-        mono: VirtualMono::default(),
-    };
+    let input = Input::new(input);
     let mut records = 0;
     let mut last: Option<Now> = None;
     let prefix = cfg.sink.prefix.as_str();

@@ -51,6 +51,33 @@ fn sequential(cfg: &Config, capture: &str, flush: bool) -> Vec<u8> {
     out
 }
 
+/// A payload of one of the shapes the capture mixes: garbage, bad CBOR, a bad
+/// timestamp, an overflowing value, CBOR, JSON.
+fn payload(kind: u64, ts: Millis, seq: u64, dev: u64, rnd: &mut impl FnMut(u64) -> u64) -> Vec<u8> {
+    match kind {
+        0 => b"not json".to_vec(),
+        1 => vec![0xa2, 0x62, b't', b's', 0x1b],
+        2 => format!(r#"{{"ts":"bad","seq":{seq},"t":1}}"#).into_bytes(),
+        3 => format!(r#"{{"ts":{ts},"seq":{seq},"t":1e999}}"#).into_bytes(),
+        4 => {
+            let mut c = vec![0xa3, 0x62, b't', b's', 0x1b];
+            c.extend_from_slice(&ts.to_be_bytes());
+            c.extend_from_slice(&[0x63, b's', b'e', b'q', 0x1b]);
+            c.extend_from_slice(&seq.to_be_bytes());
+            c.extend_from_slice(&[0x61, b'h', 0xfb]);
+            c.extend_from_slice(&(f64::from(u32::try_from(dev).unwrap()) / 3.0).to_be_bytes());
+            c
+        }
+        _ => format!(
+            r#"{{"ts":{ts},"seq":{seq},"temp":{}.{},"hum":{}}}"#,
+            rnd(40),
+            rnd(100),
+            rnd(100)
+        )
+        .into_bytes(),
+    }
+}
+
 #[test]
 fn read_ahead_decoding_and_the_writer_thread_change_no_output_byte() {
     let cfg = crate::config::load_str(
@@ -92,30 +119,7 @@ fn read_ahead_decoding_and_the_writer_thread_change_no_output_byte() {
                 2 => format!("sensors/g{}/d{dev}/heartbeat", dev % 3),
                 _ => format!("sensors/g{}/d{dev}/reading", dev % 3),
             };
-            let payload: Vec<u8> = match rnd(12) {
-                0 => b"not json".to_vec(),
-                1 => vec![0xa2, 0x62, b't', b's', 0x1b],
-                2 => format!(r#"{{"ts":"bad","seq":{seq},"t":1}}"#).into_bytes(),
-                3 => format!(r#"{{"ts":{ts},"seq":{seq},"t":1e999}}"#).into_bytes(),
-                4 => {
-                    let mut c = vec![0xa3, 0x62, b't', b's', 0x1b];
-                    c.extend_from_slice(&ts.to_be_bytes());
-                    c.extend_from_slice(&[0x63, b's', b'e', b'q', 0x1b]);
-                    c.extend_from_slice(&seq.to_be_bytes());
-                    c.extend_from_slice(&[0x61, b'h', 0xfb]);
-                    c.extend_from_slice(
-                        &(f64::from(u32::try_from(dev).unwrap()) / 3.0).to_be_bytes(),
-                    );
-                    c
-                }
-                _ => format!(
-                    r#"{{"ts":{ts},"seq":{seq},"temp":{}.{},"hum":{}}}"#,
-                    rnd(40),
-                    rnd(100),
-                    rnd(100)
-                )
-                .into_bytes(),
-            };
+            let payload = payload(rnd(12), ts, seq, dev, &mut rnd);
             capture.push_str(&Record::of(now, &topic, &payload).to_line());
             capture.push('\n');
         }

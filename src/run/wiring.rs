@@ -61,17 +61,14 @@ fn spawn_threads(
     ])
 }
 
-/// Builds and starts every component on the restored state.
-pub fn start(
+/// The shared registry, with what the restored state and the pair already know.
+fn registry(
     cfg: &Config,
-    opts: ReloadOptions,
-    restored: Restored,
-    listener: Option<TcpListener>,
+    opts: &ReloadOptions,
+    restored: &Restored,
     clock: SystemClock,
-    pair: Option<crate::run::pair::Activation>,
-) -> Result<Running, RunError> {
-    let started_at = clock.now().wall;
-    let seed = u64::try_from(started_at).unwrap_or(1) ^ u64::from(std::process::id());
+    pair: Option<&crate::run::pair::Activation>,
+) -> Arc<Registry> {
     let registry = Arc::new(Registry::new(
         Arc::new(Health::new(clock)),
         restored.outbox_depth,
@@ -82,38 +79,31 @@ pub fn start(
         opts.remote.as_ref().map_or(0, |r| r.id),
         std::sync::atomic::Ordering::Relaxed,
     );
-    if let Some(a) = &pair {
+    if let Some(a) = pair {
         a.show(&registry);
     }
-    let source_link = source::build(&cfg.source, started_at)?;
-    // A board of a pair acts only on a fresh proof of the claim (its pair task keeps it).
-    let (proof, fence) = if pair.is_some() {
-        let (p, f) = crate::run::fence::Fence::paired(clock);
-        (Some(p), f)
-    } else {
-        (None, crate::run::fence::Fence::open(clock))
-    };
+    registry
+}
 
-    let (core_tx, core_rx) = mpsc::channel::<Inbound>(8192);
-    let (store_tx, store_rx) = std::sync::mpsc::sync_channel::<StoreJob>(1);
-    let (acks_tx, acks_rx) = mpsc::unbounded_channel();
-    let (sink_tx, sink_rx) = mpsc::unbounded_channel();
-    let (store_events_tx, store_events_rx) = mpsc::unbounded_channel();
-    let (source_ctl_tx, source_ctl_rx) = mpsc::unbounded_channel();
-    let (fatal_tx, fatal) = mpsc::unbounded_channel::<RunError>();
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let (flushed_tx, flushed_rx) = watch::channel(false);
-    let (store_state_tx, store_state_rx) = watch::channel(StoreState::Ok);
-    let (delivered_tx, delivered_rx) = watch::channel(0u64);
-    let (current_tx, current_rx) = watch::channel((0u64, source_link.0.clone()));
-    let (acked_tx, acked_rx) = watch::channel(0u64);
-    let (wake_tx, wake_rx) = watch::channel(cfg.gateway.wake_every_ms());
-    let (documents_tx, documents) = mpsc::unbounded_channel();
-    let (snapshots_tx, snapshots_rx) = watch::channel(0u64);
-    let (pair_tx, pair_rx) = mpsc::unbounded_channel();
+/// The sink and, with `[sink.sparkplug]`, the edge node: with both, an entry
+/// leaves the outbox once both uplinks have it.
+#[allow(clippy::type_complexity)]
+fn outputs(
+    cfg: &Config,
+    restored: &Restored,
+    (registry, fence, core_tx): (
+        &Arc<Registry>,
+        &crate::run::fence::Fence,
+        mpsc::Sender<Inbound>,
+    ),
+    (sink_rx, delivered_tx, documents_tx): (
+        mpsc::UnboundedReceiver<crate::run::outputs::mqtt::SinkMsg>,
+        watch::Sender<u64>,
+        mpsc::UnboundedSender<(crate::fleet::Via, Vec<u8>)>,
+    ),
+    (seed, started_at, clock): (u64, crate::model::Millis, SystemClock),
+) -> Result<(Sink, Vec<JoinHandle<()>>), RunError> {
     let mut spb_senders = Vec::new();
-
-    // With a Sparkplug edge node, an entry leaves the outbox once both uplinks have it.
     let mut edge_tasks = Vec::new();
     let plain_tx = match &cfg.sink.sparkplug {
         None => delivered_tx,
@@ -153,6 +143,114 @@ pub fn start(
         sink = sink.with_edge_node(spb);
     }
     sink = sink.with_fence(fence.clone());
+    Ok((sink, edge_tasks))
+}
+
+/// An active board of a pair: its store replicates each commit, and its pair
+/// task sends them to the standby and holds their acks.
+fn active_pair(
+    durable: durable::Durable,
+    pair: Option<(crate::run::pair::Activation, crate::run::fence::Proof)>,
+    links: impl FnOnce(crate::run::fence::Proof) -> crate::run::pair::ActiveLinks,
+    (seed, clock): (u64, SystemClock),
+) -> (durable::Durable, Option<crate::run::pair::ActivePair>) {
+    match pair {
+        Some((activation, proof)) => {
+            let stream = seed.rotate_left(41) | 1;
+            let task = crate::run::pair::ActivePair::new(activation, links(proof), clock, stream);
+            (durable.replicating(), Some(task))
+        }
+        None => (durable, None),
+    }
+}
+
+/// The tasks, in the order they stop: the ack task's flush ends the source,
+/// the store's last batch the sink.
+#[allow(clippy::type_complexity)]
+fn spawn_tasks(
+    (source, sink, edge_tasks, pair_task): (
+        Source,
+        Sink,
+        Vec<JoinHandle<()>>,
+        Option<crate::run::pair::ActivePair>,
+    ),
+    (registry, core_tx, wake_rx, stop_rx): (
+        &Arc<Registry>,
+        &mpsc::Sender<Inbound>,
+        watch::Receiver<u64>,
+        &watch::Receiver<bool>,
+    ),
+    (acks_rx, current_rx, acked_tx, flushed_tx): (
+        mpsc::UnboundedReceiver<crate::run::events::AckJob>,
+        watch::Receiver<(u64, crate::sys::link::Client)>,
+        watch::Sender<u64>,
+        watch::Sender<bool>,
+    ),
+) -> Vec<JoinHandle<()>> {
+    let mut tasks = vec![
+        tokio::spawn(health::watchdog(registry.health.clone(), stop_rx.clone())),
+        tokio::spawn(core::wake(core_tx.clone(), wake_rx, stop_rx.clone())),
+        tokio::spawn(crate::run::durable::acks::acks(
+            acks_rx, current_rx, acked_tx, flushed_tx,
+        )),
+        tokio::spawn(source.run()),
+        tokio::spawn(sink.run()),
+    ];
+    tasks.extend(edge_tasks);
+    if let Some(p) = pair_task {
+        tasks.push(tokio::spawn(p.run()));
+    }
+    tasks
+}
+
+/// Builds and starts every component on the restored state.
+// Long by choice: the one place where every channel is made and its two ends
+// handed out; split, a channel's ends would live in different functions.
+#[allow(clippy::too_many_lines)]
+pub fn start(
+    cfg: &Config,
+    opts: ReloadOptions,
+    restored: Restored,
+    listener: Option<TcpListener>,
+    clock: SystemClock,
+    pair: Option<crate::run::pair::Activation>,
+) -> Result<Running, RunError> {
+    let started_at = clock.now().wall;
+    let seed = u64::try_from(started_at).unwrap_or(1) ^ u64::from(std::process::id());
+    let registry = registry(cfg, &opts, &restored, clock, pair.as_ref());
+    let source_link = source::build(&cfg.source, started_at)?;
+    // A board of a pair acts only on a fresh proof of the claim (its pair task keeps it).
+    let (proof, fence) = if pair.is_some() {
+        let (p, f) = crate::run::fence::Fence::paired(clock);
+        (Some(p), f)
+    } else {
+        (None, crate::run::fence::Fence::open(clock))
+    };
+
+    let (core_tx, core_rx) = mpsc::channel::<Inbound>(8192);
+    let (store_tx, store_rx) = std::sync::mpsc::sync_channel::<StoreJob>(1);
+    let (acks_tx, acks_rx) = mpsc::unbounded_channel();
+    let (sink_tx, sink_rx) = mpsc::unbounded_channel();
+    let (store_events_tx, store_events_rx) = mpsc::unbounded_channel();
+    let (source_ctl_tx, source_ctl_rx) = mpsc::unbounded_channel();
+    let (fatal_tx, fatal) = mpsc::unbounded_channel::<RunError>();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (flushed_tx, flushed_rx) = watch::channel(false);
+    let (store_state_tx, store_state_rx) = watch::channel(StoreState::Ok);
+    let (delivered_tx, delivered_rx) = watch::channel(0u64);
+    let (current_tx, current_rx) = watch::channel((0u64, source_link.0.clone()));
+    let (acked_tx, acked_rx) = watch::channel(0u64);
+    let (wake_tx, wake_rx) = watch::channel(cfg.gateway.wake_every_ms());
+    let (documents_tx, documents) = mpsc::unbounded_channel();
+    let (snapshots_tx, snapshots_rx) = watch::channel(0u64);
+    let (pair_tx, pair_rx) = mpsc::unbounded_channel();
+    let (sink, edge_tasks) = outputs(
+        cfg,
+        &restored,
+        (&registry, &fence, core_tx.clone()),
+        (sink_rx, delivered_tx, documents_tx),
+        (seed, started_at, clock),
+    )?;
     let fleet_last_id = restored.driver.engine().fleet_last_id();
     let core = Core::new(
         restored.driver,
@@ -179,13 +277,12 @@ pub fn start(
         delivered: delivered_rx,
         stop: stop_rx.clone(),
         registry: registry.clone(),
-        pair: pair.is_some().then_some(pair_tx),
+        pair: (pair.is_some() && proof.is_some()).then_some(pair_tx),
     };
-    let mut pair_task = None;
-    let mut durable = restored.durable;
-    if let (Some(activation), Some(proof)) = (pair, proof) {
-        durable = durable.replicating();
-        let links = crate::run::pair::ActiveLinks {
+    let (durable, pair_task) = active_pair(
+        restored.durable,
+        pair.zip(proof),
+        |proof| crate::run::pair::ActiveLinks {
             commits: pair_rx,
             acks: acks_tx.clone(),
             snapshots: snapshots_tx,
@@ -193,12 +290,9 @@ pub fn start(
             registry: registry.clone(),
             deposed: fatal_tx.clone(),
             proof,
-        };
-        let stream = seed.rotate_left(41) | 1;
-        pair_task = Some(crate::run::pair::ActivePair::new(
-            activation, links, clock, stream,
-        ));
-    }
+        },
+        (seed, clock),
+    );
     let source = Source::new(
         cfg.source.clone(),
         source_link,
@@ -217,36 +311,28 @@ pub fn start(
         (seed, started_at, clock),
     );
     let threads = spawn_threads(core, durable, store_links, clock, fatal_tx)?;
-    // Stopped in this order: the ack task's flush ends the source, the store's last batch the sink.
-    let mut tasks = vec![
-        tokio::spawn(health::watchdog(registry.health.clone(), stop_rx.clone())),
-        tokio::spawn(core::wake(core_tx.clone(), wake_rx, stop_rx.clone())),
-        tokio::spawn(crate::run::durable::acks::acks(
-            acks_rx, current_rx, acked_tx, flushed_tx,
-        )),
-        tokio::spawn(source.run()),
-        tokio::spawn(sink.run()),
-    ];
-    tasks.extend(edge_tasks);
-    if let Some(p) = pair_task {
-        tasks.push(tokio::spawn(p.run()));
-    }
+    let tasks = spawn_tasks(
+        (source, sink, edge_tasks, pair_task),
+        (&registry, &core_tx, wake_rx, &stop_rx),
+        (acks_rx, current_rx, acked_tx, flushed_tx),
+    );
     let http = Http::start(
         listener,
         &cfg.metrics,
         (registry.clone(), core_tx.clone()),
         stop_rx,
     );
+    let targets = Targets {
+        core: core_tx.clone(),
+        source: source_ctl_tx,
+        sink: sink_tx,
+        wake: wake_tx,
+        http,
+    };
     let reloader = Reloader::new(
         (opts, fleet_last_id),
         cfg.clone(),
-        Targets {
-            core: core_tx.clone(),
-            source: source_ctl_tx,
-            sink: sink_tx,
-            wake: wake_tx,
-            http,
-        },
+        targets,
         registry.clone(),
         clock,
     );

@@ -366,6 +366,24 @@ fn chosen(select: &Select, heard: &Heard) -> Vec<String> {
     out
 }
 
+/// What became of the document pushed to `g`, and whether `g` answered.
+fn outcome(heard: &Heard, g: &str, stage: &str) -> (GatewayResult, bool) {
+    match heard.results.get(g) {
+        Some(r) => {
+            let result = match r.result {
+                Outcome::Applied => "applied",
+                Outcome::Rejected => "rejected",
+                Outcome::RolledBack => "rolled_back",
+            };
+            (entry(g, result, r.errors.clone(), stage), true)
+        }
+        None if heard.state.get(g).map(String::as_str) != Some("online") => {
+            (entry(g, "offline", Vec::new(), stage), false)
+        }
+        None => (entry(g, "no_result", Vec::new(), stage), false),
+    }
+}
+
 async fn stages(
     o: &RolloutOptions<'_>,
     link: &mut Link,
@@ -419,21 +437,10 @@ async fn stages(
         };
         link.until(o.timeout, answered).await?;
         for g in &pushed {
-            let e = match link.heard.results.get(g) {
-                Some(r) => {
-                    last_result = Some(clock.mono());
-                    let result = match r.result {
-                        Outcome::Applied => "applied",
-                        Outcome::Rejected => "rejected",
-                        Outcome::RolledBack => "rolled_back",
-                    };
-                    entry(g, result, r.errors.clone(), stage)
-                }
-                None if link.heard.state.get(g).map(String::as_str) != Some("online") => {
-                    entry(g, "offline", Vec::new(), stage)
-                }
-                None => entry(g, "no_result", Vec::new(), stage),
-            };
+            let (e, answered) = outcome(&link.heard, g, stage);
+            if answered {
+                last_result = Some(clock.mono());
+            }
             report.gateways.push(e);
         }
         let here = &report.gateways[report.gateways.len() - gws.len()..];

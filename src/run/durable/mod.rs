@@ -392,6 +392,31 @@ pub struct Links {
     pub pair: Option<UnboundedSender<PairCommit>>,
 }
 
+/// A commit's numbers to the registry and its state to the core.
+fn shown(durable: &Durable, registry: &Registry, links: &Links, w: &Written, delivered: u64) {
+    let kind = usize::from(w.checkpoint);
+    registry.commits[kind].fetch_add(1, Ordering::Relaxed);
+    registry.journal_bytes.fetch_add(w.bytes, Ordering::Relaxed);
+    let (depth, oldest) = durable.depth(delivered);
+    registry.outbox_depth.store(depth, Ordering::Relaxed);
+    registry
+        .outbox_oldest
+        .store(oldest.unwrap_or(0), Ordering::Relaxed);
+    registry
+        .outbox_dropped
+        .store(durable.store.outbox_dropped(), Ordering::Relaxed);
+    let bytes = durable
+        .store
+        .outbox_bytes()
+        .saturating_add(durable.unfolded_bytes);
+    // The bound is applied when the journal's outputs are folded into the table.
+    let over_bound = depth > durable.store.max_outbox() || bytes > durable.store.max_bytes();
+    let _ = links.events.send(StoreEvent::Committed {
+        journal_len: durable.wal.len(),
+        over_bound,
+    });
+}
+
 /// Runs until the last batch or until the core is gone.
 pub fn run(mut durable: Durable, links: Links, clock: SystemClock) -> Result<(), StoreError> {
     let mut outage = Outage::new(clock);
@@ -435,28 +460,8 @@ pub fn run(mut durable: Durable, links: Links, clock: SystemClock) -> Result<(),
             }
         };
         outage.over(&links);
-        let kind = usize::from(w.checkpoint);
-        registry.commits[kind].fetch_add(1, Ordering::Relaxed);
-        registry.journal_bytes.fetch_add(w.bytes, Ordering::Relaxed);
         durable.forget_delivered(delivered);
-        let (depth, oldest) = durable.depth(delivered);
-        registry.outbox_depth.store(depth, Ordering::Relaxed);
-        registry
-            .outbox_oldest
-            .store(oldest.unwrap_or(0), Ordering::Relaxed);
-        registry
-            .outbox_dropped
-            .store(durable.store.outbox_dropped(), Ordering::Relaxed);
-        let bytes = durable
-            .store
-            .outbox_bytes()
-            .saturating_add(durable.unfolded_bytes);
-        // The bound is applied when the journal's outputs are folded into the table.
-        let over_bound = depth > durable.store.max_outbox() || bytes > durable.store.max_bytes();
-        let _ = links.events.send(StoreEvent::Committed {
-            journal_len: durable.wal.len(),
-            over_bound,
-        });
+        shown(&durable, &registry, &links, &w, delivered);
         if w.dropped > 0 {
             tracing::warn!(
                 dropped = w.dropped,

@@ -202,11 +202,8 @@ fn authorized<B>(req: &Request<B>, token: &str) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-async fn respond<B>(req: &Request<B>, api: &Api) -> Response<Full<Bytes>> {
-    if req.method() != Method::GET && req.method() != Method::HEAD {
-        return reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET only\n");
-    }
-    let path = req.uri().path();
+/// `/healthz` and `/readyz`: open to all (a supervisor asks them), none for other paths.
+fn probe(path: &str, api: &Api) -> Option<Response<Full<Bytes>>> {
     let health = &api.registry.health;
     match path {
         "/healthz" => {
@@ -215,7 +212,7 @@ async fn respond<B>(req: &Request<B>, api: &Api) -> Response<Full<Bytes>> {
             if let Some(p) = health.store_detail() {
                 problems.insert(0, p);
             }
-            return if problems.is_empty() {
+            Some(if problems.is_empty() {
                 reply(StatusCode::OK, "text/plain", "ok\n")
             } else {
                 reply(
@@ -223,22 +220,59 @@ async fn respond<B>(req: &Request<B>, api: &Api) -> Response<Full<Bytes>> {
                     "text/plain",
                     format!("unhealthy: {}\n", problems.join("; ")),
                 )
-            };
+            })
         }
         // Ready: state restored and input flowing in (what a tool or a test waits for).
-        "/readyz" => {
-            return if health.subscribed.load(Ordering::Relaxed) {
-                reply(StatusCode::OK, "text/plain", "ready\n")
-            } else {
-                reply(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "text/plain",
-                    "not ready: source not subscribed\n",
-                )
-            };
-        }
-        _ => {}
+        "/readyz" => Some(if health.subscribed.load(Ordering::Relaxed) {
+            reply(StatusCode::OK, "text/plain", "ready\n")
+        } else {
+            reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                "not ready: source not subscribed\n",
+            )
+        }),
+        _ => None,
     }
+}
+
+/// `/api/v1/devices/{group}/{device}`, percent-decoded.
+async fn device(api: &Api, rest: &str) -> Response<Full<Bytes>> {
+    let parts: Vec<String> = rest
+        .split('/')
+        .map(|s| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8_lossy()
+                .into_owned()
+        })
+        .collect();
+    match &parts[..] {
+        [g, d] if !g.is_empty() && !d.is_empty() => {
+            ask(
+                api,
+                Query::Device {
+                    group: g.clone(),
+                    device: d.clone(),
+                },
+            )
+            .await
+        }
+        _ => error(
+            StatusCode::NOT_FOUND,
+            "want /api/v1/devices/{group}/{device}",
+        ),
+    }
+}
+
+async fn respond<B>(req: &Request<B>, api: &Api) -> Response<Full<Bytes>> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET only\n");
+    }
+    let path = req.uri().path();
+    if let Some(r) = probe(path, api) {
+        return r;
+    }
+    let health = &api.registry.health;
     let allowed = api.token.as_deref().is_none_or(|t| authorized(req, t));
     if path == "/" {
         // The page holds no data: without the token it still loads, asks for the
@@ -290,33 +324,7 @@ async fn respond<B>(req: &Request<B>, api: &Api) -> Response<Full<Bytes>> {
             Ok(f) => ask(api, Query::Devices(f)).await,
             Err(e) => error(StatusCode::BAD_REQUEST, &e),
         },
-        p if p.starts_with("/api/v1/devices/") => {
-            let rest = &p["/api/v1/devices/".len()..];
-            let parts: Vec<String> = rest
-                .split('/')
-                .map(|s| {
-                    percent_encoding::percent_decode_str(s)
-                        .decode_utf8_lossy()
-                        .into_owned()
-                })
-                .collect();
-            match &parts[..] {
-                [g, d] if !g.is_empty() && !d.is_empty() => {
-                    ask(
-                        api,
-                        Query::Device {
-                            group: g.clone(),
-                            device: d.clone(),
-                        },
-                    )
-                    .await
-                }
-                _ => error(
-                    StatusCode::NOT_FOUND,
-                    "want /api/v1/devices/{group}/{device}",
-                ),
-            }
-        }
+        p if p.starts_with("/api/v1/devices/") => device(api, &p["/api/v1/devices/".len()..]).await,
         _ => error(
             StatusCode::NOT_FOUND,
             "try /, /api/v1/status, /api/v1/devices, /api/v1/alerts, /metrics, /healthz or /readyz",

@@ -56,7 +56,7 @@ impl PairLink {
             auth::random_nonce(),
         )));
         let will = lock(&sealer).seal_will(&beat_topic, &will_body);
-        let (client, mut lp) = link::build(&LinkOptions {
+        let (client, lp) = link::build(&LinkOptions {
             endpoint: &endpoint,
             v5: cfg.source.v5,
             persistent: false,
@@ -67,7 +67,7 @@ impl PairLink {
             inflight: 64,
         })?;
         let (tx, events) = mpsc::unbounded_channel();
-        let (role_tx, mut role_rx) = watch::channel(role);
+        let (role_tx, role_rx) = watch::channel(role);
         let rejected = Arc::new(AtomicU64::new(0));
         let mut gate = Opener {
             keys: sb.keys.clone(),
@@ -81,66 +81,12 @@ impl PairLink {
             clock: SystemClock::new(),
         };
         gate.sessions.set_mine(lock(&sealer).nonce());
-        let t = topics.clone();
-        let c = client.clone();
-        let task = tokio::spawn(async move {
-            let filters = |r: Role| match r {
-                Role::Standby => vec![t.state(), t.beats(), t.stream()],
-                Role::Active => vec![t.state(), t.beats(), t.reports()],
-            };
-            let mut subscribed = *role_rx.borrow_and_update();
-            loop {
-                tokio::select! {
-                    ev = lp.poll() => match ev {
-                        Ok(Event::Connected { .. }) => {
-                            subscribed = *role_rx.borrow_and_update();
-                            let _ = c.subscribe(&filters(subscribed), 1);
-                        }
-                        Ok(Event::Subscribed { .. }) => {
-                            let _ = tx.send(PairEvent::Up);
-                        }
-                        Ok(Event::Message { topic, payload, .. }) => {
-                            let Some(body) = gate.open(&topic, &payload) else { continue };
-                            if tx.send(PairEvent::Msg(topic, body)).is_err() {
-                                return;
-                            }
-                        }
-                        Ok(_) => {}
-                        Err(e) => {
-                            tracing::debug!(error = %e, "pair link");
-                            if tx.send(PairEvent::Down).is_err() {
-                                return;
-                            }
-                            tokio::time::sleep(Duration::from_millis(500)).await;
-                            // A new connection is a new session, with a will of its own.
-                            let nonce = auth::random_nonce();
-                            let will = {
-                                let mut s = lock(&gate.sealer);
-                                s.new_session(nonce);
-                                s.seal_will(&beat_topic, &will_body)
-                            };
-                            gate.sessions.set_mine(nonce);
-                            lp.set_will(&beat_topic, will);
-                        }
-                    },
-                    r = role_rx.changed() => {
-                        if r.is_err() {
-                            return;
-                        }
-                        let now = *role_rx.borrow_and_update();
-                        if now != subscribed {
-                            for f in filters(subscribed) {
-                                if !filters(now).contains(&f) {
-                                    let _ = c.unsubscribe(&f);
-                                }
-                            }
-                            let _ = c.subscribe(&filters(now), 1);
-                            subscribed = now;
-                        }
-                    }
-                }
-            }
-        });
+        let task = tokio::spawn(carry(
+            (lp, client.clone(), topics.clone()),
+            (tx, role_rx),
+            gate,
+            (beat_topic, will_body),
+        ));
         Ok(Self {
             client,
             events,
@@ -227,6 +173,72 @@ impl PairLink {
         .is_err()
         {
             tracing::debug!("pair link did not close in time");
+        }
+    }
+}
+
+/// The link's task: (re)subscribes for the board's role, opens what comes in,
+/// and gives each new connection a session and a will of its own.
+async fn carry(
+    (mut lp, c, t): (link::Loop, Client, Topics),
+    (tx, mut role_rx): (mpsc::UnboundedSender<PairEvent>, watch::Receiver<Role>),
+    mut gate: Opener,
+    (beat_topic, will_body): (String, Vec<u8>),
+) {
+    let filters = |r: Role| match r {
+        Role::Standby => vec![t.state(), t.beats(), t.stream()],
+        Role::Active => vec![t.state(), t.beats(), t.reports()],
+    };
+    let mut subscribed = *role_rx.borrow_and_update();
+    loop {
+        tokio::select! {
+            ev = lp.poll() => match ev {
+                Ok(Event::Connected { .. }) => {
+                    subscribed = *role_rx.borrow_and_update();
+                    let _ = c.subscribe(&filters(subscribed), 1);
+                }
+                Ok(Event::Subscribed { .. }) => {
+                    let _ = tx.send(PairEvent::Up);
+                }
+                Ok(Event::Message { topic, payload, .. }) => {
+                    let Some(body) = gate.open(&topic, &payload) else { continue };
+                    if tx.send(PairEvent::Msg(topic, body)).is_err() {
+                        return;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(error = %e, "pair link");
+                    if tx.send(PairEvent::Down).is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    // A new connection is a new session, with a will of its own.
+                    let nonce = auth::random_nonce();
+                    let will = {
+                        let mut s = lock(&gate.sealer);
+                        s.new_session(nonce);
+                        s.seal_will(&beat_topic, &will_body)
+                    };
+                    gate.sessions.set_mine(nonce);
+                    lp.set_will(&beat_topic, will);
+                }
+            },
+            r = role_rx.changed() => {
+                if r.is_err() {
+                    return;
+                }
+                let now = *role_rx.borrow_and_update();
+                if now != subscribed {
+                    for f in filters(subscribed) {
+                        if !filters(now).contains(&f) {
+                            let _ = c.unsubscribe(&f);
+                        }
+                    }
+                    let _ = c.subscribe(&filters(now), 1);
+                    subscribed = now;
+                }
+            }
         }
     }
 }
