@@ -9,160 +9,15 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::fleet::{FLEET, Fleet};
+use support::fleet::Fleet;
+use support::remote::*;
 use support::*;
 use tidemark::fleet::Document;
-
-const CONFIRM_S: u64 = 4;
-
-fn tidemark(args: &[&str]) -> std::process::Output {
-    support::tidemark().args(args).output().expect("tidemark")
-}
-
-fn text(o: &std::process::Output) -> String {
-    format!(
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-struct Gw {
-    id: &'static str,
-    config: PathBuf,
-    log: PathBuf,
-    proc: Option<Gateway>,
-}
-
-impl Gw {
-    fn new(
-        dir: &Path,
-        id: &'static str,
-        (site, up): (&Mosquitto, &Mosquitto),
-        keys: &[&Path],
-        fleet_extra: &str,
-    ) -> Self {
-        let config = dir.join(format!("{id}.toml"));
-        support::fleet::remote_config(dir, id, (site, up), keys, CONFIRM_S)
-            .set("gateway", "commit_interval_ms = 100")
-            .set("fleet", fleet_extra)
-            .merge("fleet", FLEET)
-            .write(&config);
-        let log = dir.join(format!("{id}.log"));
-        let proc = Some(Gateway::start(&config, &log));
-        Self {
-            id,
-            config,
-            log,
-            proc,
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.proc.as_ref().expect("running").child.id()
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-/// Readings of the device fleet counted upstream (window results deduplicated by id).
-fn counted(up: &Collector) -> u64 {
-    final_windows(&up.on("/windows/"))
-        .values()
-        .filter(|w| w["group"] == "fleet")
-        .map(|w| w["count"].as_u64().unwrap_or(0))
-        .sum()
-}
-
-/// The retained `P/status` of `gw`.
-fn status(up: &Mosquitto, gw: &str) -> Value {
-    retained(up.port, &format!("tidemark/{gw}/status"))
-        .last()
-        .map(Seen::json)
-        .unwrap_or(Value::Null)
-}
-
-/// `tidemark fleet push` of `doc` as document `id` for `gw`, signed with `key`.
-fn push_cmd(
-    url: &str,
-    key: &Path,
-    gw: &str,
-    id: u64,
-    doc: &Path,
-    timeout_s: u32,
-) -> std::process::Output {
-    tidemark(&[
-        "fleet",
-        "push",
-        "--url",
-        url,
-        "--key",
-        &key.display().to_string(),
-        "--gateway",
-        gw,
-        "--id",
-        &id.to_string(),
-        "--timeout-s",
-        &timeout_s.to_string(),
-        &doc.display().to_string(),
-    ])
-}
-
-/// `fleet push`: its exit code and the result it printed.
-fn push(up: &Mosquitto, key: &Path, gw: &str, id: u64, doc: &Path) -> (i32, Value) {
-    let o = push_cmd(&up.url(), key, gw, id, doc, 30);
-    let r = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
-    assert!(r.is_object(), "{}", text(&o));
-    (o.status.code().unwrap_or(-1), r)
-}
-
-/// Publishes a raw `P/config/set` message and waits for the result with `id`.
-fn send_raw(up: &Mosquitto, results: &Collector, gw: &str, id: u64, msg: &[u8]) -> Value {
-    let before = results.on(&format!("{gw}/config/result")).len();
-    let mut p = Publisher::connect(up.port, &format!("raw-{gw}-{id}-{}", free_port()));
-    p.send(&format!("tidemark/{gw}/config/set"), msg);
-    p.flush();
-    let mut found = Value::Null;
-    wait_until(Duration::from_secs(30), "a config result", || {
-        found = results
-            .on(&format!("{gw}/config/result"))
-            .iter()
-            .skip(before)
-            .map(Seen::json)
-            .find(|r| r["id"] == id)
-            .unwrap_or(Value::Null);
-        found.is_object()
-    });
-    found
-}
-
-fn ls(up: &Mosquitto) -> Vec<Value> {
-    let o = tidemark(&[
-        "fleet",
-        "ls",
-        "--url",
-        &up.url(),
-        "--json",
-        "--wait-s",
-        "10",
-    ]);
-    assert!(o.status.success(), "{}", text(&o));
-    serde_json::from_slice::<Vec<Value>>(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)))
-}
-
-fn write(dir: &Path, name: &str, body: &str) -> PathBuf {
-    let p = dir.join(name);
-    std::fs::write(&p, body).expect("doc");
-    p
-}
 
 // One gateway (or pair) through one scenario, phase by phase: each phase needs
 // the state the last one left; split into tests, each would start its own.
@@ -253,7 +108,7 @@ fn two_gateways_take_signed_documents_reject_bad_ones_roll_back_a_broken_source_
         assert!(r["gateway_clock"]["verdict"].is_string(), "{r}");
         assert_eq!(r["outbox_depth"].as_u64().map(|_| ()), Some(()), "{r}");
     }
-    let table = tidemark(&["fleet", "ls", "--url", &up.url()]);
+    let table = run_tidemark(&["fleet", "ls", "--url", &up.url()]);
     let table = String::from_utf8_lossy(&table.stdout).into_owned();
     assert!(
         table.starts_with("GATEWAY") && table.contains("gw1") && table.contains("gw2"),
@@ -317,7 +172,7 @@ fn two_gateways_take_signed_documents_reject_bad_ones_roll_back_a_broken_source_
         })
     });
     // `check` names the remote layer as the origin of its keys.
-    let check = tidemark(&["check", "--config", &gw1.config.display().to_string()]);
+    let check = run_tidemark(&["check", "--config", &gw1.config.display().to_string()]);
     let check_out = String::from_utf8_lossy(&check.stdout).into_owned();
     assert!(check.status.success(), "{}", text(&check));
     assert!(
@@ -485,7 +340,7 @@ fn two_gateways_take_signed_documents_reject_bad_ones_roll_back_a_broken_source_
         "gw2's status names document 2",
         || status(&up, "gw2")["config_id"] == 2,
     );
-    let o = tidemark(&[
+    let o = run_tidemark(&[
         "fleet",
         "push",
         "--url",

@@ -242,3 +242,12 @@ impl Rng {
         (self.next() % n.max(1) as u64) as usize
     }
 }
+
+/// Counts of `device`'s first results, by window start after [`T0`].
+pub fn counts_by_start(sim: &Sim, device: &str) -> Vec<(i64, u64)> {
+    sim.windows_of(device)
+        .iter()
+        .filter(|w| w.revision == 0)
+        .map(|w| (w.start - T0, w.count))
+        .collect()
+}

@@ -16,8 +16,10 @@ use rumqttc::{Client, Event, MqttOptions, Packet, QoS};
 pub mod bin;
 pub mod engine;
 pub mod fleet;
+pub mod netns;
 pub mod node;
 pub mod pair;
+pub mod remote;
 mod site;
 
 // Each test binary uses a different part of it.
