@@ -254,7 +254,7 @@ impl Driver {
         }
     }
 
-    /// A reload (SPEC §11): the engine's new rules from the next message on,
+    /// A reload (docs/reference.md#reload-sighup-systemctl-reload-tidemark): the engine's new rules from the next message on,
     /// journaled in order with the messages; tick, commit and output settings at once.
     pub fn reconfigure(&mut self, now: Now, cfg: &Config) {
         self.ticks_until(now);

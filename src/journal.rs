@@ -71,7 +71,7 @@ enum Op {
 /// State outside the windows that must survive a crash and reach a standby.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mark {
-    /// The highest remote document id taken (replay protection, docs/reference.md "Fleet").
+    /// The highest remote document id taken (replay protection, docs/reference.md#remote-configuration-fleet).
     FleetId(u64),
     /// The Sparkplug edge node's next session counter (`bdSeq` = it mod 256).
     BdSeq(u64),

@@ -5,7 +5,7 @@
 //! - [`model`]: ids and small value types; [`topic`]: topic pattern matching;
 //!   [`codec`]: JSON/CBOR payload decoding. All pure; bad input is a value.
 //! - [`time`]: clock-offset estimation, duplicate suppression, windows (pure).
-//! - [`engine`]: ties them together per SPEC §4–§7; returns [`output::Output`]s.
+//! - [`engine`]: ties them together per docs/reference.md#time; returns [`output::Output`]s.
 //! - [`driver`]: the clock-free driving loop (ticks, commit cadence, batches) that
 //!   `run`, `replay` and the tests share.
 //! - [`replay`]: drives the engine from a recorded capture on a virtual clock.

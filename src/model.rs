@@ -55,7 +55,7 @@ impl<'de> serde::Deserialize<'de> for SharedId {
 /// Epoch milliseconds.
 pub type Millis = i64;
 
-/// True when `s` is 1..64 chars of `[A-Za-z0-9_.:-]` (SPEC §3).
+/// True when `s` is 1..64 chars of `[A-Za-z0-9_.:-]` (docs/reference.md#input).
 pub fn valid_id(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 64
@@ -73,7 +73,7 @@ pub enum Kind {
     Heartbeat,
 }
 
-/// Why an input was rejected (SPEC §8 `reason`).
+/// Why an input was rejected (docs/reference.md#topics-and-payloads-upstream `reason`).
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
 )]

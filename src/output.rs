@@ -1,4 +1,4 @@
-//! Outputs of the engine and their wire form (SPEC §8).
+//! Outputs of the engine and their wire form (docs/reference.md#topics-and-payloads-upstream).
 
 use std::collections::BTreeMap;
 
@@ -314,7 +314,7 @@ pub struct Alert {
     pub at: Millis,
 }
 
-/// `P/alerts` payloads raised by the engine (SPEC §8).
+/// `P/alerts` payloads raised by the engine (docs/reference.md#topics-and-payloads-upstream).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum GatewayAlert {
@@ -354,7 +354,7 @@ impl Output {
         matches!(self, Output::Status { .. })
     }
 
-    /// The payload, serializable in field order (SPEC §8).
+    /// The payload, serializable in field order (docs/reference.md#topics-and-payloads-upstream).
     pub fn payload(&self) -> PayloadRef<'_> {
         PayloadRef(self)
     }

@@ -1,4 +1,4 @@
-//! Topic pattern parsing and matching (SPEC §3), pure.
+//! Topic pattern parsing and matching (docs/reference.md#input), pure.
 
 use crate::model::{Id, Kind, valid_id};
 

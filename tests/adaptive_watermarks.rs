@@ -1,4 +1,4 @@
-//! "auto" bound and lateness (SPEC §5) over random streams: delays of every
+//! "auto" bound and lateness (docs/reference.md#group_defaults-and-groupsname) over random streams: delays of every
 //! size, silences followed by their backlog, several window shapes and adaptive
 //! settings. The watermark never moves back, the values in force stay within
 //! [min_ms, max_ms], no window id is ever published with two contents (a

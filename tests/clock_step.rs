@@ -2,7 +2,7 @@
 //! 25 s and then stepped to true time,
 //! for real: libfaketime on the gateway only (the fleet and the broker keep
 //! true time), the monotonic clock untouched, the offset file rewritten
-//! mid-run as NTP would step the clock (SPEC §4 "The gateway's own clock").
+//! mid-run as NTP would step the clock (docs/reference.md#time "The gateway's own clock").
 
 mod support;
 
@@ -92,7 +92,7 @@ fn off_then_stepped(offset: &str, expect_ms: i64) {
     let mut p = Publisher::connect(broker.port, "clock-step-fleet");
     let mut sent = Vec::new();
     if synced {
-        // A synchronized gateway is trusted (SPEC §4): its clock is not overruled.
+        // A synchronized gateway is trusted (docs/reference.md#time): its clock is not overruled.
         eprintln!(
             "the kernel reports the clock synchronized: checking that the gateway is trusted"
         );

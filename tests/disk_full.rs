@@ -1,4 +1,4 @@
-//! A state disk that fills up (SPEC §9): the gateway stays up, holds its acks,
+//! A state disk that fills up (docs/reference.md#guarantees): the gateway stays up, holds its acks,
 //! pauses input, says so, and resumes by itself once space returns, losing
 //! nothing — against a stock mosquitto and a real (small) tmpfs.
 
@@ -119,7 +119,7 @@ impl Site {
 // One gateway (or pair) through one scenario, phase by phase: each phase needs
 // the state the last one left; split into tests, each would start its own.
 #[allow(clippy::too_many_lines)]
-/// The whole SPEC §9 promise on a real full filesystem, held long enough that
+/// The whole docs/reference.md#guarantees promise on a real full filesystem, held long enough that
 /// the paused source connection times out and the broker redelivers.
 #[test]
 fn a_full_state_disk_pauses_input_reports_it_and_resumes_losing_nothing() {

@@ -30,7 +30,7 @@ fn replay_args(dir: &Path, extra: &[&str]) -> Vec<String> {
     v
 }
 
-/// "auto" bound and lateness (SPEC §5) for every group.
+/// "auto" bound and lateness (docs/reference.md#group_defaults-and-groupsname) for every group.
 const AUTO: &str = "[group_defaults]\nout_of_orderness_ms = \"auto\"\nallowed_lateness_ms = \"auto\"\n\
     adaptive = { quantile = 0.99, min_ms = 100, max_ms = 300000, horizon_s = 120 }\n";
 

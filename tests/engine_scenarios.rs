@@ -1,4 +1,4 @@
-//! One scenario per rule of SPEC §4–§7, driving the engine with a manual clock.
+//! One scenario per rule of docs/reference.md#time, driving the engine with a manual clock.
 
 mod support;
 

@@ -52,7 +52,7 @@ fn finish(
     panic!("received + missing != {sent}:\n{}", metrics(http));
 }
 
-/// SPEC §4 "Missing readings": a stock mosquitto (max_queued_messages 1000) drops most of
+/// docs/reference.md#time "Missing readings": a stock mosquitto (max_queued_messages 1000) drops most of
 /// a burst queued for a v3.1.1 gateway; the sequence gaps count exactly what it dropped
 /// once each device's next reading arrives.
 #[test]
@@ -179,7 +179,7 @@ fn files(state: &Path) -> Vec<(String, u64, std::time::SystemTime)> {
     v
 }
 
-/// SPEC §9: a gateway with nothing to make durable writes nothing — watermarks keep
+/// docs/reference.md#guarantees: a gateway with nothing to make durable writes nothing — watermarks keep
 /// moving for a silent fleet, but no commit follows and the state files stay untouched.
 #[test]
 fn a_gateway_with_nothing_to_persist_does_not_commit() {

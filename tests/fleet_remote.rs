@@ -1,4 +1,4 @@
-//! A fleet of two real gateways on one stock upstream mosquitto (SPEC §12),
+//! A fleet of two real gateways on one stock upstream mosquitto (docs/reference.md#remote-configuration-fleet),
 //! each under a QoS 1 fleet of devices: `fleet ls` lists them; `fleet push`
 //! applies a signed document in place (same process), which a restart keeps;
 //! bad signature, untrusted key, stale id, invalid key, restart-only key,
@@ -248,7 +248,7 @@ fn two_gateways_take_signed_documents_reject_bad_ones_roll_back_a_broken_source_
         "{r}"
     );
     unchanged("fleet section");
-    // The same keys by other spellings (SPEC §12): judged on the merged result.
+    // The same keys by other spellings (docs/reference.md#remote-configuration-fleet): judged on the merged result.
     for (name, doc, named) in [
         ("quoted", "\"fleet.accept_v1\" = true\n", "fleet.accept_v1"),
         ("quoted off", "\"fleet.enabled\" = false\n", "fleet.enabled"),
@@ -299,7 +299,7 @@ fn two_gateways_take_signed_documents_reject_bad_ones_roll_back_a_broken_source_
     );
     unchanged("bad signature");
 
-    // Bound to their gateways (SPEC §12 v2): a document signed for gw2 and
+    // Bound to their gateways (docs/reference.md#remote-configuration-fleet v2): a document signed for gw2 and
     // published to gw1, an expired one, a v1 one (gw1 does not accept v1).
     let for_gw2 = serde_json::to_vec(&signed(2, &["gw2"], None)).unwrap();
     let r = send_raw(&up, &results, "gw1", 2, &for_gw2);
@@ -486,7 +486,7 @@ fn two_gateways_take_signed_documents_reject_bad_ones_roll_back_a_broken_source_
         s["state"] == "online" && s["config_hash"] == hash3.as_str()
     });
 
-    // The last id lives in the state store (SPEC §12): document 6 applied, the
+    // The last id lives in the state store (docs/reference.md#remote-configuration-fleet): document 6 applied, the
     // gateway killed, remote.toml corrupted; after the restart 5 and 6 are stale.
     let (code, r) = push(&up, &key, "gw1", 6, &doc1_path);
     assert_eq!((code, &r["result"]), (0, &Value::from("applied")), "{r}");

@@ -1,5 +1,5 @@
 //! A rollout across 20 real gateway processes on one stock upstream mosquitto
-//! (SPEC §12): canaries, then batches; four gateways stopped during the rollout
+//! (docs/reference.md#remote-configuration-fleet): canaries, then batches; four gateways stopped during the rollout
 //! show `drift` in `fleet ls` and converge to the retained desired document
 //! when they start again, with no new push; a document that breaks the source
 //! is rolled back by the canaries and stops the rollout before any other

@@ -113,7 +113,7 @@ fn end_to_end_outputs_have_spec_shapes_and_match_replay() {
                 .any(|s| s.json()["start"] == base + 30_000)
     });
 
-    // Shapes (SPEC §8).
+    // Shapes (docs/reference.md#topics-and-payloads-upstream).
     let w = up.on("/windows/hall/d1")[0].json();
     for k in [
         "id",

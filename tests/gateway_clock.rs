@@ -1,4 +1,4 @@
-//! The gateway's own clock (SPEC §4): a fleet with correct clocks behind a
+//! The gateway's own clock (docs/reference.md#time): a fleet with correct clocks behind a
 //! gateway whose wall clock is wrong while the kernel reports it
 //! unsynchronized, until NTP steps it right at a random moment. Driven through
 //! the real `Driver`, over errors × device rates, with network jitter and a few

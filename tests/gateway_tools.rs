@@ -64,7 +64,7 @@ fn capture_records_live_traffic_that_replay_reads_even_when_killed_mid_line() {
             .is_some_and(|l| l.contains("payload_b64")),
         "{text}"
     );
-    // Each line carries the gateway's monotonic clock and the kernel's NTP state (SPEC §4).
+    // Each line carries the gateway's monotonic clock and the kernel's NTP state (docs/reference.md#time).
     let mut last_mono = 0;
     for l in text.lines() {
         let v: serde_json::Value = serde_json::from_str(l).expect("capture line");

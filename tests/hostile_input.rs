@@ -1,4 +1,4 @@
-//! Hostile input cannot cost results or memory (SPEC §9, §10, §10b): a flood of
+//! Hostile input cannot cost results or memory (docs/reference.md#guarantees): a flood of
 //! 1 M malformed messages while the uplink is down leaves every window result
 //! of the fleet beside it to be delivered; Sparkplug births far over the caps,
 //! past the edge-node and device limits, and 10 000 NCMD rebirths leave RSS

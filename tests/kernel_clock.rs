@@ -1,4 +1,4 @@
-//! The gateway-clock rule where the kernel cannot be asked (SPEC §4): the real
+//! The gateway-clock rule where the kernel cannot be asked (docs/reference.md#time): the real
 //! binary under a seccomp filter that denies adjtimex (python3-seccomp, as
 //! systemd's `ProtectClock=yes` does) counts its clock as unsynchronized, and a
 //! fleet whose clocks agree two hours away from it raises `gateway_clock`.

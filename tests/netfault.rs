@@ -1,4 +1,4 @@
-//! Network faults no RST reveals (SPEC §5 "Processing time needs a proven path"):
+//! Network faults no RST reveals (docs/reference.md#group_defaults-and-groupsname "Processing time needs a proven path"):
 //! the gateway runs in its own network namespace, joined to this host by a veth
 //! pair; nftables in that namespace drops the packets of one link or both
 //! (a blackhole: a dead switch port, a NAT that forgot the flow), or a share of
@@ -193,7 +193,7 @@ fn a_quiet_site_still_goes_idle_and_offline_on_time() {
         bytes as f64 / 30.0
     );
     // heartbeat_timeout_ms (60 s) past each device's last reading, on W: idle at 30 s,
-    // then W runs at the gateway clock's pace (SPEC §5, §7).
+    // then W runs at the gateway clock's pace (docs/reference.md#group_defaults-and-groupsname).
     wait_or_explain(
         Duration::from_secs(150),
         || {
@@ -237,7 +237,7 @@ fn a_quiet_site_still_goes_idle_and_offline_on_time() {
 }
 
 /// A site broker whose ACL refuses the probe topic: a clear start-up error naming
-/// it (exit 1), not a gateway that reconnects forever (SPEC §5): the publish
+/// it (exit 1), not a gateway that reconnects forever (docs/reference.md#group_defaults-and-groupsname): the publish
 /// refused (the v5 PUBACK of a connection's first probe; on v3.1.1 the connection
 /// closed right after it, each time), or taken and never delivered (no read).
 #[test]

@@ -227,7 +227,7 @@ fn the_packaged_unit_passes_systemd_verify_and_security_review() {
     println!("systemd-analyze security --offline=yes: exposure {score}");
     assert!(score <= 2.0, "exposure {score} > 2.0:\n{out}");
 
-    // The gateway can read the kernel's clock state (SPEC §4) and cannot set the clock.
+    // The gateway can read the kernel's clock state (docs/reference.md#time) and cannot set the clock.
     let unit = read(&unit_path(tree.path()));
     let allowed = syscalls_allowed(&unit);
     for call in ["adjtimex", "clock_adjtime"] {

@@ -1,4 +1,4 @@
-//! Only the pair moves the pair (SPEC §13): an attacker with every right on the
+//! Only the pair moves the pair (docs/reference.md#standby--two-boards-one-gateway): an attacker with every right on the
 //! site broker and no pair key forges records, dead beats, beats, retained claims
 //! (a higher epoch, `u64::MAX`), a report at `u64::MAX`, garbage and oversized
 //! frames, and replays real pair messages it captured. Nothing moves: no takeover,

@@ -71,7 +71,7 @@ fn promtool_checks_the_rules_and_their_unit_tests_fire_the_alerts() {
         "{out}{}",
         String::from_utf8_lossy(&test.stderr)
     );
-    // Every alert of SPEC §11 is in the rules.
+    // Every alert of docs/reference.md#reload-sighup-systemctl-reload-tidemark is in the rules.
     let rules = std::fs::read_to_string(format!("{dir}/tidemark-rules.yml")).unwrap();
     for a in [
         "TidemarkDown",

@@ -1,8 +1,8 @@
-//! SIGHUP reloads (SPEC §11) of the real binary under a QoS 1 fleet, on stock
+//! SIGHUP reloads (docs/reference.md#reload-sighup-systemctl-reload-tidemark) of the real binary under a QoS 1 fleet, on stock
 //! mosquitto brokers: a window rule change, a topic filter added, lateness and
 //! timeouts changed, the sink moved to a second broker, a rejected reload and a
 //! restart-only key — same process, every reading counted once, windows of the
-//! old and the new rule as SPEC says; then the same with a kill -9 right after
+//! old and the new rule as docs/reference.md#reload-sighup-systemctl-reload-tidemark says; then the same with a kill -9 right after
 //! a reload.
 
 mod support;

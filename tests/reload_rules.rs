@@ -1,4 +1,4 @@
-//! A reload that changes the window rule (SPEC §11), over families of inputs:
+//! A reload that changes the window rule (docs/reference.md#reload-sighup-systemctl-reload-tidemark), over families of inputs:
 //! every rule kind to every other, reloads at any moment, events in and out of
 //! order, late ones, both signs of disorder. No window crosses a switch point,
 //! no reading is counted twice or lost, ids stay unique.

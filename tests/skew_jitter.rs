@@ -1,4 +1,4 @@
-//! Clock calibration under network jitter (SPEC §4): over families of delay
+//! Clock calibration under network jitter (docs/reference.md#time): over families of delay
 //! distributions, rates and offsets the estimate is exactly the min filter's
 //! value, and real clock steps are still adopted.
 

@@ -1,4 +1,4 @@
-//! Sparkplug B against the reference implementation (SPEC §10): Eclipse
+//! Sparkplug B against the reference implementation (docs/reference.md#sparkplug--sparkplug-b-30-ingest): Eclipse
 //! Tahu's Node.js client (npm `sparkplug-client`, tests/sparkplug/edge.js) as
 //! the edge node, a stock mosquitto between it and `tidemark run`.
 

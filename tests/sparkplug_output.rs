@@ -1,4 +1,4 @@
-//! tidemark as a Sparkplug B edge node (SPEC §10b), seen by a host application
+//! tidemark as a Sparkplug B edge node (docs/reference.md#sink--the-upstream-broker), seen by a host application
 //! nobody here wrote the decoder of: tests/sparkplug/host.js on Eclipse Tahu's
 //! payload library, which checks the edge-node rules of Sparkplug 3.0 on every
 //! message, a stock mosquitto between it and `tidemark run`.

@@ -1,4 +1,4 @@
-//! Hot standby (SPEC §13): two gateway processes, one `gateway.id`, their own
+//! Hot standby (docs/reference.md#standby--two-boards-one-gateway): two gateway processes, one `gateway.id`, their own
 //! state dirs, on a real site broker. The active is killed (SIGKILL), wiped
 //! (its state dir deleted, a fresh board in its place) and hung (SIGSTOP past
 //! `takeover_s`); every reading is counted exactly once upstream.
@@ -481,7 +481,7 @@ fn push(up: &Mosquitto, key: &Path, id: u64, doc: &Path) -> (i32, serde_json::Va
     (o.status.code().unwrap_or(-1), r)
 }
 
-/// The last remote document id is replicated state (SPEC §12): applied on the
+/// The last remote document id is replicated state (docs/reference.md#remote-configuration-fleet): applied on the
 /// active, it is still taken on the board that takes over, so an older signed
 /// document is refused there too.
 #[test]

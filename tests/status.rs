@@ -1,4 +1,4 @@
-//! The live status (SPEC §11) of the real binary against a simulated fleet on a
+//! The live status (docs/reference.md#reload-sighup-systemctl-reload-tidemark) of the real binary against a simulated fleet on a
 //! stock mosquitto, with devices that go offline and one clock two hours
 //! ahead: the API, `tidemark status --json`, `P/metrics` and the page in a real
 //! Chromium agree; paging returns every device once; with `token_file` every
@@ -305,7 +305,7 @@ fn api_status_cli_metrics_and_the_page_in_chromium_agree_on_a_fleet_with_offline
         },
         || format!("views disagree: {}", why.borrow()),
     );
-    // The bound in force: hall's fixed value, what lab learned (SPEC §5), in every view.
+    // The bound in force: hall's fixed value, what lab learned (docs/reference.md#group_defaults-and-groupsname), in every view.
     let s = api(http, "/api/v1/status");
     let group = |name: &str| {
         s["groups"]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Table 12: adaptive watermarks (SPEC §5 "Adaptive bound" / "Adaptive lateness").
+"""Table 12: adaptive watermarks (docs/reference.md#group_defaults-and-groupsname "Adaptive bound" / "Adaptive lateness").
 
 Four captures of 200 devices in 4 groups, 1 reading/s each, written here
 (seeded) and replayed with `tidemark replay --timed` (the virtual time of each

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Table 14: hot standby (SPEC §13) — what a pair costs, measured beside one board alone in
+"""Table 14: hot standby (docs/reference.md#standby--two-boards-one-gateway) — what a pair costs, measured beside one board alone in
 the same run: the QoS 1 ack delay (receipt to PUBACK handed to the client; the pair adds the
 standby's report), ingest msg/s flat out, bytes replicated to the standby per message, and
 the standby's RSS at 10 000 devices.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Table 8: the live status API under load (SPEC §11).
+"""Table 8: the live status API under load (docs/reference.md#reload-sighup-systemctl-reload-tidemark).
 
 A gateway holding 10 000 devices (10 groups, 1-minute windows) takes a fleet
 publishing flat out (`tidemark simulate --rate 0`, QoS 1, two connections) twice

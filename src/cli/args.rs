@@ -41,11 +41,11 @@ pub enum Command {
     /// A running gateway's live status from its HTTP endpoint: groups, devices that
     /// need a look (offline, idle, distrusted clocks), links, outbox, recent alerts.
     Status(StatusArgs),
-    /// Gateways on an upstream broker: list them, sign and push or roll out config (SPEC §12).
+    /// Gateways on an upstream broker: list them, sign and push or roll out config (docs/reference.md#remote-configuration-fleet).
     Fleet(FleetArgs),
     /// Read-only dump of persisted state (run while the gateway is stopped).
     Inspect(InspectArgs),
-    /// The standby pair's shared key (SPEC §13).
+    /// The standby pair's shared key (docs/reference.md#standby--two-boards-one-gateway).
     Pair(PairArgs),
 }
 
@@ -170,7 +170,7 @@ pub struct StatusArgs {
     pub state: Option<String>,
 }
 
-/// Gateways on an upstream broker: list them, sign and push or roll out config (SPEC §12).
+/// Gateways on an upstream broker: list them, sign and push or roll out config (docs/reference.md#remote-configuration-fleet).
 #[derive(clap::Args)]
 pub struct FleetArgs {
     #[command(subcommand)]
@@ -268,7 +268,7 @@ pub struct PushArgs {
     pub sign: SignArgs,
 }
 
-/// Signs CONFIG for many gateways and pushes it in stages (SPEC §12).
+/// Signs CONFIG for many gateways and pushes it in stages (docs/reference.md#remote-configuration-fleet).
 #[derive(clap::Args)]
 #[command(group(clap::ArgGroup::new("which").required(true).args(["gateways", "match_", "all"])))]
 pub struct RolloutArgs {

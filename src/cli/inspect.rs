@@ -106,7 +106,7 @@ fn json_doc(seen: &Seen<'_>) {
                     "max_event_time_utc": utc_opt(g.max_event),
                     "open_windows": windows_per_group.get(g.name.as_str()).copied().unwrap_or(0),
                     "readings_missing": missing_per_group.get(g.name.as_str()).copied().unwrap_or(0),
-                    // Learned by "auto" (SPEC §5); null: the config's fixed value.
+                    // Learned by "auto" (docs/reference.md#group_defaults-and-groupsname); null: the config's fixed value.
                     "bound_ms": g.adaptive.as_ref().map(|a| a.bound.value),
                     "lateness_ms": g.adaptive.as_ref().map(|a| a.lateness.value),
                     "lateness_frontier": g.adaptive.as_ref().and_then(|a| a.frontier),

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use tidemark::config::{self, Config};
 
-/// Why a command did not succeed; the variant is the exit code (SPEC §1).
+/// Why a command did not succeed; the variant is the exit code (docs/reference.md#command-line).
 pub enum Failure {
     /// Exit 2: a usage or config problem, printed as `error: ...` on stderr.
     Usage(String),
@@ -47,7 +47,7 @@ impl Failure {
     }
 }
 
-/// The config with the remote layer kept in `state_dir` (SPEC §12); every
+/// The config with the remote layer kept in `state_dir` (docs/reference.md#remote-configuration-fleet); every
 /// problem printed.
 pub fn load_gateway(
     paths: &[PathBuf],

@@ -1,4 +1,4 @@
-//! Payload decoding (SPEC §3): a JSON object or CBOR map into a [`Decoded`]
+//! Payload decoding (docs/reference.md#input): a JSON object or CBOR map into a [`Decoded`]
 //! value. Bad input is an `Err(DecodeError)` value, never a panic. Fields are
 //! filed straight into a reused output as they stream by: no tree is built,
 //! nothing is allocated on the hot path.

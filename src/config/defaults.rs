@@ -1,6 +1,6 @@
 //! The embedded defaults: the bottom layer of every configuration, as TOML.
 
-/// SPEC defaults; the bottom layer of every configuration.
+/// The defaults (docs/reference.md#configuration); the bottom layer of every configuration.
 pub const DEFAULTS: &str = r#"
 [gateway]
 state_dir = "/var/lib/tidemark"

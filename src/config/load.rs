@@ -31,7 +31,7 @@ pub fn load_with_env(
 /// The name a remote layer's keys are shown as coming from (`check`).
 pub const REMOTE: &str = "remote";
 
-/// Like [`load_with_env`] with a remote layer (SPEC §12) above the files.
+/// Like [`load_with_env`] with a remote layer (docs/reference.md#remote-configuration-fleet) above the files.
 pub fn load_with_remote(
     paths: &[PathBuf],
     env: &BTreeMap<String, String>,

@@ -38,7 +38,7 @@ pub use sections::{
 };
 pub use standby::Standby;
 
-/// A validated configuration, a section per component (SPEC §2).
+/// A validated configuration, a section per component (docs/reference.md#configuration).
 #[derive(Debug, Clone)]
 pub struct Config {
     /// `[gateway]`.
@@ -55,9 +55,9 @@ pub struct Config {
     pub metrics: Metrics,
     /// `[log]`.
     pub log: Log,
-    /// `[fleet]`: signed remote configuration (SPEC §12).
+    /// `[fleet]`: signed remote configuration (docs/reference.md#remote-configuration-fleet).
     pub fleet: Fleet,
-    /// `[standby]`: this board's part in a pair (SPEC §13), None when off.
+    /// `[standby]`: this board's part in a pair (docs/reference.md#standby--two-boards-one-gateway), None when off.
     pub standby: Option<Standby>,
     /// The layered raw configuration, for `check` to print.
     pub raw: RawConfig,

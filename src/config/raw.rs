@@ -38,11 +38,11 @@ pub struct RawConfig {
     pub metrics: RawMetrics,
     /// Logging.
     pub log: RawLog,
-    /// Sparkplug B ingest (SPEC §10).
+    /// Sparkplug B ingest (docs/reference.md#sparkplug--sparkplug-b-30-ingest).
     pub sparkplug: RawSparkplug,
-    /// Signed remote configuration (SPEC §12).
+    /// Signed remote configuration (docs/reference.md#remote-configuration-fleet).
     pub fleet: RawFleet,
-    /// Hot standby: two boards, one gateway (SPEC §13).
+    /// Hot standby: two boards, one gateway (docs/reference.md#standby--two-boards-one-gateway).
     pub standby: RawStandby,
 }
 
@@ -177,12 +177,12 @@ pub struct RawGroupDefaults {
     /// Window shape.
     #[serde(default = "default_window")]
     pub window: RawWindow,
-    /// How "auto" values follow the group's delays (SPEC §5).
+    /// How "auto" values follow the group's delays (docs/reference.md#group_defaults-and-groupsname).
     #[serde(default)]
     pub adaptive: RawAdaptive,
 }
 
-/// A duration in ms, or `"auto"` (SPEC §5 "Adaptive bound").
+/// A duration in ms, or `"auto"` (docs/reference.md#group_defaults-and-groupsname "Adaptive bound").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MsOrAuto {
     /// A fixed value.
@@ -345,9 +345,9 @@ pub struct RawSink {
     pub max_inflight: u64,
     /// A QoS 1 publish or ping unanswered this long: the uplink is down (a disconnect).
     pub ack_timeout_ms: u64,
-    /// Publish results on the plain topics of SPEC §8.
+    /// Publish results on the plain topics of docs/reference.md#topics-and-payloads-upstream.
     pub plain: bool,
-    /// Results as a Sparkplug B edge node (SPEC §10b).
+    /// Results as a Sparkplug B edge node (docs/reference.md#sink--the-upstream-broker).
     pub sparkplug: RawSinkSparkplug,
 }
 

@@ -1,4 +1,4 @@
-//! What a reload needs of two configs (SPEC §11): the hash operators compare,
+//! What a reload needs of two configs (docs/reference.md#reload-sighup-systemctl-reload-tidemark): the hash operators compare,
 //! the keys that changed, the ones that need a restart, and the engine's part
 //! as a document the journal can carry.
 
@@ -48,7 +48,7 @@ impl Config {
         keys
     }
 
-    /// Keys of this config that `new` changes and only a restart can (SPEC §11).
+    /// Keys of this config that `new` changes and only a restart can (docs/reference.md#reload-sighup-systemctl-reload-tidemark).
     pub fn needs_restart(&self, new: &Config) -> Vec<&'static str> {
         let mut keys = self.gateway.needs_restart(&new.gateway);
         keys.extend(self.broker.needs_restart(&new.broker));

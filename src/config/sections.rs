@@ -59,7 +59,7 @@ impl Gateway {
         }
     }
 
-    /// Keys a running gateway cannot change (SPEC §11).
+    /// Keys a running gateway cannot change (docs/reference.md#reload-sighup-systemctl-reload-tidemark).
     pub fn needs_restart(&self, new: &Self) -> Vec<&'static str> {
         let mut out = Vec::new();
         if self.id != new.id {
@@ -117,7 +117,7 @@ impl Broker {
         }
     }
 
-    /// Every `[broker]` key needs a restart (SPEC §11).
+    /// Every `[broker]` key needs a restart (docs/reference.md#reload-sighup-systemctl-reload-tidemark).
     pub fn needs_restart(&self, new: &Self) -> Vec<&'static str> {
         let mut out = Vec::new();
         if self.embedded.is_some() != new.embedded.is_some() {
@@ -143,11 +143,11 @@ pub struct Source {
     pub topics: Vec<String>,
     /// Sparkplug Primary Host Application id (its STATE is this link's will).
     pub host_id: Option<String>,
-    /// Probes of the path (SPEC §5); None: `probe_after_ms = 0`.
+    /// Probes of the path (docs/reference.md#group_defaults-and-groupsname); None: `probe_after_ms = 0`.
     pub probe: Option<Probe>,
 }
 
-/// `[source] probe_*`: how the path from the site broker is proven (SPEC §5).
+/// `[source] probe_*`: how the path from the site broker is proven (docs/reference.md#group_defaults-and-groupsname).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Probe {
     /// Nothing arrived this long: a probe goes out, and again every as long.

@@ -3,7 +3,7 @@
 
 use super::checks::Problems;
 
-/// `[standby]`: this board's part in a pair (SPEC §13); None when off.
+/// `[standby]`: this board's part in a pair (docs/reference.md#standby--two-boards-one-gateway); None when off.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Standby {
     /// This board's name in the pair.

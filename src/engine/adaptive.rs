@@ -1,4 +1,4 @@
-//! "auto" bound and lateness in the engine (SPEC §5): the evidence each reading
+//! "auto" bound and lateness in the engine (docs/reference.md#group_defaults-and-groupsname): the evidence each reading
 //! gives, the values in force at a tick, and the frontier below which fired
 //! windows are gone. Groups with fixed values never reach this code.
 

@@ -1,4 +1,4 @@
-//! Event time (SPEC §4): the gateway's own clock, device calibration, the time policy.
+//! Event time (docs/reference.md#time): the gateway's own clock, device calibration, the time policy.
 
 use super::{Engine, Now};
 use crate::codec::{Decoded, DeviceTs};
@@ -8,7 +8,7 @@ use crate::time::gateway as gwclock;
 use crate::time::{InvalidPolicy, TimePolicy};
 
 impl Engine {
-    /// Step detection and the consensus rule (SPEC §4); returns `now` on the corrected clock.
+    /// Step detection and the consensus rule (docs/reference.md#time); returns `now` on the corrected clock.
     pub(super) fn observe_clock(&mut self, now: Now, out: &mut dyn Emit) -> Now {
         let t = &self.time;
         let o = self.clock.observe(

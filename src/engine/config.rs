@@ -43,7 +43,7 @@ pub struct GroupConfig {
     pub allowed_lateness_ms: i64,
     /// Window shape.
     pub window: WindowSpec,
-    /// "auto" bound and/or lateness (SPEC §5); `None`: both fixed.
+    /// "auto" bound and/or lateness (docs/reference.md#group_defaults-and-groupsname); `None`: both fixed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adaptive: Option<AdaptiveConfig>,
 }

@@ -1,5 +1,5 @@
 //! The two lazy heaps per group that make a tick cost O(changes): the active
-//! members' maxima (watermark fold, SPEC §5) and the members' next deadlines.
+//! members' maxima (watermark fold, docs/reference.md#group_defaults-and-groupsname) and the members' next deadlines.
 
 use std::cmp::Reverse;
 
@@ -57,7 +57,7 @@ impl Engine {
         None
     }
 
-    /// SPEC §5, via the pure fold in [`watermark`].
+    /// docs/reference.md#group_defaults-and-groupsname, via the pure fold in [`watermark`].
     pub(super) fn group_watermark(&mut self, gi: usize, now: Now) -> Option<Millis> {
         let min = self.active_min(gi, now);
         let g = &self.groups[gi];

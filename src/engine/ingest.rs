@@ -135,7 +135,7 @@ impl Engine {
             }
         }
         self.mark_device(di);
-        // Sparkplug devices share their edge node's clock (SPEC §10).
+        // Sparkplug devices share their edge node's clock (docs/reference.md#sparkplug--sparkplug-b-30-ingest).
         let ci = clock_of.unwrap_or(di);
         if ci != di {
             self.mark_device(ci);
@@ -189,7 +189,7 @@ impl Engine {
     }
 
     /// The readings that waited for the gateway-clock verdict, once it is in:
-    /// timed by it, then placed in arrival order (SPEC §4).
+    /// timed by it, then placed in arrival order (docs/reference.md#time).
     pub(super) fn release_waiting(&mut self, out: &mut dyn Emit) {
         if self.clock.waiting.is_empty() || self.clock.unsure() {
             return;

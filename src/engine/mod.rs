@@ -1,4 +1,4 @@
-//! The event-time engine (SPEC §4–§8): pure and deterministic.
+//! The event-time engine (docs/reference.md#time): pure and deterministic.
 //!
 //! `on_message(topic, payload, now)` and `on_tick(now)` append [`Output`]s and
 //! mark the state they changed; they never touch a socket, a file or a clock.
@@ -31,7 +31,7 @@ mod state;
 pub use config::{EngineConfig, GroupConfig, GroupRules};
 pub use state::{Changes, Counters, Device, DeviceRecords, Group, GroupStats, RuleEpoch};
 
-/// A device's liveness (SPEC §7, §11).
+/// A device's liveness (docs/reference.md#group_defaults-and-groupsname).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Liveness {
@@ -155,7 +155,7 @@ pub struct Engine {
     dirty_devices: Vec<u32>,
     /// The gateway wall clock is implausible: processing time is held.
     clock_held: bool,
-    /// Judgement of the gateway's own clock (SPEC §4).
+    /// Judgement of the gateway's own clock (docs/reference.md#time).
     clock: GatewayClock,
     /// Reused list of device offset estimates for the consensus.
     estimates: Vec<Millis>,
@@ -163,7 +163,7 @@ pub struct Engine {
     scratch: Option<Box<Decoded>>,
     /// Reused list of the devices a tick visits in one group.
     visit: Vec<u32>,
-    /// Sparkplug B ingest (SPEC §10).
+    /// Sparkplug B ingest (docs/reference.md#sparkplug--sparkplug-b-30-ingest).
     sparkplug: sparkplug::State,
     /// The highest remote document id taken: state, so replay protection survives
     /// a lost `remote.toml` and reaches a standby.
@@ -326,7 +326,7 @@ impl Engine {
     }
 
     /// A new process: its monotonic clock has a new origin, so a jump of
-    /// wall − mono across it is not a step (see the README's contract notes).
+    /// wall − mono across it is not a step (docs/reference.md#contract-notes).
     pub fn new_clock_origin(&mut self) {
         self.clock.new_origin();
     }

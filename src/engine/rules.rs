@@ -1,4 +1,4 @@
-//! A reload's new rules applied to a running engine (SPEC §11): group rules,
+//! A reload's new rules applied to a running engine (docs/reference.md#reload-sighup-systemctl-reload-tidemark): group rules,
 //! `[time]`, `[payload]` and `[sparkplug]` from the next message on; a changed
 //! window rule from a switch point in event time, so the windows of the old and
 //! the new rule never overlap and ids stay unique.
@@ -29,7 +29,7 @@ impl GroupSlot {
     }
 
     /// Takes `new` as the group's rules; a changed window rule switches at the
-    /// point SPEC §11 names. Returns whether the persisted state changed.
+    /// point docs/reference.md#reload-sighup-systemctl-reload-tidemark names. Returns whether the persisted state changed.
     fn set_rules(&mut self, new: GroupConfig) -> bool {
         let mut changed = false;
         if new.window != self.cfg.window {

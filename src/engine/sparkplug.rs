@@ -1,4 +1,4 @@
-//! Sparkplug B ingest (SPEC §10): births define metrics, data becomes readings
+//! Sparkplug B ingest (docs/reference.md#sparkplug--sparkplug-b-30-ingest): births define metrics, data becomes readings
 //! through the same path as any reading, deaths take devices offline at once.
 
 use std::collections::HashMap;

@@ -27,14 +27,14 @@ pub struct Counters {
     pub windows_emitted: u64,
     /// Alerts raised.
     pub alerts: u64,
-    /// Readings lost before the gateway, by sequence-number gaps (SPEC §4).
+    /// Readings lost before the gateway, by sequence-number gaps (docs/reference.md#time).
     #[serde(default)]
     pub readings_missing: u64,
     /// Sparkplug metrics of types that are not aggregated (strings, bytes, datasets, nulls).
     #[serde(default)]
     pub sparkplug_other: u64,
     /// Events accepted although their device timestamp was missing, unparseable or
-    /// invalid (timed by arrival under `invalid = "arrival"`; SPEC §8).
+    /// invalid (timed by arrival under `invalid = "arrival"`; docs/reference.md#topics-and-payloads-upstream).
     #[serde(default)]
     pub timestamps_invalid: u64,
 }
@@ -76,7 +76,7 @@ pub struct Device {
     /// leave room in the struct for `purged_to_s`).
     #[serde(default, skip_serializing_if = "is_zero32")]
     pub timestamps_invalid: u32,
-    /// Events of this device taken into windows (live status, SPEC §11).
+    /// Events of this device taken into windows (live status, docs/reference.md#reload-sighup-systemctl-reload-tidemark).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub accepted: u64,
     /// Events of this device published as late.
@@ -120,7 +120,7 @@ pub struct Group {
     /// Monotonic time of the last accepted event of any member.
     pub last_arrival: Millis,
     /// Window rules by the event time they govern from, oldest first, after a
-    /// reload changed the rule (SPEC §11); empty: the configured rule for all times.
+    /// reload changed the rule (docs/reference.md#reload-sighup-systemctl-reload-tidemark); empty: the configured rule for all times.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rules: Vec<RuleEpoch>,
     /// Idleness restarts (gateway start, source reconnect) so far.
@@ -129,7 +129,7 @@ pub struct Group {
     /// Monotonic time of the latest idleness restart.
     #[serde(default)]
     pub restarted_at: Millis,
-    /// What "auto" values learned (SPEC §5); `None` while both are fixed.
+    /// What "auto" values learned (docs/reference.md#group_defaults-and-groupsname); `None` while both are fixed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adaptive: Option<AdaptiveState>,
 }
@@ -404,7 +404,7 @@ mod tests {
         assert_eq!((res, calls), (Err("stop"), 2));
     }
 }
-/// The per-device state holds what "auto" lateness needs without growing (SPEC §5:
+/// The per-device state holds what "auto" lateness needs without growing (docs/reference.md#group_defaults-and-groupsname:
 /// nothing per device is added): 320 bytes on 64-bit targets.
 #[cfg(all(test, target_pointer_width = "64"))]
 #[test]

@@ -1,4 +1,4 @@
-//! Signed remote configuration (SPEC §12), the pure half: Ed25519 keys as the
+//! Signed remote configuration (docs/reference.md#remote-configuration-fleet), the pure half: Ed25519 keys as the
 //! PEM files OpenSSL writes, the `P/config/set` document and its signature, the
 //! `P/config/result` payload, and the remote layer as it is kept on disk.
 
@@ -178,7 +178,7 @@ pub fn signed_bytes(id: u64, config: &str) -> Vec<u8> {
     m
 }
 
-/// The bytes a v2 document's signature covers (SPEC §12): `tidemark-config-v2`,
+/// The bytes a v2 document's signature covers (docs/reference.md#remote-configuration-fleet): `tidemark-config-v2`,
 /// the targets joined by `,`, `id`, `not_after` (empty when absent), each
 /// followed by a newline, then the config.
 pub fn signed_bytes_v2(
@@ -423,7 +423,7 @@ impl Remote {
         let mut f = std::fs::File::create(&tmp)?;
         write!(
             f,
-            "# tidemark remote layer (SPEC §12), written by the gateway: do not edit.\n\
+            "# tidemark remote layer (docs/reference.md#remote-configuration-fleet), written by the gateway: do not edit.\n\
              # id = {}\n# last_id = {}\n# end of header\n{}",
             self.id, self.last_id, self.config
         )?;

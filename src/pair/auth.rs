@@ -1,4 +1,4 @@
-//! Only the pair moves the pair (docs/reference.md, "Two boards"): every pair
+//! Only the pair moves the pair (docs/reference.md#standby--two-boards-one-gateway): every pair
 //! message is sealed with the pair key (HMAC-SHA256 over its topic and all of its
 //! bytes) and bound to its sender's session, so a forged message fails its tag and
 //! a replayed one fails its session.

@@ -1,4 +1,4 @@
-//! The standby's rules (docs/reference.md, "Two boards"), as a state machine:
+//! The standby's rules (docs/reference.md#standby--two-boards-one-gateway), as a state machine:
 //! frames, claims, beats and ticks go in with the time they were seen; what the
 //! board must do comes out as [`Action`]s. No clock, no I/O: `run/pair` pumps it.
 

@@ -1,4 +1,4 @@
-//! The active's gate (docs/reference.md, "Two boards"): the acks of each commit
+//! The active's gate (docs/reference.md#standby--two-boards-one-gateway): the acks of each commit
 //! wait until the standby reports that commit synced, and go at once when there
 //! is no synced standby.
 

@@ -1,4 +1,4 @@
-//! Hot standby (SPEC §13): what the two boards of a pair tell each other on
+//! Hot standby (docs/reference.md#standby--two-boards-one-gateway): what the two boards of a pair tell each other on
 //! the site broker, and the pure rules around it — the active's gate that holds
 //! source acks until its standby reports the record synced, the standby's
 //! reassembly of frames and its check that records follow on without a gap.
@@ -354,7 +354,7 @@ impl Position {
 #[cfg(test)]
 mod tests;
 
-/// The pair as `/api/v1/status`, `P/metrics` and `tidemark status` show it (SPEC §13).
+/// The pair as `/api/v1/status`, `P/metrics` and `tidemark status` show it (docs/reference.md#standby--two-boards-one-gateway).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Status {
     /// This board.

@@ -1,5 +1,5 @@
 //! `tidemark replay`: the engine on a recorded capture, with a virtual clock
-//! driven by the arrival times (SPEC §1). Same input, same output, byte for byte.
+//! driven by the arrival times (docs/reference.md#command-line). Same input, same output, byte for byte.
 //!
 //! In memory by default; with a state dir the durable store is used exactly
 //! as the gateway uses it: state, outputs (into the outbox) and the input
@@ -33,7 +33,7 @@ pub struct Record<'a> {
     /// Gateway wall clock at arrival, epoch ms.
     #[serde(deserialize_with = "epoch_ms")]
     pub arrival: Millis,
-    /// The recording gateway's monotonic clock at arrival, ms (SPEC §4).
+    /// The recording gateway's monotonic clock at arrival, ms (docs/reference.md#time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mono: Option<Millis>,
     /// Payload as JSON (its exact text is the payload, even `null` or a non-object).

@@ -34,7 +34,7 @@ pub struct CoreConfig {
     pub cadence: Cadence,
     /// The HTTP endpoint is on: keep its Prometheus text fresh.
     pub prometheus: bool,
-    /// The source probes its path: processing time runs only up to the last proof (SPEC §5).
+    /// The source probes its path: processing time runs only up to the last proof (docs/reference.md#group_defaults-and-groupsname).
     pub probing: bool,
 }
 
@@ -77,7 +77,7 @@ pub struct Links {
     pub commands: watch::Receiver<Current>,
     /// Counters and gauges.
     pub registry: Arc<Registry>,
-    /// Snapshots a standby asked for (a count; SPEC §13).
+    /// Snapshots a standby asked for (a count; docs/reference.md#standby--two-boards-one-gateway).
     pub snapshots: watch::Receiver<u64>,
 }
 
@@ -93,7 +93,7 @@ pub struct Core {
 struct Loop {
     held: Vec<(u64, Held, Millis)>,
     last_message: Millis,
-    /// Monotonic time the path from the site broker was last proven (SPEC §5).
+    /// Monotonic time the path from the site broker was last proven (docs/reference.md#group_defaults-and-groupsname).
     proven: Millis,
     source_up: bool,
     next_metrics: Millis,
@@ -259,7 +259,7 @@ impl Core {
         }
         let driver = &mut self.driver;
         if st.source_up {
-            // Processing time is credited only up to the last proof of the path (SPEC §5).
+            // Processing time is credited only up to the last proof of the path (docs/reference.md#group_defaults-and-groupsname).
             let credited = if self.cfg.probing {
                 credited(now, st.proven)
             } else {

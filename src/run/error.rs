@@ -27,7 +27,7 @@ pub enum RunError {
         /// Cause.
         source: std::io::Error,
     },
-    /// The site broker refuses the probe topic (an ACL): SPEC §5.
+    /// The site broker refuses the probe topic (an ACL): docs/reference.md#group_defaults-and-groupsname.
     #[error(
         "the source broker refused to let the gateway {what} source.probe_topic {topic:?}: allow it (read and write) in the broker's ACL, or set source.probe_after_ms = 0 to turn probes off"
     )]
@@ -40,7 +40,7 @@ pub enum RunError {
     /// The embedded broker did not start.
     #[error(transparent)]
     Broker(#[from] broker::BrokerError),
-    /// The standby pair's link or state (SPEC §13).
+    /// The standby pair's link or state (docs/reference.md#standby--two-boards-one-gateway).
     #[error("standby pair: {0}")]
     Pair(String),
     /// Another board of the pair claimed the gateway with a newer epoch: this

@@ -25,7 +25,7 @@ pub enum Inbound {
     Connected,
     /// The source is down: nothing may become idle until it is back.
     Disconnected,
-    /// One of the gateway's probes came back: the path is proven now (SPEC §5).
+    /// One of the gateway's probes came back: the path is proven now (docs/reference.md#group_defaults-and-groupsname).
     Proven,
     /// Timer: ticks, commit cadence, metrics.
     Wake,
@@ -34,7 +34,7 @@ pub enum Inbound {
     /// State outside the windows to keep in the state store (a remote document id
     /// taken, the edge node's next session).
     Mark(crate::journal::Mark),
-    /// A live status question (SPEC §11), answered between two messages.
+    /// A live status question (docs/reference.md#reload-sighup-systemctl-reload-tidemark), answered between two messages.
     Query(
         crate::run::status::api::Query,
         tokio::sync::oneshot::Sender<crate::run::status::api::Answer>,
@@ -76,7 +76,7 @@ pub struct StoreJob {
     pub snapshot: bool,
 }
 
-/// One durable commit, to the pair task (SPEC §13): it replicates the record
+/// One durable commit, to the pair task (docs/reference.md#standby--two-boards-one-gateway): it replicates the record
 /// and releases the acks once the standby has it.
 pub struct PairCommit {
     /// The commit's position in this run.
@@ -120,7 +120,7 @@ pub enum StoreEvent {
     },
 }
 
-/// A gateway-level notice for `P/alerts` (SPEC §8, §11), published as it is by
+/// A gateway-level notice for `P/alerts` (docs/reference.md#topics-and-payloads-upstream), published as it is by
 /// the sink (the state store may be what it is about), encoded in its format.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -153,7 +153,7 @@ pub enum Notice {
         /// Gateway clock.
         at: Millis,
     },
-    /// This board took over from a dead active (SPEC §13).
+    /// This board took over from a dead active (docs/reference.md#standby--two-boards-one-gateway).
     Takeover {
         /// This board.
         node: String,

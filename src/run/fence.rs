@@ -1,4 +1,4 @@
-//! Fencing by the pair's claim (docs/reference.md, "Two boards"): a board acks,
+//! Fencing by the pair's claim (docs/reference.md#standby--two-boards-one-gateway): a board acks,
 //! connects its source or sink and publishes only while it holds a fresh proof
 //! that the claim names it in the current epoch. The proof is a monotonic
 //! deadline the pair task moves on; a board without a pair always holds it.

@@ -64,7 +64,7 @@ pub fn run(cfg: &Config, opts: ReloadOptions) -> Result<(), RunError> {
     })
 }
 
-/// One board of a pair (SPEC §13): standby until the active is dead, then
+/// One board of a pair (docs/reference.md#standby--two-boards-one-gateway): standby until the active is dead, then
 /// active until deposed (then standby again) or stopped.
 async fn paired(
     cfg: &Config,
@@ -153,7 +153,7 @@ pub async fn serve(
     serve_as(cfg, opts, clock, shutdown, hangups, None).await
 }
 
-/// [`serve`], as the active board of a pair when `pair` is given (SPEC §13).
+/// [`serve`], as the active board of a pair when `pair` is given (docs/reference.md#standby--two-boards-one-gateway).
 async fn serve_as(
     cfg: &Config,
     opts: ReloadOptions,
@@ -168,7 +168,7 @@ async fn serve_as(
         tracing::warn!(
             "source protocol v3.1.1: the site broker sends at most its in-flight window of QoS 1 messages \
              (mosquitto max_inflight_messages, default 20) before their acks, and drops queued ones past \
-             max_queued_messages (default 1000); raise both on the broker (README: The site broker) or use v5"
+             max_queued_messages (default 1000); raise both on the broker (docs/operate.md, The site broker) or use v5"
         );
     }
     if let Some(addr) = cfg.broker.embedded {

@@ -30,7 +30,7 @@ pub struct Running {
     pub fatal: mpsc::UnboundedReceiver<RunError>,
     /// Applies SIGHUPs and remote documents.
     pub reloader: Reloader,
-    /// `P/config/set` messages from the sink (SPEC §12).
+    /// `P/config/set` messages from the sink (docs/reference.md#remote-configuration-fleet).
     pub documents: mpsc::UnboundedReceiver<(crate::fleet::Via, Vec<u8>)>,
     core_tx: mpsc::Sender<Inbound>,
     stop_tx: watch::Sender<bool>,
@@ -377,7 +377,7 @@ async fn both_delivered(
 }
 
 impl Running {
-    /// Deposed (SPEC §13): every task ends at once, nothing more is published
+    /// Deposed (docs/reference.md#standby--two-boards-one-gateway): every task ends at once, nothing more is published
     /// or acknowledged; the threads end once their channels close.
     pub async fn abort(self) {
         let _ = self.stop_tx.send(true);

@@ -1,4 +1,4 @@
-//! Sparkplug B 3.0 (SPEC §10), pure: the protobuf payload as the Sparkplug
+//! Sparkplug B 3.0 (docs/reference.md#sparkplug--sparkplug-b-30-ingest), pure: the protobuf payload as the Sparkplug
 //! specification numbers its fields (written here; prost derives the wire
 //! code, no `protoc` at build time), topics, metric values, and the state an
 //! edge node leaves behind (births, aliases, sequence numbers).

@@ -1,4 +1,4 @@
-//! tidemark as a Sparkplug B edge node (SPEC §10b), pure: the births, data
+//! tidemark as a Sparkplug B edge node (docs/reference.md#sink--the-upstream-broker), pure: the births, data
 //! and deaths one window result or alert becomes, with the aliases, sequence
 //! numbers and `bdSeq` of the session. The sink task decides when to publish.
 
@@ -51,7 +51,7 @@ pub struct Msg {
     pub payload: Vec<u8>,
 }
 
-/// A window result as the outbox holds it (SPEC §8).
+/// A window result as the outbox holds it (docs/reference.md#topics-and-payloads-upstream).
 #[derive(Debug, Clone, Deserialize)]
 pub struct WindowIn {
     group: String,

@@ -1,4 +1,4 @@
-//! Durable state and outbox in redb (SPEC §9).
+//! Durable state and outbox in redb (docs/reference.md#guarantees).
 //!
 //! `run` commits through the write-ahead journal ([`wal`]) and writes redb
 //! only at checkpoints: one transaction carries the changed engine state, the

@@ -15,7 +15,7 @@ pub(super) fn bound(
     let mut len = outbox.len()?;
     let mut dropped = 0;
     // Reports have a quarter of the bound, and go first when it is reached:
-    // results are dropped only when no report is left (docs/reference.md, outbox).
+    // results are dropped only when no report is left (docs/reference.md#sink--the-upstream-broker).
     let share = (max_outbox / 4).max(1);
     let mut n_reports = reports.len()?;
     loop {

@@ -100,7 +100,7 @@ const UNSYNC_MAXERROR_US: i64 = 16_000_000;
 /// Asks the kernel (adjtimex, read only). Where it cannot be asked (a sandbox
 /// denies adjtimex) the clock counts as unsynchronized, with one warning: a
 /// gateway that cannot know must not trust itself over its fleet
-/// (docs/reference.md, "The gateway's own clock").
+/// (docs/reference.md#time).
 pub fn kernel_clock() -> KernelClock {
     #[cfg(target_os = "linux")]
     {

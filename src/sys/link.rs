@@ -8,7 +8,7 @@ use rumqttc::{TlsConfiguration, Transport};
 
 use crate::config::Endpoint;
 
-/// Largest packet taken from the source broker. Payloads above SPEC's 64 KiB
+/// Largest packet taken from the source broker. Payloads above the contract's 64 KiB
 /// are still received, so they can be rejected visibly and acknowledged
 /// (rumqttc would otherwise drop the connection and the broker redeliver forever).
 pub const MAX_INCOMING_PACKET: usize = 1024 * 1024;

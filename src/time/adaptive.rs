@@ -1,4 +1,4 @@
-//! Adaptive watermark bound and lateness (SPEC §5), pure: the recent
+//! Adaptive watermark bound and lateness (docs/reference.md#group_defaults-and-groupsname), pure: the recent
 //! distribution of a group's samples in a small log-scale histogram per slice
 //! of the horizon, its quantile, and a peak that rises at once on evidence and
 //! falls back over the horizon. Integer arithmetic only, so replay and journal

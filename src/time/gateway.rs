@@ -1,4 +1,4 @@
-//! The gateway's own clock (SPEC §4 "The gateway's own clock"), pure.
+//! The gateway's own clock (docs/reference.md#time "The gateway's own clock"), pure.
 //!
 //! Device offset estimates are kept against the raw wall clock. This module
 //! keeps the one number that maps it onto true time, `error` (wall − true):

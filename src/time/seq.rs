@@ -1,4 +1,4 @@
-//! Duplicate suppression by per-device sequence number (SPEC §4), pure.
+//! Duplicate suppression by per-device sequence number (docs/reference.md#time), pure.
 //!
 //! A sliding window of the last [`SEQ_WINDOW`] numbers below the highest seen,
 //! as a bitmap: bounded memory, tolerant of reordering inside the window. A
@@ -116,7 +116,7 @@ impl SeqWindow {
     }
 
     /// Records `seq` of a reading stamped `ts` by the device: a duplicate, or
-    /// new with the gap it opens or closes (SPEC §4 "Missing readings").
+    /// new with the gap it opens or closes (docs/reference.md#time "Missing readings").
     pub fn observe_at(&mut self, seq: u64, ts: Option<Millis>) -> Seen {
         let seen = self.apply(seq, ts);
         if self.bits.is_some() {
@@ -291,7 +291,7 @@ mod plain {
 
     impl Plain {
         /// Records `seq` of a reading stamped `ts` by the device: a duplicate, or
-        /// new with the gap it opens or closes (SPEC §4 "Missing readings").
+        /// new with the gap it opens or closes (docs/reference.md#time "Missing readings").
         pub fn observe_at(&mut self, seq: u64, ts: Option<Millis>) -> Seen {
             let Some(hi) = self.hi else {
                 self.restart(seq, ts);

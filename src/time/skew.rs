@@ -1,4 +1,4 @@
-//! Per-device clock-offset estimation (SPEC §4), pure.
+//! Per-device clock-offset estimation (docs/reference.md#time), pure.
 //!
 //! offset sample = arrival − device_ts. Samples fall into one-second buckets
 //! of arrival time, each keeping its smallest sample; the estimate is the

@@ -1,4 +1,4 @@
-//! The group watermark fold (SPEC §5), pure.
+//! The group watermark fold (docs/reference.md#group_defaults-and-groupsname), pure.
 
 use crate::model::Millis;
 

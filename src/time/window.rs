@@ -1,4 +1,4 @@
-//! Event-time windows per (group, device) (SPEC §6), pure.
+//! Event-time windows per (group, device) (docs/reference.md#group_defaults-and-groupsname), pure.
 
 use serde::{Deserialize, Serialize};
 
@@ -335,7 +335,7 @@ pub fn assign(spec: WindowSpec, t: Millis, out: &mut heapless::Vec<(Millis, Mill
 /// Largest number of hopping windows one event may fall into.
 pub const MAX_OVERLAP: i64 = 64;
 
-/// The event-time span `[from, until)` one window rule governs (SPEC §11: a
+/// The event-time span `[from, until)` one window rule governs (docs/reference.md#reload-sighup-systemctl-reload-tidemark: a
 /// changed rule switches at an event time, so the windows of two rules never overlap).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Span {
@@ -355,7 +355,7 @@ impl Span {
 
 /// Where a group switches from rule `old` to rule `new` when its latest event
 /// time is `latest`: the first boundary of `new` at or after the end of the last
-/// `old` window holding `latest` (SPEC §11). Sessions have no boundaries.
+/// `old` window holding `latest` (docs/reference.md#reload-sighup-systemctl-reload-tidemark). Sessions have no boundaries.
 pub fn switch_point(old: WindowSpec, new: WindowSpec, latest: Millis) -> Millis {
     let mut ws = heapless::Vec::new();
     assign(old, latest, &mut ws);

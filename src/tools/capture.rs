@@ -2,7 +2,7 @@
 //! per message (`{"arrival", "mono", "synced", "topic", "payload"}`, or
 //! `"payload_b64"` when the payload is not JSON), flushed line by line so a
 //! killed capture stays usable. `mono` and `synced` let `replay` see steps of
-//! the wall clock and the kernel's NTP state as `run` saw them (SPEC §4).
+//! the wall clock and the kernel's NTP state as `run` saw them (docs/reference.md#time).
 
 use std::io::Write;
 use std::path::Path;

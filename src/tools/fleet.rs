@@ -1,4 +1,4 @@
-//! `tidemark fleet` (SPEC §12): `keygen` writes a signing key, `push` signs a
+//! `tidemark fleet` (docs/reference.md#remote-configuration-fleet): `keygen` writes a signing key, `push` signs a
 //! config document for one gateway and waits for its result, `ls` lists the
 //! gateways on an upstream broker from their retained status and latest metrics.
 

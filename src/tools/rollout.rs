@@ -1,4 +1,4 @@
-//! `tidemark fleet rollout` (SPEC §12): one document, signed for the chosen
+//! `tidemark fleet rollout` (docs/reference.md#remote-configuration-fleet): one document, signed for the chosen
 //! gateways, pushed to a few canaries, then in batches; stopped when more than
 //! `--max-failures` are rejected or rolled back; with `--desired` retained as
 //! the desired state once it went through, so gateways away now converge later.

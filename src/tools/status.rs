@@ -1,4 +1,4 @@
-//! `tidemark status`: a running gateway's live status (SPEC §11) in a terminal,
+//! `tidemark status`: a running gateway's live status (docs/reference.md#reload-sighup-systemctl-reload-tidemark) in a terminal,
 //! read from its HTTP endpoint.
 
 use std::fmt::Write as _;
@@ -227,7 +227,7 @@ fn dur(ms: Option<Millis>) -> String {
     }
 }
 
-/// One line for the standby pair (SPEC §13).
+/// One line for the standby pair (docs/reference.md#standby--two-boards-one-gateway).
 fn pair_line(p: &crate::pair::Status) -> String {
     use crate::pair::{PeerStateName, Role};
     let role = match p.role {

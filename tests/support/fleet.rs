@@ -21,7 +21,7 @@ pub fn write_config(
         .write(&dir.join("gateway.toml"))
 }
 
-/// Gateway `id` taking signed documents (SPEC §12) from keys in these public key
+/// Gateway `id` taking signed documents (docs/reference.md#remote-configuration-fleet) from keys in these public key
 /// files, its state in `dir/{id}-state`, its MQTT client ids its own.
 pub fn remote_config(
     dir: &Path,

@@ -1,4 +1,4 @@
-//! SIGHUP (SPEC §11): the same `--config` files and environment read again,
+//! SIGHUP (docs/reference.md#reload-sighup-systemctl-reload-tidemark): the same `--config` files and environment read again,
 //! validated as `check` does, and applied in place by each component that owns
 //! the changed part — or rejected with the reason, changing nothing.
 
@@ -30,7 +30,7 @@ pub struct ReloadOptions {
     pub paths: Vec<PathBuf>,
     /// The log filter's setter (`None`: the level stays as it started).
     pub log: Option<LogControl>,
-    /// The remote layer the gateway started with (SPEC §12).
+    /// The remote layer the gateway started with (docs/reference.md#remote-configuration-fleet).
     pub remote: Option<Remote>,
 }
 
@@ -55,7 +55,7 @@ pub struct Reloader {
     targets: Targets,
     registry: Arc<Registry>,
     clock: SystemClock,
-    /// The remote layer in force (SPEC §12).
+    /// The remote layer in force (docs/reference.md#remote-configuration-fleet).
     remote: Remote,
     /// A remote document applied and waiting for both connections.
     pending: Option<Pending>,

@@ -295,7 +295,7 @@ impl Durable {
     }
 }
 
-/// The standby's side (SPEC §13): the active's records applied as recovery applies its own.
+/// The standby's side (docs/reference.md#standby--two-boards-one-gateway): the active's records applied as recovery applies its own.
 impl Durable {
     /// Each write keeps its record body for a standby ([`Durable::take_body`]).
     pub fn replicating(mut self) -> Self {
@@ -424,7 +424,7 @@ pub fn run(mut durable: Durable, links: Links, clock: SystemClock) -> Result<(),
     let mut outage = Outage::new(clock);
     let mut queued = std::collections::VecDeque::new();
     let registry = links.registry.clone();
-    // Commits counted for a standby (SPEC §13).
+    // Commits counted for a standby (docs/reference.md#standby--two-boards-one-gateway).
     let mut pos = 0u64;
     if let Some(mut batch) = durable.startup.take() {
         loop {
@@ -516,6 +516,6 @@ pub fn run(mut durable: Durable, links: Links, clock: SystemClock) -> Result<(),
     Ok(())
 }
 
-/// A state store that cannot commit (SPEC §9: a full disk is not a crash):
+/// A state store that cannot commit (docs/reference.md#guarantees: a full disk is not a crash):
 #[cfg(test)]
 mod tests;

@@ -1,5 +1,5 @@
 //! A disk that refuses writes: the store thread waits, retrying with backoff,
-//! and the gateway says so (docs/reference.md, "Disk full").
+//! and the gateway says so (docs/reference.md#guarantees).
 
 use super::*;
 

@@ -1,4 +1,4 @@
-//! When the core cuts a batch, and which kind (SPEC §9 group commit): a pure
+//! When the core cuts a batch, and which kind (docs/reference.md#guarantees group commit): a pure
 //! function of what is pending, beside [`crate::run::outputs::delivery`] for the uplink.
 
 use crate::model::Millis;

@@ -1,5 +1,5 @@
 //! The local HTTP endpoint (`[metrics] listen`): Prometheus `/metrics`,
-//! `/healthz`, `/readyz`, the live status API and page (SPEC §11).
+//! `/healthz`, `/readyz`, the live status API and page (docs/reference.md#reload-sighup-systemctl-reload-tidemark).
 
 use std::convert::Infallible;
 use std::sync::Arc;

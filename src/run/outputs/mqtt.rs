@@ -51,16 +51,16 @@ const DRAIN: Duration = Duration::from_secs(3);
 /// The sink's section of the config.
 pub type SinkConfig = crate::config::Sink;
 
-/// `P/status` (SPEC §8, §12).
+/// `P/status` (docs/reference.md#topics-and-payloads-upstream).
 #[derive(Serialize)]
 struct Status<'a> {
     state: &'a str,
     version: &'a str,
     config_hash: &'a str,
     started_at: Millis,
-    /// The remote document in force (SPEC §12).
+    /// The remote document in force (docs/reference.md#remote-configuration-fleet).
     config_id: Option<u64>,
-    /// The board of a standby pair publishing (SPEC §13).
+    /// The board of a standby pair publishing (docs/reference.md#standby--two-boards-one-gateway).
     #[serde(skip_serializing_if = "Option::is_none")]
     node: Option<String>,
     /// The pair's epoch.

@@ -1,4 +1,4 @@
-//! The Sparkplug B edge node (SPEC §10b): its own session on the sink broker
+//! The Sparkplug B edge node (docs/reference.md#sink--the-upstream-broker): its own session on the sink broker
 //! (the will is its NDEATH), fed the same outbox entries as the plain topics.
 //! DATA goes at QoS 0, as Sparkplug requires; an entry counts as delivered once
 //! an UNSUBSCRIBE sent after it is answered (a broker reads a connection's

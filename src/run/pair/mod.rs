@@ -1,4 +1,4 @@
-//! Hot standby on the site broker (SPEC §13): the pair's own link, the
+//! Hot standby on the site broker (docs/reference.md#standby--two-boards-one-gateway): the pair's own link, the
 //! election at start, the active's replication task, and the standby's loop
 //! that follows the active's records until it takes over. The rules are pure,
 //! in [`crate::pair`]; this is their I/O.

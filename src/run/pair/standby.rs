@@ -39,7 +39,7 @@ fn open_replica(cfg: &Config) -> Result<Replica, RunError> {
 
 /// The standby's note that its state file is the active's, in sync as of its last
 /// record (epoch, stream, position): after a power cut of both boards the former
-/// standby takes over from its own disk (README "Two boards, one gateway").
+/// standby takes over from its own disk (docs/pair.md).
 fn synced_marker(dir: &std::path::Path) -> std::path::PathBuf {
     dir.join("pair-synced")
 }
@@ -134,7 +134,7 @@ pub async fn follow(
     clock: SystemClock,
     shutdown: &mut (impl std::future::Future<Output = ()> + Unpin),
 ) -> Result<Followed, RunError> {
-    // The status endpoint answers from the replicated engine (SPEC §13: the standby shows its lag).
+    // The status endpoint answers from the replicated engine (docs/reference.md#standby--two-boards-one-gateway: the standby shows its lag).
     let registry = Arc::new(Registry::new(
         Arc::new(crate::run::status::health::Health::new(clock)),
         0,

@@ -129,7 +129,7 @@ impl Source {
             if paused != was_paused {
                 was_paused = paused;
                 // To the core a pause is a disconnect: the broker's backlog grows,
-                // so processing time must not advance anything meanwhile (SPEC §5).
+                // so processing time must not advance anything meanwhile (docs/reference.md#group_defaults-and-groupsname).
                 let ev = if paused {
                     let why = if fenced {
                         "this board has no fresh proof of the pair's claim"
@@ -285,7 +285,7 @@ impl Source {
         if let Some(probe) = &self.cfg.probe
             && topic == probe.topic
         {
-            // Probes are not readings: never forwarded, never counted (SPEC §5).
+            // Probes are not readings: never forwarded, never counted (docs/reference.md#group_defaults-and-groupsname).
             if self.proof.ours(&payload) {
                 self.proof.proven();
                 self.proof.probe_back = true;

@@ -1,4 +1,4 @@
-//! The source's path probes (docs/reference.md, "Blind path"): the I/O around
+//! The source's path probes (docs/reference.md#group_defaults-and-groupsname): the I/O around
 //! the pure rules of [`super::proof`].
 
 use super::*;
@@ -46,7 +46,7 @@ impl Source {
         }
     }
 
-    /// The site broker refuses the probe topic: a start-up error naming it (SPEC §5).
+    /// The site broker refuses the probe topic: a start-up error naming it (docs/reference.md#group_defaults-and-groupsname).
     pub(super) fn probe_refused(&self, what: &str) -> bool {
         let topic = self.cfg.probe.as_ref().map_or("", |p| p.topic.as_str());
         tracing::error!(%topic, "the source broker refused to let the gateway {what} its probe topic");
@@ -57,7 +57,7 @@ impl Source {
         false
     }
 
-    /// The probe clock (SPEC §5): a probe when the path has been quiet for
+    /// The probe clock (docs/reference.md#group_defaults-and-groupsname): a probe when the path has been quiet for
     /// `probe_after_ms`; the path down when the oldest is not back in
     /// `probe_timeout_ms`. False when the gateway is done with the source.
     pub(super) async fn probe_look(&mut self) -> bool {
@@ -98,7 +98,7 @@ impl Source {
         }
     }
 
-    /// No probe came back in time: the path is down. A disconnect (SPEC §5): the
+    /// No probe came back in time: the path is down. A disconnect (docs/reference.md#group_defaults-and-groupsname): the
     /// connection is dropped and made anew with backoff.
     pub(super) async fn path_down(&mut self, probe: &Probe, silent: Millis) -> bool {
         self.links.registry.path_down[0].fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -1,4 +1,4 @@
-//! The proof of the path from the site broker (SPEC §5): probes out, what came
+//! The proof of the path from the site broker (docs/reference.md#group_defaults-and-groupsname): probes out, what came
 //! back, and when the path counts as down. Pure but for the monotonic clock
 //! handle it reads; the source task does the publishing.
 
@@ -6,7 +6,7 @@ use crate::config::Probe;
 use crate::model::Millis;
 use crate::sys::clock::SystemClock;
 
-/// The proof of the path from the site broker (SPEC §5): when something last
+/// The proof of the path from the site broker (docs/reference.md#group_defaults-and-groupsname): when something last
 /// arrived, and the probes out since.
 pub(crate) struct Proof {
     /// Monotonic clock.

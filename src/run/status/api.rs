@@ -1,4 +1,4 @@
-//! The live status API (SPEC §11): questions the HTTP endpoint asks the core
+//! The live status API (docs/reference.md#reload-sighup-systemctl-reload-tidemark): questions the HTTP endpoint asks the core
 //! thread, answered from the engine's own state between two messages (so the
 //! numbers are those `P/metrics` and `inspect` would give at that instant).
 //! The core only copies the few values asked for; encoding happens in the HTTP task.
@@ -68,11 +68,11 @@ pub struct Links {
     pub source_since: Millis,
     /// Wall time of the last durable commit.
     pub last_commit_at: Option<Millis>,
-    /// Monotonic time the path from the site broker was last proven (SPEC §5).
+    /// Monotonic time the path from the site broker was last proven (docs/reference.md#group_defaults-and-groupsname).
     pub proven: Millis,
 }
 
-/// `/api/v1/status` (SPEC §11); `tidemark status` reads it as this type.
+/// `/api/v1/status` (docs/reference.md#reload-sighup-systemctl-reload-tidemark); `tidemark status` reads it as this type.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Status {
     /// `gateway.id`.
@@ -91,13 +91,13 @@ pub struct Status {
     pub sink: SinkStatus,
     /// The state store.
     pub store: StoreStatus,
-    /// The gateway's own clock (SPEC §4).
+    /// The gateway's own clock (docs/reference.md#time).
     pub gateway_clock: ClockStatus,
     /// Counters since the start.
     pub counters: metrics::Counters,
     /// Every group.
     pub groups: Vec<GroupStatus>,
-    /// The standby pair (SPEC §13); absent without one.
+    /// The standby pair (docs/reference.md#standby--two-boards-one-gateway); absent without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pair: Option<crate::pair::Status>,
 }
@@ -164,7 +164,7 @@ pub struct GroupStatus {
     pub devices_offline: u64,
     /// Windows open in the group.
     pub open_windows: u64,
-    /// The watermark bound in force (learned when "auto", SPEC §5).
+    /// The watermark bound in force (learned when "auto", docs/reference.md#group_defaults-and-groupsname).
     #[serde(default)]
     pub bound_ms: Millis,
     /// The allowed lateness in force (learned when "auto").
@@ -255,7 +255,7 @@ pub fn parse_key(k: &str) -> Option<(String, String)> {
 
 /// Answers `q` from the engine at `now`.
 pub fn answer(engine: &Engine, q: &Query, now: Now, registry: &Registry, links: Links) -> Answer {
-    // Times on the corrected gateway clock, as the engine's (SPEC §4).
+    // Times on the corrected gateway clock, as the engine's (docs/reference.md#time).
     let corrected = Now {
         wall: engine.gateway_clock().tick_wall(now.wall, now.mono),
         ..now

@@ -1,4 +1,4 @@
-//! `P/metrics` (SPEC §8): gateway state at an instant, published at QoS 0.
+//! `P/metrics` (docs/reference.md#topics-and-payloads-upstream): gateway state at an instant, published at QoS 0.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -18,7 +18,7 @@ pub(crate) struct Group {
     pub(crate) devices_offline: u64,
     readings_missing: u64,
     timestamps_invalid: u64,
-    /// The watermark bound in force (learned when "auto", SPEC §5).
+    /// The watermark bound in force (learned when "auto", docs/reference.md#group_defaults-and-groupsname).
     pub(crate) bound_ms: Millis,
     /// The allowed lateness in force (learned when "auto").
     pub(crate) lateness_ms: Millis,
@@ -56,7 +56,7 @@ pub struct Counters {
     pub sparkplug_other: u64,
     /// NCMD rebirth requests to the edge node inside `rebirth_min_interval_ms`, not answered.
     pub sparkplug_rebirths_refused: u64,
-    /// Source paths found dead (a probe not back in time) since the gateway started (SPEC §5).
+    /// Source paths found dead (a probe not back in time) since the gateway started (docs/reference.md#group_defaults-and-groupsname).
     pub source_path_down: u64,
     /// Uplinks found dead (a publish or ping unanswered in time) since the gateway started.
     pub sink_path_down: u64,
@@ -83,7 +83,7 @@ struct StoreIo {
     ok: bool,
 }
 
-/// The gateway's own clock (SPEC §4, §8 `P/metrics`).
+/// The gateway's own clock (docs/reference.md#time `P/metrics`).
 #[derive(Debug, Serialize)]
 pub(crate) struct GatewayClockOut {
     /// Estimated error of the wall clock (wall − true), 0 while it is trusted.
@@ -96,7 +96,7 @@ pub(crate) struct GatewayClockOut {
     pub(crate) verdict: crate::time::gateway::Verdict,
 }
 
-/// Reloads since the gateway started (SPEC §11).
+/// Reloads since the gateway started (docs/reference.md#reload-sighup-systemctl-reload-tidemark).
 #[derive(Debug, Serialize)]
 struct Reloads {
     applied: u64,
@@ -117,7 +117,7 @@ pub struct Metrics {
     clock_held: bool,
     pub(crate) gateway_clock: GatewayClockOut,
     store: StoreIo,
-    /// The standby pair (SPEC §13); absent without one.
+    /// The standby pair (docs/reference.md#standby--two-boards-one-gateway); absent without one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) pair: Option<crate::pair::Status>,
     #[serde(skip)]
@@ -132,7 +132,7 @@ impl Metrics {
         format.encode(self)
     }
 
-    /// The counters an edge node carries (SPEC §10b), in [`crate::sparkplug::node::COUNTERS`] order.
+    /// The counters an edge node carries (docs/reference.md#sink--the-upstream-broker), in [`crate::sparkplug::node::COUNTERS`] order.
     pub fn sparkplug_counters(&self) -> [u64; crate::sparkplug::node::COUNTERS.len()] {
         let c = &self.counters;
         [
@@ -162,7 +162,7 @@ pub fn collect(engine: &Engine, now: Now, shared: &Registry, source_up: bool) ->
 pub fn gather(engine: &Engine, now: Now, shared: &Registry, source_up: bool) -> Metrics {
     let c = engine.counters();
     let clock = engine.gateway_clock();
-    // Times on the corrected gateway clock, as the engine's (SPEC §4).
+    // Times on the corrected gateway clock, as the engine's (docs/reference.md#time).
     let now = Now {
         wall: clock.tick_wall(now.wall, now.mono),
         ..now

@@ -28,7 +28,7 @@ impl Metrics {
         p.head(
             "pair_info",
             "gauge",
-            "This board of a standby pair: its node, role and the peer's state (SPEC §13).",
+            "This board of a standby pair: its node, role and the peer's state (docs/reference.md#standby--two-boards-one-gateway).",
         );
         let peer = match pair.peer.state {
             crate::pair::PeerStateName::Synced => "synced",
@@ -239,7 +239,7 @@ impl Metrics {
         p.head(
             "config_info",
             "gauge",
-            "The config in force: its config_hash (SPEC §11).",
+            "The config in force: its config_hash (docs/reference.md#reload-sighup-systemctl-reload-tidemark).",
         );
         p.line(format_args!(
             "tidemark_config_info{{hash=\"{}\"}} 1",
@@ -263,7 +263,7 @@ impl Metrics {
         p.one(
             "source_path_down_total",
             "counter",
-            "Source paths found dead by a probe not back in time (SPEC §5), since start.",
+            "Source paths found dead by a probe not back in time (docs/reference.md#group_defaults-and-groupsname), since start.",
             self.counters.source_path_down,
         );
         p.one(
@@ -310,7 +310,7 @@ impl Metrics {
         p.head(
             "watermark_bound_ms",
             "gauge",
-            "The watermark bound in force: out_of_orderness_ms, or what \"auto\" learned (SPEC §5).",
+            "The watermark bound in force: out_of_orderness_ms, or what \"auto\" learned (docs/reference.md#group_defaults-and-groupsname).",
         );
         for (g, s) in &self.groups {
             let (g, b) = (label(g), s.bound_ms);

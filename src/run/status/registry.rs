@@ -73,7 +73,7 @@ pub struct Registry {
     /// (a remote document is confirmed by new ones).
     pub links_made: [AtomicU64; 2],
     /// Links found dead by their own checks: source probes unanswered \[0\],
-    /// sink publishes or pings unanswered \[1\] (SPEC §5 "proven path").
+    /// sink publishes or pings unanswered \[1\] (docs/reference.md#group_defaults-and-groupsname "proven path").
     pub path_down: [AtomicU64; 2],
     /// The id of the remote document in force, 0 for none (`P/status` `config_id`).
     pub config_id: AtomicU64,
