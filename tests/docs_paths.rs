@@ -58,7 +58,8 @@ fn repo_paths(text: &str) -> Vec<String> {
         let w = word.trim_end_matches(['.', ':']);
         // Placeholders (`fuzz/corpus/TARGET`, `{gateway}`) name no file.
         let placeholder = w.contains(['{', '$', '…'])
-            || w.split('/').any(|s| s.len() > 1 && s.bytes().all(|b| b.is_ascii_uppercase()));
+            || w.split('/')
+                .any(|s| s.len() > 1 && s.bytes().all(|b| b.is_ascii_uppercase()));
         if !TOP.iter().any(|t| w.starts_with(t)) || placeholder {
             continue;
         }

@@ -3,9 +3,6 @@
 
 use std::path::PathBuf;
 
-use super::Endpoint;
-use super::raw::LinkKeys;
-
 /// Problems found so far, `key: problem` each.
 pub(super) struct Problems(pub(super) Vec<String>);
 
@@ -191,4 +188,94 @@ pub fn parse_url(url: &str) -> Result<(bool, String, u16), String> {
         return Err(format!("{url:?}: port must be > 0"));
     }
     Ok((tls, host, port))
+}
+
+/// The connection keys `[source]` and `[sink]` share, as written.
+pub(crate) struct LinkKeys<'a> {
+    pub url: &'a str,
+    pub client_id: &'a str,
+    pub username: &'a str,
+    pub password_file: &'a str,
+    pub ca_file: &'a str,
+    pub cert_file: &'a str,
+    pub key_file: &'a str,
+    pub keep_alive_s: u64,
+    pub qos: u8,
+}
+
+/// `impl $t { fn link() }`: the connection keys of `[source]` or `[sink]`.
+macro_rules! link_keys {
+    ($t:ty) => {
+        impl $t {
+            /// The connection keys.
+            pub(crate) fn link(&self) -> super::checks::LinkKeys<'_> {
+                super::checks::LinkKeys {
+                    url: &self.url,
+                    client_id: &self.client_id,
+                    username: &self.username,
+                    password_file: &self.password_file,
+                    ca_file: &self.ca_file,
+                    cert_file: &self.cert_file,
+                    key_file: &self.key_file,
+                    keep_alive_s: self.keep_alive_s,
+                    qos: self.qos,
+                }
+            }
+        }
+    };
+}
+pub(crate) use link_keys;
+
+/// An MQTT connection endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// `mqtts://`.
+    pub tls: bool,
+    /// Host name or address.
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+    /// Client id (defaults filled in).
+    pub client_id: String,
+    /// User name, if any.
+    pub username: Option<String>,
+    /// Password read from `password_file`, if any.
+    pub password: Option<String>,
+    /// Extra CA file.
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate and key (PEM) for mutual TLS.
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+    /// Keep-alive in seconds (0: off).
+    pub keep_alive_s: u16,
+    /// QoS 0 or 1.
+    pub qos: u8,
+}
+
+impl Endpoint {
+    /// `mqtt[s]://host:port`, for logs.
+    pub fn url(&self) -> String {
+        format!(
+            "{}://{}:{}",
+            if self.tls { "mqtts" } else { "mqtt" },
+            self.host,
+            self.port
+        )
+    }
+
+    /// A tool's own connection (capture, simulate, demo): no credentials or
+    /// client certificate, system CA roots for `mqtts`, 30 s keep-alive.
+    pub fn plain(tls: bool, host: String, port: u16, client_id: String, qos: u8) -> Self {
+        Self {
+            tls,
+            host,
+            port,
+            client_id,
+            username: None,
+            password: None,
+            ca_file: None,
+            client_cert: None,
+            keep_alive_s: 30,
+            qos,
+        }
+    }
 }

@@ -4,8 +4,9 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use super::fleet::Fleet;
 use super::validate::{self, describe_config_error, describe_serde_error};
-use super::{Config, ConfigError, DEFAULTS, RawConfig};
+use super::whole::{Config, ConfigError, RawConfig};
 
 /// Loads the files in order (a later file wins key by key) over the defaults,
 /// then the process environment over all of them.
@@ -63,7 +64,7 @@ pub fn load_with_remote(
 }
 
 /// `fleet.<key> is local only` for each `[fleet]` value `remote` differs from `local` in.
-fn fleet_changes(local: &super::Fleet, remote: &super::Fleet) -> Vec<String> {
+fn fleet_changes(local: &Fleet, remote: &Fleet) -> Vec<String> {
     let mut out = Vec::new();
     let mut differs = |key: &str, same: bool| {
         if !same {
@@ -151,8 +152,10 @@ fn load_layers(
         .filter(|(k, _)| k.starts_with("TIDEMARK__"))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
+    // The bottom layer: each section's defaults, from its struct.
+    let defaults = toml::to_string(&RawConfig::default()).unwrap_or_default();
     let mut builder =
-        config::Config::builder().add_source(File::from_str(DEFAULTS, FileFormat::Toml));
+        config::Config::builder().add_source(File::from_str(&defaults, FileFormat::Toml));
     let mut sources = BTreeMap::new();
     for (name, text) in layers {
         // Parsed once on its own so a syntax error names its file.
@@ -218,10 +221,7 @@ fn load_layers(
 /// Deserializes `tree`, collecting every unknown key and wrong type: each one is
 /// reported, then removed (unknown) or set to its default, and the rest tried again.
 fn deserialize_all(mut tree: serde_json::Value) -> (Option<RawConfig>, Vec<String>) {
-    let defaults: serde_json::Value = toml::from_str::<toml::Table>(DEFAULTS)
-        .ok()
-        .and_then(|t| serde_json::to_value(t).ok())
-        .unwrap_or_default();
+    let defaults = serde_json::to_value(RawConfig::default()).unwrap_or_default();
     let mut problems = Vec::new();
     loop {
         match serde_path_to_error::deserialize::<_, RawConfig>(tree.clone()) {

@@ -3,23 +3,28 @@
 //! typed [`Config`]. Every problem is reported as one line naming its key.
 
 mod checks;
-mod defaults;
+mod fleet;
+mod gateway;
 mod load;
 mod raw;
 mod reload;
-mod sections;
+mod sink;
+mod source;
 mod standby;
 mod validate;
+mod whole;
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
-
-pub use defaults::DEFAULTS;
-pub use raw::{
-    LogFormat, MAX_SKEW_WINDOW, MsOrAuto, Protocol, RawAdaptive, RawBroker, RawConfig, RawFleet,
-    RawGateway, RawGroupDefaults, RawGroupOverride, RawLog, RawMetrics, RawPayload, RawSink,
-    RawSinkSparkplug, RawSource, RawSparkplug, RawStandby, RawTime, RawWindow, WindowKind,
+pub use fleet::{Fleet, RawFleet};
+pub use gateway::{
+    Broker, Gateway, Log, LogFormat, Metrics, RawBroker, RawGateway, RawLog, RawMetrics,
 };
+pub use raw::{
+    MAX_SKEW_WINDOW, MsOrAuto, RawAdaptive, RawGroupDefaults, RawGroupOverride, RawPayload,
+    RawSparkplug, RawTime, RawWindow, WindowKind,
+};
+pub use sink::{OutboxBounds, RawSink, RawSinkSparkplug, Sink};
+pub use source::{HostState, Probe, Protocol, RawSource, Source};
+pub use whole::{Config, ConfigError, RawConfig, readable_by_others};
 // Domain types live by the code that uses them; the config only builds them.
 pub use crate::codec::{PayloadConfig, PayloadFormat, TimestampUnit};
 pub use crate::engine::{EngineConfig, GroupConfig, GroupRules};
@@ -27,235 +32,10 @@ pub use crate::output::SinkFormat;
 pub use crate::sparkplug::SparkplugConfig;
 pub use crate::time::window::WindowSpec;
 pub use crate::time::{InvalidPolicy, TimeConfig, TimePolicy};
-pub use checks::parse_url;
+pub use checks::{Endpoint, parse_url};
 pub use load::{
     REMOTE, annotate_sources, load, load_gateway, load_str, load_with_env, load_with_remote,
     over_remote,
 };
 pub use reload::engine_from_record;
-pub use sections::{
-    Broker, Fleet, Gateway, HostState, Log, Metrics, OutboxBounds, Probe, Sink, Source,
-};
-pub use standby::Standby;
-
-/// A validated configuration, a section per component (docs/reference.md#configuration).
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// `[gateway]`.
-    pub gateway: Gateway,
-    /// `[broker]`.
-    pub broker: Broker,
-    /// The source's link: `[source]` and the Sparkplug subscriptions.
-    pub source: Source,
-    /// The engine's rules: topic pattern, payload, time, groups, Sparkplug ingest.
-    pub engine: EngineConfig,
-    /// `[sink]`.
-    pub sink: Sink,
-    /// `[metrics]`: `P/metrics` and the HTTP endpoint.
-    pub metrics: Metrics,
-    /// `[log]`.
-    pub log: Log,
-    /// `[fleet]`: signed remote configuration (docs/reference.md#remote-configuration-fleet).
-    pub fleet: Fleet,
-    /// `[standby]`: this board's part in a pair (docs/reference.md#standby--two-boards-one-gateway), None when off.
-    pub standby: Option<Standby>,
-    /// The layered raw configuration, for `check` to print.
-    pub raw: RawConfig,
-    /// Dotted key -> the file (or `env VAR`) that set it last; absent keys are defaults.
-    pub sources: BTreeMap<String, String>,
-}
-
-/// An MQTT connection endpoint.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Endpoint {
-    /// `mqtts://`.
-    pub tls: bool,
-    /// Host name or address.
-    pub host: String,
-    /// TCP port.
-    pub port: u16,
-    /// Client id (defaults filled in).
-    pub client_id: String,
-    /// User name, if any.
-    pub username: Option<String>,
-    /// Password read from `password_file`, if any.
-    pub password: Option<String>,
-    /// Extra CA file.
-    pub ca_file: Option<PathBuf>,
-    /// Client certificate and key (PEM) for mutual TLS.
-    pub client_cert: Option<(PathBuf, PathBuf)>,
-    /// Keep-alive in seconds (0: off).
-    pub keep_alive_s: u16,
-    /// QoS 0 or 1.
-    pub qos: u8,
-}
-
-impl Endpoint {
-    /// `mqtt[s]://host:port`, for logs.
-    pub fn url(&self) -> String {
-        format!(
-            "{}://{}:{}",
-            if self.tls { "mqtts" } else { "mqtt" },
-            self.host,
-            self.port
-        )
-    }
-
-    /// A tool's own connection (capture, simulate, demo): no credentials or
-    /// client certificate, system CA roots for `mqtts`, 30 s keep-alive.
-    pub fn plain(tls: bool, host: String, port: u16, client_id: String, qos: u8) -> Self {
-        Self {
-            tls,
-            host,
-            port,
-            client_id,
-            username: None,
-            password: None,
-            ca_file: None,
-            client_cert: None,
-            keep_alive_s: 30,
-            qos,
-        }
-    }
-}
-
-impl Config {
-    /// What is valid but unsafe: secret files others can read, credentials sent in
-    /// clear to another machine. `check` and `run` print each as a warning.
-    pub fn warnings(&self) -> Vec<String> {
-        let r = &self.raw;
-        let mut out = Vec::new();
-        let secrets = [
-            ("source.password_file", &r.source.password_file),
-            ("source.key_file", &r.source.key_file),
-            ("sink.password_file", &r.sink.password_file),
-            ("sink.key_file", &r.sink.key_file),
-            ("metrics.token_file", &r.metrics.token_file),
-            ("standby.key_file", &r.standby.key_file),
-        ];
-        for (key, file) in secrets {
-            if let Some(w) = readable_by_others(key, file) {
-                out.push(w);
-            }
-        }
-        for (section, url, user, pw) in [
-            (
-                "source",
-                &r.source.url,
-                &r.source.username,
-                &r.source.password_file,
-            ),
-            ("sink", &r.sink.url, &r.sink.username, &r.sink.password_file),
-        ] {
-            let plain = url.strip_prefix("mqtt://");
-            let host = plain.map(|rest| rest.rsplit_once(':').map_or(rest, |(h, _)| h));
-            let loopback = host.is_some_and(|h| {
-                h == "localhost"
-                    || h.trim_matches(['[', ']'])
-                        .parse::<std::net::IpAddr>()
-                        .is_ok_and(|a| a.is_loopback())
-            });
-            if plain.is_some() && !loopback && !(user.is_empty() && pw.is_empty()) {
-                out.push(format!(
-                    "{section}.url: credentials ({section}.username / password_file) go over plain mqtt:// in clear to another machine; use mqtts://"
-                ));
-            }
-        }
-        out
-    }
-
-    /// The effective configuration as TOML, secrets masked.
-    pub fn effective_toml(&self) -> String {
-        let mut raw = self.raw.clone();
-        raw.source
-            .client_id
-            .clone_from(&self.source.endpoint.client_id);
-        raw.sink.client_id.clone_from(&self.sink.endpoint.client_id);
-        for (name, g) in &self.engine.groups.overrides {
-            raw.groups.insert(name.clone(), merged_override(g));
-        }
-        let mut out =
-            toml::to_string_pretty(&raw).unwrap_or_else(|e| format!("# cannot render: {e}\n"));
-        for (label, ep) in [
-            ("source", &self.source.endpoint),
-            ("sink", &self.sink.endpoint),
-        ] {
-            if ep.password.is_some() {
-                out.push_str(&format!(
-                    "# {label}: password loaded from password_file: ********\n"
-                ));
-            }
-        }
-        out
-    }
-}
-
-/// `KEY: FILE is readable by others` when a secret file's mode lets group or others read it.
-pub fn readable_by_others(key: &str, file: &str) -> Option<String> {
-    use std::os::unix::fs::PermissionsExt;
-    if file.is_empty() {
-        return None;
-    }
-    let mode = std::fs::metadata(file).ok()?.permissions().mode() & 0o777;
-    (mode & 0o044 != 0)
-        .then(|| format!("{key}: {file:?} is readable by others (mode {mode:o}); chmod 600 it"))
-}
-
-fn merged_override(g: &GroupConfig) -> RawGroupOverride {
-    let as_u = |v: i64| Some(u64::try_from(v).unwrap_or(0));
-    let window = match g.window {
-        WindowSpec::Tumbling { size_ms } => RawWindow {
-            kind: WindowKind::Tumbling,
-            size_ms: as_u(size_ms),
-            slide_ms: None,
-            gap_ms: None,
-        },
-        WindowSpec::Hopping { size_ms, slide_ms } => RawWindow {
-            kind: WindowKind::Hopping,
-            size_ms: as_u(size_ms),
-            slide_ms: as_u(slide_ms),
-            gap_ms: None,
-        },
-        WindowSpec::Session { gap_ms } => RawWindow {
-            kind: WindowKind::Session,
-            size_ms: None,
-            slide_ms: None,
-            gap_ms: as_u(gap_ms),
-        },
-    };
-    let a = g.adaptive;
-    let value = |v: i64, auto: bool| {
-        Some(if auto {
-            MsOrAuto::Auto
-        } else {
-            MsOrAuto::Ms(u64::try_from(v).unwrap_or(0))
-        })
-    };
-    RawGroupOverride {
-        out_of_orderness_ms: value(g.out_of_orderness_ms, a.is_some_and(|a| a.bound)),
-        idle_timeout_ms: as_u(g.idle_timeout_ms),
-        heartbeat_timeout_ms: as_u(g.heartbeat_timeout_ms),
-        allowed_lateness_ms: value(g.allowed_lateness_ms, a.is_some_and(|a| a.lateness)),
-        window: Some(window),
-        adaptive: a.map(|a| RawAdaptive {
-            quantile: f64::from(a.quantile_ppm) / 1_000_000.0,
-            min_ms: u64::try_from(a.min_ms).unwrap_or(0),
-            max_ms: u64::try_from(a.max_ms).unwrap_or(0),
-            horizon_s: u64::try_from(a.horizon_ms / 1000).unwrap_or(0),
-        }),
-    }
-}
-
-/// Configuration problems, one line each, every line naming its key.
-#[derive(Debug, thiserror::Error)]
-#[error("{}", .problems.join("\n"))]
-pub struct ConfigError {
-    /// `key: problem` lines.
-    pub problems: Vec<String>,
-}
-
-impl ConfigError {
-    pub(crate) fn one(p: String) -> Self {
-        Self { problems: vec![p] }
-    }
-}
+pub use standby::{RawStandby, Standby};

@@ -1,130 +1,14 @@
-//! The configuration as written: the serde structs that mirror the TOML file
-//! key for key (the embedded defaults are in `defaults.rs`) (`deny_unknown_fields`, a `///` per key).
-
-use std::collections::BTreeMap;
-use std::path::PathBuf;
+//! The engine's sections as written: `[payload]`, `[time]`, `[group_defaults]`,
+//! `[groups.NAME]` and `[sparkplug]`, each with its defaults (`deny_unknown_fields`,
+//! a `///` per key); validated in `validate.rs`.
 
 use serde::{Deserialize, Serialize};
 
 use crate::codec::{PayloadFormat, TimestampUnit};
-use crate::output::SinkFormat;
 use crate::time::{InvalidPolicy, TimePolicy};
 
 /// Upper bound of `time.skew_window` (buckets kept inline per device).
 pub const MAX_SKEW_WINDOW: u64 = 64;
-
-/// The whole file as written by the user, after layering.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawConfig {
-    /// Identity and local state of this gateway.
-    pub gateway: RawGateway,
-    /// Optional embedded MQTT broker.
-    pub broker: RawBroker,
-    /// The site broker the sensors publish to.
-    pub source: RawSource,
-    /// How sensor payloads are decoded.
-    pub payload: RawPayload,
-    /// How event time is derived and sanity-checked.
-    pub time: RawTime,
-    /// Watermark and window settings applied to every group.
-    pub group_defaults: RawGroupDefaults,
-    /// Per-group overrides of `group_defaults`, keyed by group name.
-    #[serde(default)]
-    pub groups: BTreeMap<String, RawGroupOverride>,
-    /// The upstream broker results are published to.
-    pub sink: RawSink,
-    /// Periodic gateway metrics.
-    pub metrics: RawMetrics,
-    /// Logging.
-    pub log: RawLog,
-    /// Sparkplug B ingest (docs/reference.md#sparkplug--sparkplug-b-30-ingest).
-    pub sparkplug: RawSparkplug,
-    /// Signed remote configuration (docs/reference.md#remote-configuration-fleet).
-    pub fleet: RawFleet,
-    /// Hot standby: two boards, one gateway (docs/reference.md#standby--two-boards-one-gateway).
-    pub standby: RawStandby,
-}
-
-/// `[standby]`
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawStandby {
-    /// This board is one of a pair sharing `gateway.id`.
-    pub enabled: bool,
-    /// This board's name in the pair: `[A-Za-z0-9_-]{1,32}`.
-    pub node: String,
-    /// Silence of the active on the pair's topics after which it is declared dead.
-    pub takeover_s: u64,
-    /// The pair's shared secret: base64 of 32 random bytes (a second line during a change).
-    pub key_file: String,
-    /// The most one pair message, a reassembled record or snapshot may hold (MiB).
-    pub max_frame_mib: u64,
-}
-
-/// `[gateway]`
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawGateway {
-    /// Required: `[A-Za-z0-9_-]{1,64}`; appears in topics and client ids.
-    pub id: Option<String>,
-    /// Directory of the redb database (`state_dir/tidemark.redb`).
-    pub state_dir: PathBuf,
-    /// Group-commit period of the state store.
-    pub commit_interval_ms: u64,
-    /// Processing-time tick: idleness, watermarks, firing.
-    pub tick_interval_ms: u64,
-}
-
-/// `[broker]`
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawBroker {
-    /// Run an MQTT broker inside the gateway so sensors may connect to it.
-    pub embedded: bool,
-    /// Listen address of the embedded broker.
-    pub listen: String,
-    /// A `listen` address reachable from other machines is wanted (the broker has no authentication).
-    pub allow_remote: bool,
-}
-
-/// `[source]`
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawSource {
-    /// `mqtt://host[:port]` or `mqtts://host[:port]`.
-    pub url: String,
-    /// MQTT protocol version.
-    pub protocol: Protocol,
-    /// Fixed client id so the broker keeps the session; default `tidemark-{id}-in`.
-    pub client_id: String,
-    /// Optional user name.
-    pub username: String,
-    /// The password is read from this file, never from the main config.
-    pub password_file: String,
-    /// Extra CA certificate (PEM) for mqtts; system roots otherwise.
-    pub ca_file: String,
-    /// Client certificate (PEM) for mutual TLS, with `key_file`.
-    pub cert_file: String,
-    /// Private key (PEM) of `cert_file`.
-    pub key_file: String,
-    /// v5: how long the broker keeps the session (and its queue) while the gateway is away.
-    pub session_expiry_s: u64,
-    /// MQTT keep-alive; 0 disables it.
-    pub keep_alive_s: u64,
-    /// Subscription QoS; 1 acknowledges only after the state is committed.
-    pub qos: u8,
-    /// Topic filters to subscribe to.
-    pub topics: Vec<String>,
-    /// Where group, device and kind sit in a topic.
-    pub topic_pattern: String,
-    /// Quiet this long: a probe proves the path from the site broker (0: no probes).
-    pub probe_after_ms: u64,
-    /// A probe not back within this: the path is down (a disconnect).
-    pub probe_timeout_ms: u64,
-    /// Where probes go, on the source broker; `{gateway}` is replaced by the id.
-    pub probe_topic: String,
-}
 
 /// `[payload]`
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -138,6 +22,17 @@ pub struct RawPayload {
     pub timestamp_unit: TimestampUnit,
     /// Optional per-device sequence number field ("" disables duplicate suppression).
     pub seq_field: String,
+}
+
+impl Default for RawPayload {
+    fn default() -> Self {
+        Self {
+            format: PayloadFormat::Auto,
+            timestamp_field: "ts".into(),
+            timestamp_unit: TimestampUnit::Auto,
+            seq_field: "seq".into(),
+        }
+    }
 }
 
 /// `[time]`
@@ -162,6 +57,21 @@ pub struct RawTime {
     pub gateway_clock: crate::time::gateway::GatewayClockMode,
 }
 
+impl Default for RawTime {
+    fn default() -> Self {
+        Self {
+            policy: TimePolicy::Calibrated,
+            min_valid_epoch_ms: 1_577_836_800_000,
+            invalid: InvalidPolicy::Arrival,
+            max_skew_ms: 300_000,
+            skew_window: 32,
+            max_future_ms: 5000,
+            max_age_ms: 86_400_000,
+            gateway_clock: crate::time::gateway::GatewayClockMode::Auto,
+        }
+    }
+}
+
 /// `[group_defaults]`
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -180,6 +90,19 @@ pub struct RawGroupDefaults {
     /// How "auto" values follow the group's delays (docs/reference.md#group_defaults-and-groupsname).
     #[serde(default)]
     pub adaptive: RawAdaptive,
+}
+
+impl Default for RawGroupDefaults {
+    fn default() -> Self {
+        Self {
+            out_of_orderness_ms: MsOrAuto::Ms(2000),
+            idle_timeout_ms: 30_000,
+            heartbeat_timeout_ms: 60_000,
+            allowed_lateness_ms: MsOrAuto::Ms(30000),
+            window: default_window(),
+            adaptive: RawAdaptive::default(),
+        }
+    }
 }
 
 /// A duration in ms, or `"auto"` (docs/reference.md#group_defaults-and-groupsname "Adaptive bound").
@@ -309,90 +232,6 @@ fn default_window() -> RawWindow {
     }
 }
 
-/// `[sink]`
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawSink {
-    /// `mqtt://host[:port]` or `mqtts://host[:port]`.
-    pub url: String,
-    /// MQTT protocol version of the upstream connection.
-    pub protocol: Protocol,
-    /// Fixed client id; default `tidemark-{id}-out`.
-    pub client_id: String,
-    /// Optional user name.
-    pub username: String,
-    /// The password is read from this file.
-    pub password_file: String,
-    /// Extra CA certificate (PEM) for mqtts.
-    pub ca_file: String,
-    /// Client certificate (PEM) for mutual TLS, with `key_file`.
-    pub cert_file: String,
-    /// Private key (PEM) of `cert_file`.
-    pub key_file: String,
-    /// MQTT keep-alive; 0 disables it.
-    pub keep_alive_s: u64,
-    /// Publish QoS; 1 keeps outputs in the outbox until acknowledged.
-    pub qos: u8,
-    /// Prefix of every output topic; `{gateway}` is replaced by the id.
-    pub topic_prefix: String,
-    /// Output encoding.
-    pub format: SinkFormat,
-    /// Store-and-forward bound; beyond it the oldest outputs are dropped and counted.
-    pub outbox_max_messages: u64,
-    /// The same bound in MiB of the state file (0: none).
-    pub outbox_max_mb: u64,
-    /// QoS 1 publishes awaiting their PUBACK at most (the broker's Receive Maximum may bind lower).
-    pub max_inflight: u64,
-    /// A QoS 1 publish or ping unanswered this long: the uplink is down (a disconnect).
-    pub ack_timeout_ms: u64,
-    /// Publish results on the plain topics of docs/reference.md#topics-and-payloads-upstream.
-    pub plain: bool,
-    /// Results as a Sparkplug B edge node (docs/reference.md#sink--the-upstream-broker).
-    pub sparkplug: RawSinkSparkplug,
-}
-
-/// `[sink.sparkplug]`
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawSinkSparkplug {
-    /// Publish results as a Sparkplug B 3.0 edge node on the sink broker.
-    pub enabled: bool,
-    /// Sparkplug group id.
-    pub group_id: String,
-    /// Edge node id ("" = `gateway.id`).
-    pub edge_node_id: String,
-    /// Wait for this Primary Host Application's STATE online; hold results while it is offline.
-    pub primary_host_id: String,
-    /// Least time between two answered NCMD rebirth requests.
-    pub rebirth_min_interval_ms: u64,
-}
-
-/// `[metrics]`
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawMetrics {
-    /// Period of `{prefix}/metrics`.
-    pub interval_s: u64,
-    /// Local HTTP endpoint: status page and API, Prometheus text, probes ("" = off;
-    /// loopback only unless `token_file` is set).
-    pub listen: String,
-    /// `/healthz` fails once the source has been down, or the engine loop or a
-    /// commit has been stuck, this long.
-    pub health_timeout_s: u64,
-    /// A file holding the bearer token every request but `/healthz` and `/readyz` needs.
-    pub token_file: String,
-}
-
-/// `[log]`
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawLog {
-    /// Filter directive (`info`, `tidemark=debug`...); `RUST_LOG` wins.
-    pub level: String,
-    /// Log line format.
-    pub format: LogFormat,
-}
-
 /// `[sparkplug]`
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -409,64 +248,16 @@ pub struct RawSparkplug {
     pub max_edge_nodes: usize,
 }
 
-/// `[fleet]`
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawFleet {
-    /// Take signed documents from `P/config/set` on the sink broker.
-    pub enabled: bool,
-    /// Files holding the Ed25519 public keys (PEM) whose signatures are taken.
-    pub trusted_keys: Vec<String>,
-    /// After a document is applied, source and sink must both connect within this, or it is rolled back.
-    pub confirm_s: u64,
-    /// Take v1 documents (signed without their targets).
-    pub accept_v1: bool,
-}
-
-/// The connection keys `[source]` and `[sink]` share, as written.
-pub(crate) struct LinkKeys<'a> {
-    pub url: &'a str,
-    pub client_id: &'a str,
-    pub username: &'a str,
-    pub password_file: &'a str,
-    pub ca_file: &'a str,
-    pub cert_file: &'a str,
-    pub key_file: &'a str,
-    pub keep_alive_s: u64,
-    pub qos: u8,
-}
-
-macro_rules! link_keys {
-    ($t:ty) => {
-        impl $t {
-            /// The connection keys.
-            pub(crate) fn link(&self) -> LinkKeys<'_> {
-                LinkKeys {
-                    url: &self.url,
-                    client_id: &self.client_id,
-                    username: &self.username,
-                    password_file: &self.password_file,
-                    ca_file: &self.ca_file,
-                    cert_file: &self.cert_file,
-                    key_file: &self.key_file,
-                    keep_alive_s: self.keep_alive_s,
-                    qos: self.qos,
-                }
-            }
+impl Default for RawSparkplug {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            group_ids: Vec::new(),
+            host_id: String::new(),
+            rebirth: true,
+            max_edge_nodes: 4096,
         }
-    };
-}
-link_keys!(RawSource);
-link_keys!(RawSink);
-
-/// MQTT protocol version of the source connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum Protocol {
-    /// MQTT 5.
-    V5,
-    /// MQTT 3.1.1.
-    V311,
+    }
 }
 
 /// Window kinds.
@@ -479,14 +270,4 @@ pub enum WindowKind {
     Hopping,
     /// Closed by an inactivity gap.
     Session,
-}
-
-/// Log line format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    /// Human-readable text.
-    Text,
-    /// One JSON object per line.
-    Json,
 }

@@ -4,7 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use super::{Config, ConfigError, EngineConfig};
+use super::whole::{Config, ConfigError};
+use crate::engine::EngineConfig;
 
 impl Config {
     /// First 16 hex digits of the SHA-256 of the effective config as `check` prints it.
@@ -76,7 +77,7 @@ pub fn engine_from_record(bytes: &[u8]) -> Result<EngineConfig, ConfigError> {
     let doc = std::str::from_utf8(bytes).map_err(|_| {
         ConfigError::one("engine rules: neither a record nor a TOML document".into())
     })?;
-    super::load_str(doc, &BTreeMap::new()).map(|c| c.engine)
+    super::load::load_str(doc, &BTreeMap::new()).map(|c| c.engine)
 }
 
 fn flatten(out: &mut BTreeMap<String, String>, prefix: &str, t: &toml::Table) {

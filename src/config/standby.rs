@@ -1,7 +1,37 @@
 //! `[standby]`: this board's part in a pair and the pair's key (docs/reference.md,
 //! "Two boards").
 
+use serde::{Deserialize, Serialize};
+
 use super::checks::Problems;
+
+/// `[standby]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStandby {
+    /// This board is one of a pair sharing `gateway.id`.
+    pub enabled: bool,
+    /// This board's name in the pair: `[A-Za-z0-9_-]{1,32}`.
+    pub node: String,
+    /// Silence of the active on the pair's topics after which it is declared dead.
+    pub takeover_s: u64,
+    /// The pair's shared secret: base64 of 32 random bytes (a second line during a change).
+    pub key_file: String,
+    /// The most one pair message, a reassembled record or snapshot may hold (MiB).
+    pub max_frame_mib: u64,
+}
+
+impl Default for RawStandby {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            node: String::new(),
+            takeover_s: 10,
+            key_file: String::new(),
+            max_frame_mib: 16,
+        }
+    }
+}
 
 /// `[standby]`: this board's part in a pair (docs/reference.md#standby--two-boards-one-gateway); None when off.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,8 +47,10 @@ pub struct Standby {
 }
 
 impl Standby {
-    pub(super) fn validate(p: &mut Problems, raw: &super::RawConfig) -> Option<Self> {
-        let s = &raw.standby;
+    pub(super) fn validate(
+        p: &mut Problems,
+        (s, broker): (&RawStandby, &super::gateway::RawBroker),
+    ) -> Option<Self> {
         let node_ok = !s.node.is_empty()
             && s.node.len() <= 32
             && s.node
@@ -36,7 +68,7 @@ impl Standby {
         if s.takeover_s == 0 || s.takeover_s > 3600 {
             p.add("standby.takeover_s", "must be 1..=3600");
         }
-        if s.enabled && raw.broker.embedded {
+        if s.enabled && broker.embedded {
             p.add(
                 "standby.enabled",
                 "a pair cannot use the embedded broker ([broker] embedded = true): the site broker must outlive either board",

@@ -4,9 +4,23 @@
 use std::collections::BTreeMap;
 
 use super::checks::{Problems, ms};
-use super::*;
+use super::fleet::Fleet;
+use super::gateway::{Broker, Gateway, Log, Metrics};
+use super::raw::{
+    MAX_SKEW_WINDOW, MsOrAuto, RawAdaptive, RawPayload, RawSparkplug, RawTime, RawWindow,
+    WindowKind,
+};
+use super::sink::Sink;
+use super::source::Source;
+use super::standby::Standby;
+use super::whole::{Config, ConfigError, RawConfig};
+use crate::codec::PayloadConfig;
+use crate::engine::{EngineConfig, GroupConfig, GroupRules};
 use crate::model::Id;
+use crate::sparkplug::SparkplugConfig;
+use crate::time::TimeConfig;
 use crate::time::adaptive::AdaptiveConfig;
+use crate::time::window::WindowSpec;
 use crate::topic::TopicPattern;
 
 pub(super) fn describe_config_error(e: &config::ConfigError) -> String {
@@ -43,16 +57,22 @@ pub(super) fn describe_serde_error(path: &str, msg: &str) -> String {
 /// Every section validated; every problem of every section reported.
 pub(super) fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let mut p = Problems(Vec::new());
-    let gateway = sections::Gateway::validate(&mut p, &raw.gateway);
+    let gateway = Gateway::validate(&mut p, &raw.gateway);
     let gid = gateway.id.to_string();
-    let broker = sections::Broker::validate(&mut p, &raw.broker);
-    let source = sections::Source::validate(&mut p, &raw, &gid);
+    let broker = Broker::validate(&mut p, &raw.broker);
+    let source = Source::validate(&mut p, (&raw.source, &raw.sparkplug), &gid);
     let engine = engine(&mut p, &raw, &gateway.id);
-    let sink = sections::Sink::validate(&mut p, &raw, &gid);
-    let fleet = sections::Fleet::validate(&mut p, &raw.fleet);
-    let standby = Standby::validate(&mut p, &raw);
-    let metrics = sections::Metrics::validate(&mut p, &raw.metrics);
-    let log = sections::Log::validate(&mut p, &raw.log);
+    let sections = super::sink::Sections {
+        sink: &raw.sink,
+        source: &raw.source,
+        sparkplug: &raw.sparkplug,
+        fleet: &raw.fleet,
+    };
+    let sink = Sink::validate(&mut p, &sections, &gid);
+    let fleet = Fleet::validate(&mut p, &raw.fleet);
+    let standby = Standby::validate(&mut p, (&raw.standby, &raw.broker));
+    let metrics = Metrics::validate(&mut p, &raw.metrics);
+    let log = Log::validate(&mut p, &raw.log);
     if !p.0.is_empty() {
         return Err(ConfigError { problems: p.0 });
     }
