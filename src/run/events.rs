@@ -182,6 +182,25 @@ pub enum Notice {
     },
 }
 
+/// What the source and the sink tell the control component (docs/reference.md#remote-configuration-fleet):
+/// its decisions wait on these, not on counters.
+#[derive(Debug)]
+pub enum ControlEvent {
+    /// A remote document arrived on `P/config/set` or `P/config/desired`.
+    Document(crate::fleet::Via, Vec<u8>),
+    /// A link is up (the source subscribed, the sink connected) or down.
+    Link(Side, bool),
+}
+
+/// One of the gateway's two links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// To the site broker.
+    Source,
+    /// To the upstream broker.
+    Sink,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -200,7 +200,7 @@ async fn serve_as(
                 gw.reloader.reload().await;
                 status::health::notify_ready("running; config reloaded");
             }
-            Some((via, doc)) = gw.documents.recv() => gw.reloader.document(via, &doc).await,
+            Some(ev) = gw.reloader.next_event() => gw.reloader.on(ev).await,
             _ = confirm.tick(), if gw.reloader.confirming() => gw.reloader.confirm().await,
         }
     };

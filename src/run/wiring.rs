@@ -30,8 +30,6 @@ pub struct Running {
     pub fatal: mpsc::UnboundedReceiver<RunError>,
     /// Applies SIGHUPs and remote documents.
     pub reloader: Reloader,
-    /// `P/config/set` messages from the sink (docs/reference.md#remote-configuration-fleet).
-    pub documents: mpsc::UnboundedReceiver<(crate::fleet::Via, Vec<u8>)>,
     core_tx: mpsc::Sender<Inbound>,
     stop_tx: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -99,7 +97,7 @@ fn outputs(
     (sink_rx, delivered_tx, documents_tx): (
         mpsc::UnboundedReceiver<crate::run::outputs::mqtt::SinkMsg>,
         watch::Sender<u64>,
-        mpsc::UnboundedSender<(crate::fleet::Via, Vec<u8>)>,
+        mpsc::UnboundedSender<crate::run::events::ControlEvent>,
     ),
     (seed, started_at, clock): (u64, crate::model::Millis, SystemClock),
 ) -> Result<(Sink, Vec<JoinHandle<()>>), RunError> {
@@ -241,14 +239,14 @@ pub fn start(
     let (current_tx, current_rx) = watch::channel((0u64, source_link.0.clone()));
     let (acked_tx, acked_rx) = watch::channel(0u64);
     let (wake_tx, wake_rx) = watch::channel(cfg.gateway.wake_every_ms());
-    let (documents_tx, documents) = mpsc::unbounded_channel();
+    let (control_tx, events) = mpsc::unbounded_channel();
     let (snapshots_tx, snapshots_rx) = watch::channel(0u64);
     let (pair_tx, pair_rx) = mpsc::unbounded_channel();
     let (sink, edge_tasks) = outputs(
         cfg,
         &restored,
         (&registry, &fence, core_tx.clone()),
-        (sink_rx, delivered_tx, documents_tx),
+        (sink_rx, delivered_tx, control_tx.clone()),
         (seed, started_at, clock),
     )?;
     let fleet_last_id = restored.driver.engine().fleet_last_id();
@@ -307,6 +305,7 @@ pub fn start(
             registry: registry.clone(),
             fatal: fatal_tx.clone(),
             fence,
+            events: control_tx,
         },
         (seed, started_at, clock),
     );
@@ -332,14 +331,13 @@ pub fn start(
     let reloader = Reloader::new(
         (opts, fleet_last_id),
         cfg.clone(),
-        targets,
+        (targets, events),
         registry.clone(),
         clock,
     );
     Ok(Running {
         fatal,
         reloader,
-        documents,
         core_tx,
         stop_tx,
         tasks,

@@ -7,13 +7,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use tokio::sync::mpsc::{Sender, UnboundedSender};
+use std::collections::VecDeque;
+
+use tokio::sync::mpsc::{Sender, UnboundedReceiver, UnboundedSender};
 use tokio::sync::watch;
 
 use crate::config::{self, Config};
 use crate::fleet::{Checks, ConfigResult, Document, Outcome, Remote, Via};
 use crate::model::Millis;
-use crate::run::events::{Inbound, Notice};
+use crate::run::events::{ControlEvent, Inbound, Notice, Side};
 use crate::run::http::Http;
 use crate::run::outputs::mqtt::SinkMsg;
 use crate::run::source::SourceConfig;
@@ -64,6 +66,12 @@ pub struct Reloader {
     desired_seen: Option<u64>,
     /// A desired document that came while another was on probation.
     deferred: Option<Vec<u8>>,
+    /// What the source and the sink say (documents, their links' ups and downs).
+    events: UnboundedReceiver<ControlEvent>,
+    /// Documents taken in while catching up on link events.
+    inbox: VecDeque<ControlEvent>,
+    /// The source subscribed, the sink connected.
+    up: [bool; 2],
 }
 
 /// A document on probation: what to go back to, and what confirms it.
@@ -74,10 +82,9 @@ struct Pending {
     previous: Box<Config>,
     previous_remote: Remote,
     deadline: Millis,
-    /// Connections made when it was applied; `None`: the link did not change,
-    /// being up is enough.
-    source_from: Option<u64>,
-    sink_from: Option<u64>,
+    /// A new connection of the source, of the sink, is still to come (its link
+    /// changed); a link that did not change need only be up.
+    awaited: [bool; 2],
 }
 
 impl Reloader {
@@ -86,7 +93,7 @@ impl Reloader {
     pub fn new(
         opts: (ReloadOptions, u64),
         current: Config,
-        targets: Targets,
+        (targets, events): (Targets, UnboundedReceiver<ControlEvent>),
         registry: Arc<Registry>,
         clock: SystemClock,
     ) -> Self {
@@ -104,6 +111,45 @@ impl Reloader {
             pending: None,
             desired_seen: None,
             deferred: None,
+            events,
+            inbox: VecDeque::new(),
+            up: [false; 2],
+        }
+    }
+
+    /// The next word from the source or the sink (cancel-safe).
+    pub async fn next_event(&mut self) -> Option<ControlEvent> {
+        if let Some(ev) = self.inbox.pop_front() {
+            return Some(ev);
+        }
+        self.events.recv().await
+    }
+
+    /// Handles one word from the source or the sink.
+    pub async fn on(&mut self, ev: ControlEvent) {
+        match ev {
+            ControlEvent::Document(via, doc) => self.document(via, &doc).await,
+            ControlEvent::Link(side, up) => self.link(side, up),
+        }
+    }
+
+    /// A link went up or down; a new connection is what a document on probation awaits.
+    fn link(&mut self, side: Side, up: bool) {
+        let i = side as usize;
+        self.up[i] = up;
+        if up && let Some(p) = &mut self.pending {
+            p.awaited[i] = false;
+        }
+    }
+
+    /// Takes in every link event already sent: what happened before a change
+    /// is not the change's new connection. Documents wait their turn.
+    fn catch_up(&mut self) {
+        while let Ok(ev) = self.events.try_recv() {
+            match ev {
+                ControlEvent::Link(side, up) => self.up[side as usize] = up,
+                doc @ ControlEvent::Document(..) => self.inbox.push_back(doc),
+            }
         }
     }
 
@@ -351,8 +397,7 @@ impl Reloader {
         let topic = self.result_topic();
         let source_moves = !previous.source.same_link(&new.source);
         let sink_moves = previous.sink != new.sink;
-        let made = |i: usize| self.registry.links_made[i].load(Ordering::Relaxed);
-        let (source_from, sink_from) = (source_moves.then(|| made(0)), sink_moves.then(|| made(1)));
+        self.catch_up();
         if let Err(errors) = self.apply(new).await {
             let errors = errors
                 .into_iter()
@@ -380,8 +425,7 @@ impl Reloader {
                 + i64::try_from(self.current.fleet.confirm_ms).unwrap_or(i64::MAX / 2),
             previous: Box::new(previous),
             previous_remote,
-            source_from,
-            sink_from,
+            awaited: [source_moves, sink_moves],
         });
     }
 
@@ -389,11 +433,8 @@ impl Reloader {
     /// it back once `confirm_s` has passed.
     pub async fn confirm(&mut self) {
         let Some(p) = &self.pending else { return };
-        let made = |i: usize| self.registry.links_made[i].load(Ordering::Relaxed);
-        let source_ok = self.registry.health.subscribed.load(Ordering::Relaxed)
-            && p.source_from.is_none_or(|from| made(0) > from);
-        let sink_ok = self.registry.sink_up.load(Ordering::Relaxed)
-            && p.sink_from.is_none_or(|from| made(1) > from);
+        let source_ok = self.up[0] && !p.awaited[0];
+        let sink_ok = self.up[1] && !p.awaited[1];
         let Some(p) = (if source_ok && sink_ok || self.clock.mono() >= p.deadline {
             self.pending.take()
         } else {

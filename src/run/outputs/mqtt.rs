@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use super::{FENCE_LOOK, read_from};
 use crate::fleet::Via;
 use crate::model::Millis;
-use crate::run::events::Notice;
+use crate::run::events::{ControlEvent, Notice, Side};
 use crate::run::outputs::delivery::{Acked, Delivery, Next};
 use crate::run::status::metrics::Metrics;
 use crate::run::status::registry::Registry;
@@ -85,7 +85,7 @@ pub struct Sink {
     /// Results of remote documents waiting for the uplink.
     results: VecDeque<(String, crate::fleet::ConfigResult)>,
     /// Where `P/config/set` and `P/config/desired` messages go (the reloader).
-    documents: tokio::sync::mpsc::UnboundedSender<(Via, Vec<u8>)>,
+    documents: tokio::sync::mpsc::UnboundedSender<ControlEvent>,
     /// Since when the broker owes an answer (a PUBACK, a PINGRESP).
     waiting_since: Option<Millis>,
     /// When the broker was last heard from (any packet).
@@ -110,7 +110,7 @@ impl Sink {
         registry: Arc<Registry>,
         (delivered, documents): (
             watch::Sender<u64>,
-            tokio::sync::mpsc::UnboundedSender<(Via, Vec<u8>)>,
+            tokio::sync::mpsc::UnboundedSender<ControlEvent>,
         ),
         (seed, started_at, clock): (u64, Millis, crate::sys::clock::SystemClock),
     ) -> Result<Self, LinkError> {
@@ -296,9 +296,13 @@ impl Sink {
                 ..
             } if self.cfg.documents => {
                 if !retained && topic == self.cfg.topic("config/set") {
-                    let _ = self.documents.send((Via::Set, payload.to_vec()));
+                    let _ = self
+                        .documents
+                        .send(ControlEvent::Document(Via::Set, payload.to_vec()));
                 } else if topic == self.cfg.topic("config/desired") && !payload.is_empty() {
-                    let _ = self.documents.send((Via::Desired, payload.to_vec()));
+                    let _ = self
+                        .documents
+                        .send(ControlEvent::Document(Via::Desired, payload.to_vec()));
                 }
             }
             Event::Subscribed { refused } if refused > 0 => {
@@ -316,7 +320,7 @@ impl Sink {
         self.ping_pending = false;
         if self.d.is_connected() {
             self.d.disconnected();
-            self.registry.sink_up.store(false, Ordering::Relaxed);
+            self.link_down();
         }
     }
 
@@ -368,7 +372,7 @@ impl Sink {
     fn path_down(&mut self) -> Duration {
         self.registry.path_down[1].fetch_add(1, Ordering::Relaxed);
         self.d.disconnected();
-        self.registry.sink_up.store(false, Ordering::Relaxed);
+        self.link_down();
         self.waiting_since = None;
         self.ping_pending = false;
         match build(&self.cfg, self.status(&self.cfg, "offline")) {
@@ -407,11 +411,18 @@ impl Sink {
         }
     }
 
+    /// The uplink is gone: status and control hear of it.
+    fn link_down(&self) {
+        if self.registry.sink_up.swap(false, Ordering::Relaxed) {
+            let _ = self.documents.send(ControlEvent::Link(Side::Sink, false));
+        }
+    }
+
     fn on_connected(&mut self, receive_max: Option<u16>) {
         self.backoff.reset();
         self.d.connected(receive_max);
         self.registry.sink_up.store(true, Ordering::Relaxed);
-        self.registry.links_made[1].fetch_add(1, Ordering::Relaxed);
+        let _ = self.documents.send(ControlEvent::Link(Side::Sink, true));
         if self.cfg.documents {
             let _ = self.client.subscribe(
                 &[
@@ -479,7 +490,7 @@ impl Sink {
         self.send_notices();
         self.offline().await;
         self.d.disconnected();
-        self.registry.sink_up.store(false, Ordering::Relaxed);
+        self.link_down();
         self.d.configure(usize::from(new.window), new.endpoint.qos);
         (self.client, self.lp) = link;
         self.cfg = new;

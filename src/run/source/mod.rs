@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use crate::config::Probe;
 use crate::model::Millis;
 use crate::run::error::RunError;
-use crate::run::events::{Current, Inbound, StoreState};
+use crate::run::events::{ControlEvent, Current, Inbound, Side, StoreState};
 use crate::run::source::proof::{ProbeStep, Proof, ms};
 use crate::run::status::registry::Registry;
 use crate::sys::clock::{Backoff, SystemClock};
@@ -62,6 +62,8 @@ pub struct Links {
     pub fatal: tokio::sync::mpsc::UnboundedSender<RunError>,
     /// Outside its proof of the pair's claim the board takes no session.
     pub fence: crate::run::fence::Fence,
+    /// The link's ups and downs, to the control component.
+    pub events: tokio::sync::mpsc::UnboundedSender<ControlEvent>,
 }
 
 /// The source component.
@@ -215,8 +217,10 @@ impl Source {
                 }
                 if refused == 0 {
                     self.links.registry.health.subscribed(true);
-                    self.links.registry.links_made[0]
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let _ = self
+                        .links
+                        .events
+                        .send(ControlEvent::Link(Side::Source, true));
                     tracing::info!(topics = ?self.cfg.topics, "source subscribed");
                 } else {
                     tracing::error!(refused, topics = ?self.cfg.topics, "source broker refused topic filters");
@@ -352,6 +356,10 @@ impl Source {
         if self.connected {
             self.connected = false;
             self.links.registry.health.subscribed(false);
+            let _ = self
+                .links
+                .events
+                .send(ControlEvent::Link(Side::Source, false));
             let generation = self.links.current.borrow().0 + 1;
             self.links
                 .current

@@ -69,9 +69,6 @@ pub struct Registry {
     pub health: Arc<Health>,
     /// The latest alerts, device and gateway level (core, sink).
     pub alerts: AlertLog,
-    /// Connections made: source subscriptions granted \[0\], sink CONNACKs \[1\]
-    /// (a remote document is confirmed by new ones).
-    pub links_made: [AtomicU64; 2],
     /// Links found dead by their own checks: source probes unanswered \[0\],
     /// sink publishes or pings unanswered \[1\] (docs/reference.md#group_defaults-and-groupsname "proven path").
     pub path_down: [AtomicU64; 2],
@@ -102,7 +99,6 @@ impl Registry {
             config_hash: Mutex::new(hash),
             health,
             alerts: AlertLog::default(),
-            links_made: [AtomicU64::new(0), AtomicU64::new(0)],
             path_down: [AtomicU64::new(0), AtomicU64::new(0)],
             config_id: AtomicU64::new(0),
             rebirths_refused: AtomicU64::new(0),
