@@ -130,7 +130,12 @@ async fn paired(
                     log: None,
                     remote,
                 });
-                let link = pair::PairLink::open(cfg, sb, crate::pair::Role::Standby, inst)?;
+                let link = pair::PairLink::open(
+                    (cfg.gateway.id.as_ref(), &cfg.source),
+                    sb,
+                    crate::pair::Role::Standby,
+                    inst,
+                )?;
                 let claim = crate::pair::Claim { node, epoch, at: 0 };
                 start = pair::Start::Standby(link, Some(claim));
             }

@@ -150,12 +150,18 @@ fn active_pair(
     durable: durable::Durable,
     pair: Option<(crate::run::pair::Activation, crate::run::fence::Proof)>,
     links: impl FnOnce(crate::run::fence::Proof) -> crate::run::pair::ActiveLinks,
-    (seed, clock): (u64, SystemClock),
+    (seed, clock, standby): (u64, SystemClock, Option<&crate::config::Standby>),
 ) -> (durable::Durable, Option<crate::run::pair::ActivePair>) {
-    match pair {
-        Some((activation, proof)) => {
+    match pair.zip(standby) {
+        Some(((activation, proof), sb)) => {
+            let takeover_ms = sb.takeover_ms;
             let stream = seed.rotate_left(41) | 1;
-            let task = crate::run::pair::ActivePair::new(activation, links(proof), clock, stream);
+            let task = crate::run::pair::ActivePair::new(
+                activation,
+                links(proof),
+                clock,
+                (stream, takeover_ms),
+            );
             (durable.replicating(), Some(task))
         }
         None => (durable, None),
@@ -289,7 +295,7 @@ pub fn start(
             deposed: fatal_tx.clone(),
             proof,
         },
-        (seed, clock),
+        (seed, clock, cfg.standby.as_ref()),
     );
     let source = Source::new(
         cfg.source.clone(),

@@ -80,7 +80,12 @@ pub struct ActiveLinks {
 
 impl ActivePair {
     /// The task for `a`, on a stream of its own.
-    pub fn new(a: Activation, links: ActiveLinks, clock: SystemClock, stream: u64) -> Self {
+    pub fn new(
+        a: Activation,
+        links: ActiveLinks,
+        clock: SystemClock,
+        (stream, takeover_ms): (u64, Millis),
+    ) -> Self {
         let _ = a.link.role.send(Role::Active);
         let own = Claim {
             node: a.link.node.clone(),
@@ -96,10 +101,10 @@ impl ActivePair {
                 at: clock.now().wall,
             }));
         }
-        let (beat_ms, valid_ms) = proof_times(a.takeover_ms);
+        let (beat_ms, valid_ms) = proof_times(takeover_ms);
         links.proof.proven(a.proven_at, valid_ms);
         Self {
-            gate: Gate::new(stream.max(1), a.takeover_ms),
+            gate: Gate::new(stream.max(1), takeover_ms),
             proof: links.proof,
             valid_ms,
             beat_ms,

@@ -61,8 +61,6 @@ pub struct Activation {
     pub epoch: u64,
     /// After a takeover: the board replaced and the position taken over.
     pub from: Option<(String, u64)>,
-    /// Silence after which the standby is lost.
-    pub takeover_ms: Millis,
     /// Monotonic time just before the claim that made this board active was
     /// published: the first proof of the claim.
     pub proven_at: Millis,
@@ -92,7 +90,12 @@ impl Activation {
 /// At start: the retained claim names another board (follow it) or none or
 /// this one (claim the next epoch).
 pub async fn elect(cfg: &Config, sb: &Standby, inst: u64) -> Result<Start, RunError> {
-    let mut link = PairLink::open(cfg, sb, Role::Standby, inst)?;
+    let mut link = PairLink::open(
+        (cfg.gateway.id.as_ref(), &cfg.source),
+        sb,
+        Role::Standby,
+        inst,
+    )?;
     // Connected and subscribed first (the broker may be down: wait for it).
     loop {
         match link.events.recv().await {
@@ -152,7 +155,6 @@ pub async fn elect(cfg: &Config, sb: &Standby, inst: u64) -> Result<Start, RunEr
                 link,
                 epoch,
                 from: None,
-                takeover_ms: sb.takeover_ms,
                 proven_at,
             }))
         }

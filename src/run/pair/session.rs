@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::config::{Config, Standby};
+use crate::config::Standby;
 use crate::model::Millis;
 use crate::run::error::RunError;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,9 +35,14 @@ const REFUSAL_LOG_MS: Millis = 60_000;
 
 impl PairLink {
     /// Connects (in the background, retrying) as `role`.
-    pub fn open(cfg: &Config, sb: &Standby, role: Role, inst: u64) -> Result<Self, RunError> {
-        let topics = Topics::new(cfg.gateway.id.as_ref());
-        let mut endpoint = cfg.source.endpoint.clone();
+    pub fn open(
+        (gateway, source): (&str, &crate::config::Source),
+        sb: &Standby,
+        role: Role,
+        inst: u64,
+    ) -> Result<Self, RunError> {
+        let topics = Topics::new(gateway);
+        let mut endpoint = source.endpoint.clone();
         endpoint.client_id = format!("{}-pair-{}", endpoint.client_id, sb.node);
         let will_body = serde_json::to_vec(&Beat {
             node: sb.node.clone(),
@@ -58,7 +63,7 @@ impl PairLink {
         let will = lock(&sealer).seal_will(&beat_topic, &will_body);
         let (client, lp) = link::build(&LinkOptions {
             endpoint: &endpoint,
-            v5: cfg.source.v5,
+            v5: source.v5,
             persistent: false,
             session_expiry_s: 0,
             manual_acks: false,

@@ -178,7 +178,6 @@ pub async fn follow(
             link,
             epoch: t.epoch,
             from: t.from,
-            takeover_ms: t.takeover_ms,
             proven_at: t.proven_at,
         })),
         Ok(None) => Ok(Followed::Stopped),
@@ -190,7 +189,6 @@ pub async fn follow(
 struct Taken {
     epoch: u64,
     from: Option<(String, u64)>,
-    takeover_ms: Millis,
     proven_at: Millis,
 }
 
@@ -283,7 +281,7 @@ async fn follow_loop(
                 out
             }
         };
-        if let Some(t) = pump.act(&mut f, actions, sb).await? {
+        if let Some(t) = pump.act(&mut f, actions).await? {
             break Some(t);
         }
     };
@@ -325,7 +323,6 @@ impl Pump<'_> {
         &mut self,
         f: &mut Follower,
         actions: Vec<Action>,
-        sb: &Standby,
     ) -> Result<Option<Taken>, RunError> {
         let mut queue = std::collections::VecDeque::from(actions);
         let dir = self.cfg.gateway.state_dir.clone();
@@ -383,7 +380,6 @@ impl Pump<'_> {
                         return Ok(Some(Taken {
                             epoch: c.epoch,
                             from: Some((from.clone(), *pos)),
-                            takeover_ms: sb.takeover_ms,
                             proven_at,
                         }));
                     }
