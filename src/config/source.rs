@@ -88,9 +88,9 @@ pub struct Source {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Probe {
     /// Nothing arrived this long: a probe goes out, and again every as long.
-    pub after_ms: u64,
+    pub after_ms: crate::model::Millis,
     /// The oldest probe unanswered this long: the path is down.
-    pub timeout_ms: u64,
+    pub timeout_ms: crate::model::Millis,
     /// The probe topic, `{gateway}` replaced.
     pub topic: String,
 }
@@ -138,8 +138,8 @@ impl Source {
     }
 
     fn probe(p: &mut Problems, raw: &RawSource, gateway: &str) -> Option<Probe> {
-        ms(p, "source.probe_after_ms", raw.probe_after_ms);
-        ms(p, "source.probe_timeout_ms", raw.probe_timeout_ms);
+        let after_ms = ms(p, "source.probe_after_ms", raw.probe_after_ms);
+        let timeout_ms = ms(p, "source.probe_timeout_ms", raw.probe_timeout_ms);
         if raw.probe_after_ms == 0 {
             return None;
         }
@@ -164,8 +164,8 @@ impl Source {
             );
         }
         Some(Probe {
-            after_ms: raw.probe_after_ms,
-            timeout_ms: raw.probe_timeout_ms,
+            after_ms,
+            timeout_ms,
             topic,
         })
     }

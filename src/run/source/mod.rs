@@ -14,7 +14,7 @@ use crate::config::Probe;
 use crate::model::Millis;
 use crate::run::error::RunError;
 use crate::run::events::{ControlEvent, Current, Inbound, Side, StoreState};
-use crate::run::source::proof::{ProbeStep, Proof, ms};
+use crate::run::source::proof::{ProbeStep, Proof};
 use crate::run::status::registry::Registry;
 use crate::sys::clock::{Backoff, SystemClock};
 use crate::sys::link::{self, Client, Event, LinkError, LinkOptions, Loop};
@@ -334,7 +334,7 @@ impl Source {
             && self
                 .proof
                 .first_sent
-                .is_some_and(|t| self.proof.clock.mono() - t < ms(0, probe.timeout_ms).1)
+                .is_some_and(|t| self.proof.clock.mono() - t < probe.timeout_ms)
         {
             self.proof.closed_after_probe += 1;
             if self.proof.closed_after_probe >= 3 {

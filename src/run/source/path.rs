@@ -69,7 +69,7 @@ impl Source {
         }
         let now = self.proof.clock.mono();
         if let Some(acked) = self.proof.first_acked
-            && now - acked >= ms(0, probe.timeout_ms).1
+            && now - acked >= probe.timeout_ms
         {
             return self.probe_refused("publish to or subscribe to");
         }

@@ -97,7 +97,7 @@ pub(crate) enum ProbeStep {
 impl Proof {
     /// When [`Proof::step`] may next say something other than `Wait` (monotonic ms).
     pub(crate) fn next_look(&self, cfg: &Probe) -> Millis {
-        let (after, timeout) = ms(cfg.after_ms, cfg.timeout_ms);
+        let (after, timeout) = (cfg.after_ms, cfg.timeout_ms);
         let send = match self.last_probe {
             Some(t) => self.last.max(t).saturating_add(after),
             None => self.last.saturating_add(after),
@@ -110,7 +110,7 @@ impl Proof {
     }
 
     pub(crate) fn step(&self, cfg: &Probe, now: Millis) -> ProbeStep {
-        let (after, timeout) = ms(cfg.after_ms, cfg.timeout_ms);
+        let (after, timeout) = (cfg.after_ms, cfg.timeout_ms);
         if let Some(since) = self.unanswered_since
             && now - since >= timeout
         {
@@ -124,12 +124,6 @@ impl Proof {
             ProbeStep::Wait
         }
     }
-}
-
-/// Probe settings as milliseconds of the monotonic clock.
-pub(crate) fn ms(after: u64, timeout: u64) -> (Millis, Millis) {
-    let m = |v: u64| Millis::try_from(v).unwrap_or(Millis::MAX);
-    (m(after), m(timeout))
 }
 
 #[cfg(test)]
