@@ -182,6 +182,32 @@ pub enum Notice {
     },
 }
 
+/// What a component is told besides its data: each component takes this one
+/// enum for its section's reload and for its stop.
+#[derive(Debug)]
+pub enum Control<C> {
+    /// Apply these settings of its section (a reload, a remote document).
+    Reload(C),
+    /// Finish: the source disconnects once its last acks are out; an output
+    /// drains what the last commit made, then goes offline.
+    Stop,
+}
+
+/// What every component is built with besides its section and its channels.
+#[derive(Debug, Clone)]
+pub struct Ctx {
+    /// Counters and gauges.
+    pub registry: std::sync::Arc<crate::run::status::registry::Registry>,
+    /// The clocks.
+    pub clock: crate::sys::clock::SystemClock,
+    /// This run's seed (backoff jitter, stream and session ids).
+    pub seed: u64,
+    /// Wall time the gateway started (its status and Sparkplug host STATE).
+    pub started_at: crate::model::Millis,
+    /// A board of a pair acts only on a fresh proof of the claim.
+    pub fence: crate::run::fence::Fence,
+}
+
 /// What the source and the sink tell the control component (docs/reference.md#remote-configuration-fleet):
 /// its decisions wait on these, not on counters.
 #[derive(Debug)]

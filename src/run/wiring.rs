@@ -16,7 +16,7 @@ use crate::run::core::{self, Core, CoreConfig};
 use crate::run::durable;
 use crate::run::durable::restore::Restored;
 use crate::run::error::RunError;
-use crate::run::events::{Inbound, StoreJob, StoreState};
+use crate::run::events::{Control, Ctx, Inbound, StoreJob, StoreState};
 use crate::run::http::Http;
 use crate::run::outputs::mqtt::Sink;
 use crate::run::source::{self, Source};
@@ -31,6 +31,8 @@ pub struct Running {
     /// Applies SIGHUPs and remote documents.
     pub reloader: Reloader,
     core_tx: mpsc::Sender<Inbound>,
+    /// The source's control (its stop).
+    source: mpsc::UnboundedSender<Control<crate::config::Source>>,
     stop_tx: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     threads: Vec<std::thread::JoinHandle<()>>,
@@ -89,17 +91,12 @@ fn registry(
 fn outputs(
     cfg: &Config,
     restored: &Restored,
-    (registry, fence, core_tx): (
-        &Arc<Registry>,
-        &crate::run::fence::Fence,
-        mpsc::Sender<Inbound>,
-    ),
+    (ctx, core_tx): (&Ctx, mpsc::Sender<Inbound>),
     (sink_rx, delivered_tx, documents_tx): (
         mpsc::UnboundedReceiver<crate::run::outputs::mqtt::SinkMsg>,
         watch::Sender<u64>,
         mpsc::UnboundedSender<crate::run::events::ControlEvent>,
     ),
-    (seed, started_at, clock): (u64, crate::model::Millis, SystemClock),
 ) -> Result<(Sink, Vec<JoinHandle<()>>), RunError> {
     let mut spb_senders = Vec::new();
     let mut edge_tasks = Vec::new();
@@ -110,15 +107,12 @@ fn outputs(
             let (edge_tx, edge_rx) = watch::channel(0u64);
             let (spb_tx, spb_rx) = mpsc::unbounded_channel();
             let edge = crate::run::outputs::sparkplug::EdgeSink::new(
-                cfg.sink.clone(),
-                node.clone(),
+                (cfg.sink.clone(), node.clone()),
+                ctx,
                 (restored.durable.store().reader(), spb_rx),
-                edge_tx,
-                (&cfg.gateway.state_dir, seed.rotate_left(29), clock),
-                registry.clone(),
+                (edge_tx, &cfg.gateway.state_dir),
                 (restored.driver.engine().bd_seq(), core_tx.clone()),
-            )?
-            .with_fence(fence.clone());
+            )?;
             edge_tasks.push(tokio::spawn(edge.run()));
             edge_tasks.push(tokio::spawn(both_delivered(
                 cfg.sink.plain.then_some(plain_rx),
@@ -131,16 +125,13 @@ fn outputs(
     };
     let mut sink = Sink::new(
         cfg.sink.clone(),
-        restored.durable.store().reader(),
-        sink_rx,
-        registry.clone(),
+        ctx,
+        (restored.durable.store().reader(), sink_rx),
         (plain_tx, documents_tx),
-        (seed.rotate_left(17), started_at, clock),
     )?;
     if let Some(spb) = spb_senders.pop() {
         sink = sink.with_edge_node(spb);
     }
-    sink = sink.with_fence(fence.clone());
     Ok((sink, edge_tasks))
 }
 
@@ -248,12 +239,18 @@ pub fn start(
     let (control_tx, events) = mpsc::unbounded_channel();
     let (snapshots_tx, snapshots_rx) = watch::channel(0u64);
     let (pair_tx, pair_rx) = mpsc::unbounded_channel();
+    let ctx = Ctx {
+        registry: registry.clone(),
+        clock,
+        seed,
+        started_at,
+        fence,
+    };
     let (sink, edge_tasks) = outputs(
         cfg,
         &restored,
-        (&registry, &fence, core_tx.clone()),
+        (&ctx, core_tx.clone()),
         (sink_rx, delivered_tx, control_tx.clone()),
-        (seed, started_at, clock),
     )?;
     let fleet_last_id = restored.driver.engine().fleet_last_id();
     let core = Core::new(
@@ -300,20 +297,17 @@ pub fn start(
     let source = Source::new(
         cfg.source.clone(),
         source_link,
+        &ctx,
         source::Links {
             core: core_tx.clone(),
             control: source_ctl_rx,
             store_state: store_state_rx,
             current: current_tx,
             acked: acked_rx,
-            stop: stop_rx.clone(),
             flushed: flushed_rx,
-            registry: registry.clone(),
             fatal: fatal_tx.clone(),
-            fence,
             events: control_tx,
         },
-        (seed, started_at, clock),
     );
     let threads = spawn_threads(core, durable, store_links, clock, fatal_tx)?;
     let tasks = spawn_tasks(
@@ -329,7 +323,7 @@ pub fn start(
     );
     let targets = Targets {
         core: core_tx.clone(),
-        source: source_ctl_tx,
+        source: source_ctl_tx.clone(),
         sink: sink_tx,
         wake: wake_tx,
         http,
@@ -345,6 +339,7 @@ pub fn start(
         fatal,
         reloader,
         core_tx,
+        source: source_ctl_tx,
         stop_tx,
         tasks,
         threads,
@@ -385,6 +380,7 @@ impl Running {
     /// or acknowledged; the threads end once their channels close.
     pub async fn abort(self) {
         let _ = self.stop_tx.send(true);
+        let _ = self.source.send(Control::Stop);
         for t in &self.tasks {
             t.abort();
         }
@@ -409,6 +405,7 @@ impl Running {
     /// disconnects → the sink drains and goes offline.
     pub async fn stop(mut self) -> Result<(), RunError> {
         let _ = self.stop_tx.send(true);
+        let _ = self.source.send(Control::Stop);
         let _ = self.core_tx.send(Inbound::Stop).await;
         drop(self.core_tx);
         let http = self.reloader.into_http();

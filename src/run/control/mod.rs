@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use crate::config::{self, Config};
 use crate::fleet::{Checks, ConfigResult, Document, Outcome, Remote, Via};
 use crate::model::Millis;
-use crate::run::events::{ControlEvent, Inbound, Notice, Side};
+use crate::run::events::{Control, ControlEvent, Inbound, Notice, Side};
 use crate::run::http::Http;
 use crate::run::outputs::mqtt::SinkMsg;
 use crate::run::source::SourceConfig;
@@ -41,7 +41,7 @@ pub struct Targets {
     /// The core (engine rules), in order with the messages.
     pub core: Sender<Inbound>,
     /// The source (filters, connection).
-    pub source: UnboundedSender<SourceConfig>,
+    pub source: UnboundedSender<Control<SourceConfig>>,
     /// The sink (connection, status) and `P/alerts`.
     pub sink: UnboundedSender<SinkMsg>,
     /// The core's wake-up period.
@@ -217,12 +217,17 @@ impl Reloader {
         {
             return Err(vec!["the gateway is stopping".into()]);
         }
-        let _ = self.targets.source.send(new.source.clone());
+        let _ = self
+            .targets
+            .source
+            .send(Control::Reload(new.source.clone()));
         self.registry.reloaded(Some(&hash));
         let _ = self
             .targets
             .sink
-            .send(SinkMsg::Apply(Box::new(new.sink.clone())));
+            .send(SinkMsg::Control(Control::Reload(Box::new(
+                new.sink.clone(),
+            ))));
         if rebind {
             self.targets.http.serve(listener, &new.metrics);
         }
@@ -483,7 +488,9 @@ impl Reloader {
         let _ = self
             .targets
             .sink
-            .send(SinkMsg::Apply(Box::new(self.current.sink.clone())));
+            .send(SinkMsg::Control(Control::Reload(Box::new(
+                self.current.sink.clone(),
+            ))));
     }
 
     async fn roll_back(&mut self, p: Pending, errors: Vec<String>) {

@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use crate::engine::Engine;
 use crate::journal;
 use crate::model::Millis;
-use crate::run::events::{AckJob, Notice, PairCommit, StoreEvent, StoreJob, StoreState};
+use crate::run::events::{AckJob, Control, Notice, PairCommit, StoreEvent, StoreJob, StoreState};
 use crate::run::outputs::mqtt::SinkMsg;
 use crate::run::status::registry::Registry;
 use crate::store::record;
@@ -509,7 +509,7 @@ pub fn run(mut durable: Durable, links: Links, clock: SystemClock) -> Result<(),
             if links.pair.is_none() {
                 let _ = links.acks.send(AckJob::Done);
             }
-            let _ = links.sink.send(SinkMsg::Stop);
+            let _ = links.sink.send(SinkMsg::Control(Control::Stop));
             break;
         }
     }

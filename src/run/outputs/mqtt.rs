@@ -15,8 +15,9 @@ use tokio::sync::watch;
 use super::{FENCE_LOOK, read_from};
 use crate::fleet::Via;
 use crate::model::Millis;
-use crate::run::events::{ControlEvent, Notice, Side};
+use crate::run::events::{Control, ControlEvent, Ctx, Notice, Side};
 use crate::run::outputs::delivery::{Acked, Delivery, Next};
+use crate::run::outputs::sparkplug::SpbMsg;
 use crate::run::status::metrics::Metrics;
 use crate::run::status::registry::Registry;
 use crate::store::{OutboxEntry, OutboxReader};
@@ -33,14 +34,13 @@ pub enum SinkMsg {
     Notice(Notice),
     /// `P/metrics` (QoS 0, dropped while the uplink is down).
     Metrics(Box<Metrics>),
-    /// A reload was applied: these settings (a new link if they differ) and the
-    /// retained status again (its `config_hash` changed).
-    Apply(Box<SinkConfig>),
     /// What became of a remote document: retained on this topic (the
     /// `P/config/result` of the prefix it came under), kept until the uplink is up.
     Result(String, crate::fleet::ConfigResult),
-    /// The last commit is done: drain for a few seconds, then go offline.
-    Stop,
+    /// A reload was applied: these settings (a new link if they differ) and the
+    /// retained status again (its `config_hash` changed); or the last commit is
+    /// done: drain for a few seconds, then go offline.
+    Control(Control<Box<SinkConfig>>),
 }
 
 /// Gateway notices kept while the uplink is down (the newest).
@@ -95,7 +95,7 @@ pub struct Sink {
     /// A PINGREQ is unanswered.
     ping_pending: bool,
     /// The Sparkplug edge node's task (`[sink.sparkplug]`), fed the same entries.
-    spb: Option<tokio::sync::mpsc::UnboundedSender<crate::run::outputs::sparkplug::SpbMsg>>,
+    spb: Option<tokio::sync::mpsc::UnboundedSender<SpbMsg>>,
     /// Outside its proof of the pair's claim the board neither connects nor publishes.
     fence: crate::run::fence::Fence,
 }
@@ -105,15 +105,15 @@ impl Sink {
     /// upstream has acknowledged.
     pub fn new(
         cfg: SinkConfig,
-        reader: OutboxReader,
-        rx: UnboundedReceiver<SinkMsg>,
-        registry: Arc<Registry>,
+        ctx: &Ctx,
+        (reader, rx): (OutboxReader, UnboundedReceiver<SinkMsg>),
         (delivered, documents): (
             watch::Sender<u64>,
             tokio::sync::mpsc::UnboundedSender<ControlEvent>,
         ),
-        (seed, started_at, clock): (u64, Millis, crate::sys::clock::SystemClock),
     ) -> Result<Self, LinkError> {
+        let (registry, started_at, clock) = (ctx.registry.clone(), ctx.started_at, ctx.clock);
+        let seed = ctx.seed.rotate_left(17);
         let qos = cfg.endpoint.qos;
         let window = usize::from(cfg.window);
         let (client, lp) = build(&cfg, status(&cfg, &registry, started_at, "offline"))?;
@@ -136,26 +136,17 @@ impl Sink {
             clock,
             ping_pending: false,
             spb: None,
-            fence: crate::run::fence::Fence::open(clock),
+            fence: ctx.fence.clone(),
         })
     }
 
-    /// Fenced by the pair's claim (a board of a pair).
-    pub fn with_fence(mut self, fence: crate::run::fence::Fence) -> Self {
-        self.fence = fence;
-        self
-    }
-
     /// Hands every entry, the counters, reloads and the stop to the edge node too.
-    pub fn with_edge_node(
-        mut self,
-        spb: tokio::sync::mpsc::UnboundedSender<crate::run::outputs::sparkplug::SpbMsg>,
-    ) -> Self {
+    pub fn with_edge_node(mut self, spb: tokio::sync::mpsc::UnboundedSender<SpbMsg>) -> Self {
         self.spb = Some(spb);
         self
     }
 
-    fn to_edge_node(&self, m: crate::run::outputs::sparkplug::SpbMsg) {
+    fn to_edge_node(&self, m: SpbMsg) {
         if let Some(s) = &self.spb {
             let _ = s.send(m);
         }
@@ -239,13 +230,13 @@ impl Sink {
                     }
                 }
                 msg = self.rx.recv(), if rx_open => match msg {
-                    Some(SinkMsg::Apply(cfg)) => {
-                        self.to_edge_node(crate::run::outputs::sparkplug::SpbMsg::Apply(cfg.clone()));
+                    Some(SinkMsg::Control(Control::Reload(cfg))) => {
+                        self.to_edge_node(SpbMsg::Control(Control::Reload(cfg.clone())));
                         self.apply(*cfg).await;
                         backoff = None;
                     }
-                    Some(SinkMsg::Stop) | None => {
-                        self.to_edge_node(crate::run::outputs::sparkplug::SpbMsg::Stop);
+                    Some(SinkMsg::Control(Control::Stop)) | None => {
+                        self.to_edge_node(SpbMsg::Control(Control::Stop));
                         if !self.d.is_connected() {
                             // Down: what is left stays in the outbox for the next start.
                             break;
@@ -329,7 +320,7 @@ impl Sink {
         match m {
             SinkMsg::Live(list) => {
                 if self.spb.is_some() {
-                    self.to_edge_node(crate::run::outputs::sparkplug::SpbMsg::Live(list.clone()));
+                    self.to_edge_node(SpbMsg::Live(list.clone()));
                 }
                 if self.cfg.plain {
                     self.d.live(list);
@@ -345,9 +336,7 @@ impl Sink {
                 self.notices.push_back(n);
             }
             SinkMsg::Metrics(m) => {
-                self.to_edge_node(crate::run::outputs::sparkplug::SpbMsg::Counters(
-                    m.sparkplug_counters(),
-                ));
+                self.to_edge_node(SpbMsg::Counters(m.sparkplug_counters()));
                 if self.d.is_connected() {
                     let payload = m.encode(self.cfg.format);
                     let _ = self
@@ -356,7 +345,7 @@ impl Sink {
                 }
             }
             SinkMsg::Result(topic, r) => self.results.push_back((topic, r)),
-            SinkMsg::Apply(_) | SinkMsg::Stop => {}
+            SinkMsg::Control(_) => {}
         }
     }
 

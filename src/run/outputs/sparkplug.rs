@@ -14,6 +14,7 @@ use tokio::sync::watch;
 
 use super::read_from;
 use crate::model::Millis;
+use crate::run::events::{Control, Ctx};
 use crate::run::outputs::delivery::{Acked, Delivery, Next};
 use crate::sparkplug::node::{self, COUNTERS, Entry, Node, NodeConfig};
 use crate::store::{OutboxEntry, OutboxReader};
@@ -27,10 +28,8 @@ pub enum SpbMsg {
     Live(Vec<(u64, OutboxEntry)>),
     /// The counters of the latest `P/metrics`: an NDATA.
     Counters([u64; COUNTERS.len()]),
-    /// A reload: the sink's new settings.
-    Apply(Box<crate::config::Sink>),
-    /// Drain, then NDEATH and disconnect.
-    Stop,
+    /// A reload: the sink's new settings; or drain, then NDEATH and disconnect.
+    Control(Control<Box<crate::config::Sink>>),
 }
 
 /// Entries published but not yet confirmed, at most (each is one or two messages).
@@ -134,13 +133,6 @@ fn build(cfg: &crate::config::Sink, node: &Node, now: Millis) -> Result<(Client,
 }
 
 impl EdgeSink {
-    /// An edge node publishing what `reader` holds; `delivered` says how far it got.
-    /// Fenced by the pair's claim (a board of a pair).
-    pub fn with_fence(mut self, fence: crate::run::fence::Fence) -> Self {
-        self.fence = fence;
-        self
-    }
-
     /// An NCMD rebirth: NBIRTH and every DBIRTH again, at most once per
     /// `rebirth_min_interval_ms`; a request inside it is counted, not answered.
     fn rebirth(&mut self) {
@@ -170,15 +162,16 @@ impl EdgeSink {
         self.pending.extend(births);
     }
 
+    /// An edge node publishing what `reader` holds; `delivered` says how far it got.
     pub fn new(
-        cfg: crate::config::Sink,
-        node_cfg: NodeConfig,
+        (cfg, node_cfg): (crate::config::Sink, NodeConfig),
+        ctx: &Ctx,
         (reader, rx): (OutboxReader, UnboundedReceiver<SpbMsg>),
-        delivered: watch::Sender<u64>,
-        (state_dir, seed, clock): (&Path, u64, SystemClock),
-        registry: std::sync::Arc<crate::run::status::registry::Registry>,
+        (delivered, state_dir): (watch::Sender<u64>, &Path),
         (floor, core): (u64, tokio::sync::mpsc::Sender<crate::run::events::Inbound>),
     ) -> Result<Self, LinkError> {
+        let (registry, clock) = (ctx.registry.clone(), ctx.clock);
+        let seed = ctx.seed.rotate_left(29);
         let bd_file = bd_seq_path(state_dir);
         let counter = next_bd_seq(&bd_file, floor);
         let _ = core.try_send(crate::run::events::Inbound::Mark(
@@ -208,7 +201,7 @@ impl EdgeSink {
             reborn_at: None,
             registry,
             core,
-            fence: crate::run::fence::Fence::open(clock),
+            fence: ctx.fence.clone(),
         })
     }
 
@@ -268,7 +261,7 @@ impl EdgeSink {
                             self.pending.push_back(m);
                         }
                     }
-                    Some(SpbMsg::Apply(cfg)) => {
+                    Some(SpbMsg::Control(Control::Reload(cfg))) => {
                         let cfg = *cfg;
                         let moved = cfg.endpoint != self.cfg.endpoint || cfg.v5 != self.cfg.v5;
                         self.cfg = cfg;
@@ -277,7 +270,7 @@ impl EdgeSink {
                             backoff = None;
                         }
                     }
-                    Some(SpbMsg::Stop) | None => {
+                    Some(SpbMsg::Control(Control::Stop)) | None => {
                         rx_open = false;
                         if self.phase != Phase::Live {
                             break;

@@ -4,7 +4,6 @@
 //! subscribes and unsubscribes on the same session, or moves to a new link
 //! once the acks of what was handed to the core are out.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc::{Sender, UnboundedReceiver};
@@ -13,10 +12,9 @@ use tokio::sync::watch;
 use crate::config::Probe;
 use crate::model::Millis;
 use crate::run::error::RunError;
-use crate::run::events::{ControlEvent, Current, Inbound, Side, StoreState};
+use crate::run::events::{Control, ControlEvent, Ctx, Current, Inbound, Side, StoreState};
 use crate::run::source::proof::{ProbeStep, Proof};
-use crate::run::status::registry::Registry;
-use crate::sys::clock::{Backoff, SystemClock};
+use crate::sys::clock::Backoff;
 use crate::sys::link::{self, Client, Event, LinkError, LinkOptions, Loop};
 
 mod path;
@@ -44,24 +42,18 @@ pub fn build(cfg: &SourceConfig, started_at: Millis) -> Result<(Client, Loop), L
 pub struct Links {
     /// Messages and link state to the core.
     pub core: Sender<Inbound>,
-    /// A reload's new settings.
-    pub control: UnboundedReceiver<SourceConfig>,
+    /// A reload's new settings, and the stop.
+    pub control: UnboundedReceiver<Control<SourceConfig>>,
     /// The store's health: no messages are taken while it cannot commit.
     pub store_state: watch::Receiver<StoreState>,
     /// The connection acks and commands go to.
     pub current: watch::Sender<Current>,
     /// Ack tokens the ack task has dealt with, in total.
     pub acked: watch::Receiver<u64>,
-    /// Stop requested.
-    pub stop: watch::Receiver<bool>,
     /// The ack task sent the final acks.
     pub flushed: watch::Receiver<bool>,
-    /// Counters and gauges.
-    pub registry: Arc<Registry>,
     /// What stops the gateway: a site broker that refuses the probe topic.
     pub fatal: tokio::sync::mpsc::UnboundedSender<RunError>,
-    /// Outside its proof of the pair's claim the board takes no session.
-    pub fence: crate::run::fence::Fence,
     /// The link's ups and downs, to the control component.
     pub events: tokio::sync::mpsc::UnboundedSender<ControlEvent>,
 }
@@ -85,6 +77,10 @@ pub struct Source {
     proof: Proof,
     /// Stamps the Sparkplug host STATE.
     started_at: Millis,
+    /// Registry, clocks, fence.
+    ctx: Ctx,
+    /// A reload that came while the source waited to reconnect.
+    reload: Option<SourceConfig>,
 }
 
 /// How long a reload's reconnect waits for the acks of what the core has.
@@ -92,12 +88,8 @@ const HANDOVER: Duration = Duration::from_secs(5);
 
 impl Source {
     /// A source on a built link.
-    pub fn new(
-        cfg: SourceConfig,
-        (client, lp): (Client, Loop),
-        links: Links,
-        (seed, started_at, clock): (u64, Millis, SystemClock),
-    ) -> Self {
+    pub fn new(cfg: SourceConfig, (client, lp): (Client, Loop), ctx: &Ctx, links: Links) -> Self {
+        let (seed, started_at, clock) = (ctx.seed, ctx.started_at, ctx.clock);
         Self {
             cfg,
             client,
@@ -111,6 +103,8 @@ impl Source {
             unsubscribe: Vec::new(),
             proof: Proof::new(seed.rotate_left(29) ^ 0x7469_6465_6d61_726b, clock),
             started_at,
+            ctx: ctx.clone(),
+            reload: None,
         }
     }
 
@@ -126,7 +120,7 @@ impl Source {
             // The state store cannot commit, or a board of a pair has no fresh proof of
             // the claim (the session may be another board's): nothing is read or
             // (re)connected; the broker keeps the messages.
-            let fenced = !self.links.fence.holds();
+            let fenced = !self.ctx.fence.holds();
             let paused = (!self.links.store_state.borrow().is_ok() || fenced) && !self.stopping;
             if paused != was_paused {
                 was_paused = paused;
@@ -148,6 +142,12 @@ impl Source {
                     return;
                 }
             }
+            if let Some(new) = self.reload.take()
+                && !self.stopping
+                && !self.apply(new).await
+            {
+                return;
+            }
             if paused {
                 // Nothing is polled: silence proves nothing, and is no fault of the path.
                 self.proof.proven();
@@ -164,22 +164,13 @@ impl Source {
                 // Control first, then input: a probe's verdict must not overtake what
                 // already arrived, and a busy link must not hold up a stop or a reload.
                 biased;
-                _ = self.links.stop.changed(), if !self.stopping => {
-                    self.stopping = true;
-                }
                 _ = self.links.flushed.changed() => {
                     if *self.links.flushed.borrow() {
                         self.close().await;
                         return;
                     }
                 }
-                new = self.links.control.recv(), if !self.stopping => {
-                    if let Some(new) = new
-                        && !self.apply(new).await
-                    {
-                        return;
-                    }
-                }
+                c = self.links.control.recv(), if !self.stopping => self.told(c),
                 ev = self.lp.poll(), if !paused => {
                     if !self.on_event(ev).await {
                         return;
@@ -216,7 +207,7 @@ impl Source {
                     return true;
                 }
                 if refused == 0 {
-                    self.links.registry.health.subscribed(true);
+                    self.ctx.registry.health.subscribed(true);
                     let _ = self
                         .links
                         .events
@@ -344,18 +335,33 @@ impl Source {
         self.lost().await;
         let delay = self.backoff.next_delay();
         tracing::warn!(url = %self.cfg.endpoint.url(), cause = %e, retry_in_ms = delay.as_millis() as u64, "source disconnected");
+        self.back_off(delay).await;
+        !self.stopping || self.connected
+    }
+
+    /// Waits `delay` before a reconnect, less when told to stop; a reload that
+    /// comes meanwhile is applied next.
+    async fn back_off(&mut self, delay: Duration) {
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
-            _ = self.links.stop.changed(), if !self.stopping => { self.stopping = true; }
+            c = self.links.control.recv(), if !self.stopping => self.told(c),
         }
-        !self.stopping || self.connected
+    }
+
+    /// What the control component said: a reload to apply, or the stop (also
+    /// when it is gone).
+    fn told(&mut self, c: Option<Control<SourceConfig>>) {
+        match c {
+            Some(Control::Reload(new)) => self.reload = Some(new),
+            Some(Control::Stop) | None => self.stopping = true,
+        }
     }
 
     /// The link is gone: its ack tokens are void, the core must not let time pass.
     async fn lost(&mut self) {
         if self.connected {
             self.connected = false;
-            self.links.registry.health.subscribed(false);
+            self.ctx.registry.health.subscribed(false);
             let _ = self
                 .links
                 .events

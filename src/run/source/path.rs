@@ -101,7 +101,7 @@ impl Source {
     /// No probe came back in time: the path is down. A disconnect (docs/reference.md#group_defaults-and-groupsname): the
     /// connection is dropped and made anew with backoff.
     pub(super) async fn path_down(&mut self, probe: &Probe, silent: Millis) -> bool {
-        self.links.registry.path_down[0].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.ctx.registry.path_down[0].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::warn!(url = %self.cfg.endpoint.url(), topic = %probe.topic, silent_ms = silent,
             timeout_ms = probe.timeout_ms, "source_path_down: no probe came back in time; reconnecting");
         self.lost().await;
@@ -111,10 +111,7 @@ impl Source {
             Err(e) => tracing::error!(error = %e, "the source link cannot be built again"),
         }
         let delay = self.backoff.next_delay();
-        tokio::select! {
-            () = tokio::time::sleep(delay) => {}
-            _ = self.links.stop.changed(), if !self.stopping => { self.stopping = true; }
-        }
+        self.back_off(delay).await;
         !self.stopping || self.connected
     }
 }
