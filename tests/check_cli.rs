@@ -440,3 +440,31 @@ fn the_reference_lists_every_key_check_knows() {
         );
     }
 }
+
+/// `configs/example.toml` says it holds every key with its default: checked against
+/// the sections' own defaults (each section's `Default`, the bottom layer).
+#[test]
+fn the_example_holds_every_key_with_the_sections_default() {
+    fn walk(defaults: &toml::Table, example: &toml::Table, at: &str, bad: &mut Vec<String>) {
+        for (k, d) in defaults {
+            let key = if at.is_empty() {
+                k.clone()
+            } else {
+                format!("{at}.{k}")
+            };
+            match (d, example.get(k)) {
+                (toml::Value::Table(d), Some(toml::Value::Table(e))) => walk(d, e, &key, bad),
+                (_, None) => bad.push(format!("{key}: missing")),
+                (d, Some(e)) if d != e => {
+                    bad.push(format!("{key}: {e} in the example, {d} by default"))
+                }
+                _ => {}
+            }
+        }
+    }
+    let example: toml::Table = toml::from_str(&example()).unwrap();
+    let defaults = toml::Table::try_from(tidemark::config::RawConfig::default()).unwrap();
+    let mut bad = Vec::new();
+    walk(&defaults, &example, "", &mut bad);
+    assert!(bad.is_empty(), "configs/example.toml:\n{}", bad.join("\n"));
+}
