@@ -146,28 +146,7 @@ impl ActivePair {
                     None => break,
                 },
                 Some(ev) = self.link.events.recv() => self.event(ev),
-                _ = tick.tick() => {
-                    let now = self.clock.now();
-                    if now.mono.saturating_sub(last_tick) > STALL_MS {
-                        // This board stalled: the claim may have moved meanwhile.
-                        tracing::warn!(stalled_ms = now.mono - last_tick, "pair: this board stalled; no ack, session or publish until the pair's claim is read again");
-                        self.revoke(now.mono);
-                    }
-                    last_tick = now.mono;
-                    if self.proof.holds_at(now.mono) {
-                        // Only a silence this board lived through with its proof counts.
-                        let (released, change) = self.gate.tick(now.mono);
-                        self.release(released);
-                        self.changed(change);
-                        let fenced = std::mem::take(&mut self.fenced);
-                        self.release(fenced);
-                    }
-                    if now.mono >= next_beat {
-                        next_beat = now.mono + self.beat_ms;
-                        self.link.beat(Role::Active, (self.epoch, self.gate.pos()), false, now.mono);
-                    }
-                    self.status();
-                }
+                _ = tick.tick() => self.tick(&mut last_tick, &mut next_beat),
             }
         }
         // The last commit's acks too wait for the standby's report, a short while.
@@ -218,6 +197,81 @@ impl ActivePair {
         self.release(released);
     }
 
+    /// The passage of time: a stall revokes the proof; the standby's silence
+    /// counts only while the proof holds; beats; the status.
+    fn tick(&mut self, last_tick: &mut Millis, next_beat: &mut Millis) {
+        let now = self.clock.now();
+        if now.mono.saturating_sub(*last_tick) > STALL_MS {
+            // This board stalled: the claim may have moved meanwhile.
+            tracing::warn!(
+                stalled_ms = now.mono - *last_tick,
+                "pair: this board stalled; no ack, session or publish until the pair's claim is read again"
+            );
+            self.revoke(now.mono);
+        }
+        *last_tick = now.mono;
+        if self.proof.holds_at(now.mono) {
+            // Only a silence this board lived through with its proof counts.
+            let (released, change) = self.gate.tick(now.mono);
+            self.release(released);
+            self.changed(change);
+            let fenced = std::mem::take(&mut self.fenced);
+            self.release(fenced);
+        }
+        if now.mono >= *next_beat {
+            *next_beat = now.mono + self.beat_ms;
+            self.link
+                .beat(Role::Active, (self.epoch, self.gate.pos()), false, now.mono);
+        }
+        self.status();
+    }
+
+    /// A claim on the state topic.
+    fn on_claim(&mut self, payload: &[u8], mono: Millis) {
+        match self
+            .own
+            .judge(serde_json::from_slice::<Claim>(payload).ok())
+        {
+            Seen::Own => {}
+            // An older claim replayed, or garbage that failed its check: this
+            // board's goes back, so a board that starts now elects from the truth.
+            Seen::Overwritten => self.reassert(mono),
+            Seen::Deposed(c) => {
+                tracing::warn!(active = %c.node, epoch = c.epoch, own_epoch = self.epoch,
+                    "pair: another board claims the gateway with a newer epoch; this one stops publishing and rejoins as standby");
+                self.proof.revoke();
+                self.fenced.clear();
+                self.deposed_by = Some(c.clone());
+                let _ = self.deposed.send(RunError::Deposed {
+                    node: c.node,
+                    epoch: c.epoch,
+                });
+            }
+        }
+    }
+
+    /// This board's own beat came back: another process with its name, or the
+    /// proof of its claim as of when the beat was sent.
+    fn own_beat(&mut self, b: &Beat, mono: Millis) {
+        if b.inst != self.link.inst && !b.dead {
+            tracing::error!(node = %b.node, "pair: another process runs with this board's standby.node; give each board its own");
+        } else if b.inst == self.link.inst
+            && !b.dead
+            && b.epoch == self.epoch
+            && b.sent >= self.revoked_at
+            && self.deposed_by.is_none()
+        {
+            // Our own beat came back with no newer claim before it: the claim
+            // is ours as of when it was sent.
+            let was = self.proof.holds_at(mono);
+            self.proof.proven(b.sent, self.valid_ms);
+            if !was && self.proof.holds_at(mono) {
+                tracing::info!("pair: the claim is this board's again; acks and sessions resume");
+                self.gate.resume(mono);
+            }
+        }
+    }
+
     fn event(&mut self, ev: PairEvent) {
         let now = self.clock.now();
         let (topic, payload) = match ev {
@@ -230,27 +284,7 @@ impl ActivePair {
             PairEvent::Up => return,
         };
         if topic == self.link.topics.state() {
-            match self
-                .own
-                .judge(serde_json::from_slice::<Claim>(&payload).ok())
-            {
-                Seen::Own => {}
-                // An older claim replayed, or garbage that failed its check: this
-                // board's goes back, so a board that starts now elects from the truth.
-                Seen::Overwritten => self.reassert(now.mono),
-                Seen::Deposed(c) => {
-                    tracing::warn!(active = %c.node, epoch = c.epoch, own_epoch = self.epoch,
-                        "pair: another board claims the gateway with a newer epoch; this one stops publishing and rejoins as standby");
-                    self.proof.revoke();
-                    self.fenced.clear();
-                    self.deposed_by = Some(c.clone());
-                    let _ = self.deposed.send(RunError::Deposed {
-                        node: c.node,
-                        epoch: c.epoch,
-                    });
-                }
-            }
-            return;
+            return self.on_claim(&payload, now.mono);
         }
         let Some(node) = self.link.topics.node_of(&topic).map(str::to_string) else {
             return;
@@ -271,25 +305,7 @@ impl ActivePair {
             }
         } else if let Ok(b) = serde_json::from_slice::<Beat>(&payload) {
             if node == self.own.node {
-                if b.inst != self.link.inst && !b.dead {
-                    tracing::error!(node = %node, "pair: another process runs with this board's standby.node; give each board its own");
-                } else if b.inst == self.link.inst
-                    && !b.dead
-                    && b.epoch == self.epoch
-                    && b.sent >= self.revoked_at
-                    && self.deposed_by.is_none()
-                {
-                    // Our own beat came back with no newer claim before it: the claim
-                    // is ours as of when it was sent.
-                    let was = self.proof.holds_at(now.mono);
-                    self.proof.proven(b.sent, self.valid_ms);
-                    if !was && self.proof.holds_at(now.mono) {
-                        tracing::info!(
-                            "pair: the claim is this board's again; acks and sessions resume"
-                        );
-                        self.gate.resume(now.mono);
-                    }
-                }
+                self.own_beat(&b, now.mono);
             } else if b.dead {
                 let (released, change) = self.gate.gone(&node);
                 self.release(released);

@@ -87,6 +87,34 @@ impl Activation {
     }
 }
 
+/// The retained claim, once connected and subscribed (the broker may be down:
+/// this waits for it); None when none came within [`CLAIM_WAIT_MS`].
+async fn retained_claim(link: &mut PairLink) -> Result<Option<Claim>, RunError> {
+    loop {
+        match link.events.recv().await {
+            Some(PairEvent::Up) => break,
+            Some(_) => {}
+            None => return Err(RunError::Pair("pair link ended".into())),
+        }
+    }
+    let state = link.topics.state();
+    let deadline = tokio::time::sleep(Duration::from_millis(CLAIM_WAIT_MS));
+    tokio::pin!(deadline);
+    loop {
+        let ev = tokio::select! {
+            () = &mut deadline => return Ok(None),
+            ev = link.events.recv() => ev,
+        };
+        let Some(ev) = ev else { return Ok(None) };
+        if let PairEvent::Msg(topic, payload) = ev
+            && topic == state
+            && let Ok(c) = serde_json::from_slice::<Claim>(&payload)
+        {
+            return Ok(Some(c));
+        }
+    }
+}
+
 /// At start: the retained claim names another board (follow it) or none or
 /// this one (claim the next epoch).
 pub async fn elect(cfg: &Config, sb: &Standby, inst: u64) -> Result<Start, RunError> {
@@ -96,32 +124,7 @@ pub async fn elect(cfg: &Config, sb: &Standby, inst: u64) -> Result<Start, RunEr
         Role::Standby,
         inst,
     )?;
-    // Connected and subscribed first (the broker may be down: wait for it).
-    loop {
-        match link.events.recv().await {
-            Some(PairEvent::Up) => break,
-            Some(_) => {}
-            None => return Err(RunError::Pair("pair link ended".into())),
-        }
-    }
-    let state = link.topics.state();
-    let mut seen: Option<Claim> = None;
-    let deadline = tokio::time::sleep(Duration::from_millis(CLAIM_WAIT_MS));
-    tokio::pin!(deadline);
-    loop {
-        let ev = tokio::select! {
-            () = &mut deadline => break,
-            ev = link.events.recv() => ev,
-        };
-        let Some(ev) = ev else { break };
-        if let PairEvent::Msg(topic, payload) = ev
-            && topic == state
-            && let Ok(c) = serde_json::from_slice::<Claim>(&payload)
-        {
-            seen = Some(c);
-            break;
-        }
-    }
+    let seen = retained_claim(&mut link).await?;
     match seen {
         Some(c) if c.node != sb.node => {
             tracing::info!(active = %c.node, epoch = c.epoch, node = %sb.node, "pair: another board is active; this one follows it as standby");

@@ -44,7 +44,8 @@ impl PairLink {
         let topics = Topics::new(gateway);
         let mut endpoint = source.endpoint.clone();
         endpoint.client_id = format!("{}-pair-{}", endpoint.client_id, sb.node);
-        let will_body = serde_json::to_vec(&Beat {
+        // The will: a dead beat.
+        let dead = Beat {
             node: sb.node.clone(),
             role,
             epoch: 0,
@@ -52,8 +53,8 @@ impl PairLink {
             inst,
             dead: true,
             sent: 0,
-        })
-        .unwrap_or_default();
+        };
+        let will_body = serde_json::to_vec(&dead).unwrap_or_default();
         let beat_topic = topics.beat(&sb.node);
         let sealer = Arc::new(std::sync::Mutex::new(Sealer::new(
             sb.keys.clone(),
@@ -74,18 +75,7 @@ impl PairLink {
         let (tx, events) = mpsc::unbounded_channel();
         let (role_tx, role_rx) = watch::channel(role);
         let rejected = Arc::new(AtomicU64::new(0));
-        let mut gate = Opener {
-            keys: sb.keys.clone(),
-            node: sb.node.clone(),
-            topics: topics.clone(),
-            max: sb.max_frame,
-            sessions: auth::Sessions::default(),
-            sealer: sealer.clone(),
-            rejected: rejected.clone(),
-            logged: None,
-            clock: SystemClock::new(),
-        };
-        gate.sessions.set_mine(lock(&sealer).nonce());
+        let gate = Opener::new(sb, &topics, &sealer, &rejected);
         let task = tokio::spawn(carry(
             (lp, client.clone(), topics.clone()),
             (tx, role_rx),
@@ -218,15 +208,7 @@ async fn carry(
                         return;
                     }
                     tokio::time::sleep(Duration::from_millis(500)).await;
-                    // A new connection is a new session, with a will of its own.
-                    let nonce = auth::random_nonce();
-                    let will = {
-                        let mut s = lock(&gate.sealer);
-                        s.new_session(nonce);
-                        s.seal_will(&beat_topic, &will_body)
-                    };
-                    gate.sessions.set_mine(nonce);
-                    lp.set_will(&beat_topic, will);
+                    gate.new_session(&mut lp, &beat_topic, &will_body);
                 }
             },
             r = role_rx.changed() => {
@@ -235,17 +217,22 @@ async fn carry(
                 }
                 let now = *role_rx.borrow_and_update();
                 if now != subscribed {
-                    for f in filters(subscribed) {
-                        if !filters(now).contains(&f) {
-                            let _ = c.unsubscribe(&f);
-                        }
-                    }
-                    let _ = c.subscribe(&filters(now), 1);
+                    resubscribe(&c, &filters(subscribed), &filters(now));
                     subscribed = now;
                 }
             }
         }
     }
+}
+
+/// From the filters of one role to another's.
+fn resubscribe(c: &Client, old: &[String], new: &[String]) {
+    for f in old {
+        if !new.contains(f) {
+            let _ = c.unsubscribe(f);
+        }
+    }
+    let _ = c.subscribe(new, 1);
 }
 
 fn lock(s: &std::sync::Mutex<Sealer>) -> std::sync::MutexGuard<'_, Sealer> {
@@ -267,6 +254,40 @@ struct Opener {
 }
 
 impl Opener {
+    /// The receiving side of `sb`'s link, its own session known.
+    fn new(
+        sb: &Standby,
+        topics: &Topics,
+        sealer: &Arc<std::sync::Mutex<Sealer>>,
+        rejected: &Arc<AtomicU64>,
+    ) -> Self {
+        let mut gate = Self {
+            keys: sb.keys.clone(),
+            node: sb.node.clone(),
+            topics: topics.clone(),
+            max: sb.max_frame,
+            sessions: auth::Sessions::default(),
+            sealer: sealer.clone(),
+            rejected: rejected.clone(),
+            logged: None,
+            clock: SystemClock::new(),
+        };
+        gate.sessions.set_mine(lock(sealer).nonce());
+        gate
+    }
+
+    /// A new connection is a new session, with a will of its own.
+    fn new_session(&mut self, lp: &mut link::Loop, beat_topic: &str, will_body: &[u8]) {
+        let nonce = auth::random_nonce();
+        let will = {
+            let mut s = lock(&self.sealer);
+            s.new_session(nonce);
+            s.seal_will(beat_topic, will_body)
+        };
+        self.sessions.set_mine(nonce);
+        lp.set_will(beat_topic, will);
+    }
+
     /// The body of a genuine, fresh message; None (counted) for anything else.
     fn open(&mut self, topic: &str, payload: &[u8]) -> Option<bytes::Bytes> {
         let checked = if payload.len() > self.max {

@@ -237,27 +237,16 @@ async fn follow_loop(
     empty: &Engine,
     shutdown: &mut (impl std::future::Future<Output = ()> + Unpin),
 ) -> Result<Option<Taken>, RunError> {
-    let _ = link.role.send(Role::Standby);
-    let (replica, resumed) = resume(cfg);
-    let now = clock.now();
+    let (mut pump, resumed) = Pump::open(cfg, link, clock, (registry, empty));
     let mut f = Follower::new(
         &sb.node,
-        link.inst,
+        pump.link.inst,
         sb.takeover_ms,
         sb.max_frame,
         claim.clone(),
         resumed,
-        now.mono,
+        pump.started.0,
     );
-    let mut pump = Pump {
-        cfg,
-        link,
-        clock,
-        registry,
-        empty,
-        replica,
-        started: (now.mono, now.wall),
-    };
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tracing::info!(node = %sb.node, "pair: standby; asking the active for its state");
@@ -289,7 +278,30 @@ async fn follow_loop(
     Ok(taken)
 }
 
-impl Pump<'_> {
+impl<'a> Pump<'a> {
+    /// The standby's side opened: its role on the link, and the replica on disk
+    /// with its position if it was in sync when this board stopped.
+    fn open(
+        cfg: &'a Config,
+        link: &'a mut PairLink,
+        clock: SystemClock,
+        (registry, empty): (&'a Arc<Registry>, &'a Engine),
+    ) -> (Self, Option<Position>) {
+        let _ = link.role.send(Role::Standby);
+        let (replica, resumed) = resume(cfg);
+        let now = clock.now();
+        let pump = Pump {
+            cfg,
+            link,
+            clock,
+            registry,
+            empty,
+            replica,
+            started: (now.mono, now.wall),
+        };
+        (pump, resumed)
+    }
+
     /// One event of the link, into the machine.
     fn event(&mut self, f: &mut Follower, ev: PairEvent) -> Vec<Action> {
         let now = self.clock.now();
@@ -327,15 +339,11 @@ impl Pump<'_> {
         let mut queue = std::collections::VecDeque::from(actions);
         let dir = self.cfg.gateway.state_dir.clone();
         while let Some(a) = queue.pop_front() {
-            let next = match a {
-                Action::Report(r) => {
-                    self.link.report(&r);
-                    continue;
-                }
+            match a {
+                Action::Report(r) => self.link.report(&r),
                 Action::Beat(epoch, pos) => {
-                    self.link
-                        .beat(Role::Standby, (epoch, pos), false, self.clock.mono());
-                    continue;
+                    let sent = self.clock.mono();
+                    self.link.beat(Role::Standby, (epoch, pos), false, sent);
                 }
                 Action::Install(item) => {
                     tracing::info!(
@@ -346,54 +354,55 @@ impl Pump<'_> {
                     let ok = tokio::task::block_in_place(|| {
                         install(self.cfg, &mut self.replica, &item.data)
                     })?;
-                    f.installed(&item, ok)
+                    queue.extend(f.installed(&item, ok));
                 }
-                Action::Apply(item) => {
-                    let Some(r) = self.replica.as_mut() else {
-                        continue;
-                    };
-                    let applied = tokio::task::block_in_place(|| {
-                        r.durable.follow(&mut r.engine, &item.data, &mut r.in_force)
-                    });
-                    // Rebirth requests are the active's to send.
-                    r.engine.take_commands();
-                    if let Err(e) = &applied {
-                        tracing::warn!(error = %e, "pair: a record did not apply; asking for a snapshot");
-                    }
-                    f.applied(&item, applied.is_ok(), self.clock.now().wall)
-                }
-                Action::MarkSynced(p) => {
-                    mark_synced(&dir, &p);
-                    continue;
-                }
-                Action::Unmark => {
-                    unmark_synced(&dir);
-                    continue;
-                }
-                Action::Claim(mine) => {
-                    let proven_at = self.clock.mono();
-                    tracing::warn!(active = %f.claim().map_or("", |c| c.node.as_str()), epoch = mine.epoch, "pair: the active is dead; taking over");
-                    let outcome = self.link.claim(&mine).await;
-                    let out = f.claimed(mine, outcome, self.clock.mono());
-                    if let Some(Action::TakeOver(c, from, pos)) = out.first() {
-                        drop(self.replica.take());
-                        return Ok(Some(Taken {
-                            epoch: c.epoch,
-                            from: Some((from.clone(), *pos)),
-                            proven_at,
-                        }));
-                    }
-                    out
-                }
-                Action::TakeOver(..) => continue,
-                Action::Say(note) => {
-                    say(&note)?;
-                    continue;
-                }
-            };
-            queue.extend(next);
+                Action::Apply(item) => queue.extend(self.apply(f, &item)),
+                Action::MarkSynced(p) => mark_synced(&dir, &p),
+                Action::Unmark => unmark_synced(&dir),
+                Action::Claim(mine) => match self.claim(f, mine).await {
+                    Ok(taken) => return Ok(Some(taken)),
+                    Err(out) => queue.extend(out),
+                },
+                Action::TakeOver(..) => {}
+                Action::Say(note) => say(&note)?,
+            }
         }
         Ok(None)
+    }
+
+    /// A record to the replica; what the machine makes of the outcome.
+    fn apply(&mut self, f: &mut Follower, item: &crate::pair::Item) -> Vec<Action> {
+        let Some(r) = self.replica.as_mut() else {
+            return Vec::new();
+        };
+        let applied = tokio::task::block_in_place(|| {
+            r.durable.follow(&mut r.engine, &item.data, &mut r.in_force)
+        });
+        // Rebirth requests are the active's to send.
+        r.engine.take_commands();
+        if let Err(e) = &applied {
+            tracing::warn!(error = %e, "pair: a record did not apply; asking for a snapshot");
+        }
+        f.applied(item, applied.is_ok(), self.clock.now().wall)
+    }
+
+    /// This board's claim raced on the site broker: the takeover, or what the
+    /// machine does instead.
+    async fn claim(&mut self, f: &mut Follower, mine: Claim) -> Result<Taken, Vec<Action>> {
+        let proven_at = self.clock.mono();
+        tracing::warn!(active = %f.claim().map_or("", |c| c.node.as_str()), epoch = mine.epoch,
+            "pair: the active is dead; taking over");
+        let outcome = self.link.claim(&mine).await;
+        let out = f.claimed(mine, outcome, self.clock.mono());
+        if let Some(Action::TakeOver(c, from, pos)) = out.first() {
+            drop(self.replica.take());
+            return Ok(Taken {
+                epoch: c.epoch,
+                from: Some((from.clone(), *pos)),
+                proven_at,
+            });
+        }
+        Err(out)
     }
 
     /// Answers a status query from the replicated engine.
