@@ -30,3 +30,14 @@ async fn read_from(
             })
         })
 }
+
+/// The sequence number of the outbox's oldest entry: where an output starts.
+async fn first_entry(reader: &OutboxReader) -> Option<u64> {
+    match read_from(reader, None).await {
+        Ok(v) => v.first().map(|(s, _)| *s),
+        Err(e) => {
+            tracing::error!(error = %e, "reading the outbox");
+            None
+        }
+    }
+}

@@ -12,7 +12,7 @@ use serde::Serialize;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::watch;
 
-use super::{FENCE_LOOK, read_from};
+use super::{FENCE_LOOK, first_entry, read_from};
 use crate::fleet::Via;
 use crate::model::Millis;
 use crate::run::events::{Control, ControlEvent, Ctx, Notice, Side};
@@ -158,13 +158,7 @@ impl Sink {
 
     /// Runs until stopped.
     pub async fn run(mut self) {
-        let first = match read_from(&self.reader, None).await {
-            Ok(v) => v.first().map(|(s, _)| *s),
-            Err(e) => {
-                tracing::error!(error = %e, "reading the outbox");
-                None
-            }
-        };
+        let first = first_entry(&self.reader).await;
         self.d = Delivery::new(first, usize::from(self.cfg.window), self.cfg.endpoint.qos);
         if first.is_some() {
             let depth = self.registry.outbox_depth.load(Ordering::Relaxed);

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::watch;
 
-use super::read_from;
+use super::{first_entry, read_from};
 use crate::model::Millis;
 use crate::run::events::{Control, Ctx};
 use crate::run::outputs::delivery::{Acked, Delivery, Next};
@@ -207,13 +207,7 @@ impl EdgeSink {
 
     /// Runs until stopped.
     pub async fn run(mut self) {
-        let first = match read_from(&self.reader, None).await {
-            Ok(v) => v.first().map(|(s, _)| *s),
-            Err(e) => {
-                tracing::error!(error = %e, "reading the outbox");
-                None
-            }
-        };
+        let first = first_entry(&self.reader).await;
         self.d = Delivery::new(first, usize::from(WINDOW), 1);
         let mut drain: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
         let mut backoff: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
