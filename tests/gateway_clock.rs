@@ -252,7 +252,7 @@ fn a_wrong_unsynchronized_gateway_clock_follows_the_devices_and_ntp_steps_lose_n
         }
     }
     // Within max_skew_ms: no verdict against the gateway, no device alert; a
-    // forward step makes nothing late (a backward one: see the README). −6 s:
+    // forward step makes nothing late (a backward one: see docs/operate.md). −6 s:
     // every reading just beyond max_future_ms on the uncorrected clock.
     for error in [-6_000, -10_000, 10_000, -2 * MIN, 2 * MIN] {
         for hz in [0.2, 1.0, 5.0] {

@@ -1,4 +1,4 @@
-//! Growing past one gateway (README): two gateways, each given half of the
+//! Growing past one gateway (docs/operate.md): two gateways, each given half of the
 //! groups by topic filter, together publish exactly the window results one
 //! gateway publishes for all of them — against one real mosquitto.
 
