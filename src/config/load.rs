@@ -141,6 +141,17 @@ pub fn load_str(text: &str, env: &BTreeMap<String, String>) -> Result<Config, Co
     load_layers(&[("<config>".to_owned(), text.to_owned())], env)
 }
 
+/// The bottom layer of every configuration: each section's defaults, from its
+/// struct. A group's window is one value (a file's window replaces it whole,
+/// never merges with it key by key), so it is left to its serde default.
+fn bottom_layer() -> toml::Table {
+    let mut t = toml::Table::try_from(RawConfig::default()).unwrap_or_default();
+    if let Some(toml::Value::Table(g)) = t.get_mut("group_defaults") {
+        g.remove("window");
+    }
+    t
+}
+
 /// `(name, TOML text)` layers over the defaults, `env` over all of them.
 fn load_layers(
     layers: &[(String, String)],
@@ -152,8 +163,7 @@ fn load_layers(
         .filter(|(k, _)| k.starts_with("TIDEMARK__"))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    // The bottom layer: each section's defaults, from its struct.
-    let defaults = toml::to_string(&RawConfig::default()).unwrap_or_default();
+    let defaults = toml::to_string(&bottom_layer()).unwrap_or_default();
     let mut builder =
         config::Config::builder().add_source(File::from_str(&defaults, FileFormat::Toml));
     let mut sources = BTreeMap::new();
@@ -221,7 +231,7 @@ fn load_layers(
 /// Deserializes `tree`, collecting every unknown key and wrong type: each one is
 /// reported, then removed (unknown) or set to its default, and the rest tried again.
 fn deserialize_all(mut tree: serde_json::Value) -> (Option<RawConfig>, Vec<String>) {
-    let defaults = serde_json::to_value(RawConfig::default()).unwrap_or_default();
+    let defaults = serde_json::to_value(bottom_layer()).unwrap_or_default();
     let mut problems = Vec::new();
     loop {
         match serde_path_to_error::deserialize::<_, RawConfig>(tree.clone()) {
@@ -367,6 +377,18 @@ pub fn annotate_sources(effective: &str, sources: &BTreeMap<String, String>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_window_written_replaces_the_default_one_whole() {
+        for w in [
+            r#"{ kind = "session", gap_ms = 5000 }"#,
+            r#"{ kind = "hopping", size_ms = 10000, slide_ms = 5000 }"#,
+            r#"{ kind = "tumbling", size_ms = 10000 }"#,
+        ] {
+            let text = format!("[gateway]\nid = \"gw\"\n[group_defaults]\nwindow = {w}\n");
+            assert!(load_str(&text, &BTreeMap::new()).is_ok(), "{w}");
+        }
+    }
 
     #[test]
     fn a_remote_document_changes_no_fleet_key_however_spelled() {
