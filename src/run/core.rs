@@ -15,7 +15,9 @@ use crate::engine::Engine;
 use crate::model::Millis;
 use crate::output::{AlertType, GatewayAlert, Output};
 use crate::run::durable::plan::{self, Cadence, Commit, Pending};
-use crate::run::events::{Current, Inbound, OutboxBounds, StoreEvent, StoreJob, StoreState};
+use crate::run::events::{
+    Control, Current, Inbound, OutboxBounds, StoreEvent, StoreJob, StoreState,
+};
 use crate::run::outputs::mqtt::SinkMsg;
 use crate::run::status::api;
 use crate::run::status::metrics;
@@ -225,7 +227,7 @@ impl Core {
                 let now = self.clock.now();
                 let _ = reply.send(api::answer(driver.engine(), &q, now, registry, links));
             }
-            Inbound::Reload(cfg) => {
+            Inbound::Control(Control::Reload(cfg)) => {
                 let now = self.clock.now();
                 driver.reconfigure(now, &cfg);
                 self.cfg = CoreConfig::of(&cfg);
@@ -236,7 +238,7 @@ impl Core {
             Inbound::Mark(m) => driver.mark(self.clock.now(), m),
             Inbound::Proven => st.proven = self.clock.mono(),
             Inbound::Wake => {}
-            Inbound::Stop => st.stopping = true,
+            Inbound::Control(Control::Stop) => st.stopping = true,
         }
     }
 

@@ -29,8 +29,9 @@ pub enum Inbound {
     Proven,
     /// Timer: ticks, commit cadence, metrics.
     Wake,
-    /// A reload's validated config: the engine's rules from the next message on.
-    Reload(Box<Config>),
+    /// A reload's validated config (the engine's rules from the next message
+    /// on), or the stop: process what was received, final commit.
+    Control(Control<Box<Config>>),
     /// State outside the windows to keep in the state store (a remote document id
     /// taken, the edge node's next session).
     Mark(crate::journal::Mark),
@@ -39,8 +40,6 @@ pub enum Inbound {
         crate::run::status::api::Query,
         tokio::sync::oneshot::Sender<crate::run::status::api::Answer>,
     ),
-    /// Shut down: process what was received, final commit.
-    Stop,
 }
 
 /// The connection the acks must use: its generation and client. Tokens of an

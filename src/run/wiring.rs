@@ -406,7 +406,7 @@ impl Running {
     pub async fn stop(mut self) -> Result<(), RunError> {
         let _ = self.stop_tx.send(true);
         let _ = self.source.send(Control::Stop);
-        let _ = self.core_tx.send(Inbound::Stop).await;
+        let _ = self.core_tx.send(Inbound::Control(Control::Stop)).await;
         drop(self.core_tx);
         let http = self.reloader.into_http();
         let tasks = self.tasks;

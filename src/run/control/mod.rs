@@ -211,7 +211,7 @@ impl Reloader {
         if self
             .targets
             .core
-            .send(Inbound::Reload(Box::new(new.clone())))
+            .send(Inbound::Control(Control::Reload(Box::new(new.clone()))))
             .await
             .is_err()
         {
