@@ -33,10 +33,12 @@ fn source_blackhole(k: u8, keep_alive_s: u64, blind_s: u64) {
     eprintln!("{what}: noticed after {:.2} s", noticed.as_secs_f64());
     let rest = Duration::from_secs(blind_s).saturating_sub(noticed);
     std::thread::sleep(rest);
+    // Counted before the link returns: the gateway may subscribe again within
+    // milliseconds of it, before a count taken after would see it.
+    let subscribed = site.log_text().matches("source subscribed").count();
     let blind_to = now_ms();
     site.net.heal();
     let healed = Instant::now();
-    let subscribed = site.log_text().matches("source subscribed").count();
     site.wait_log("source subscribed", subscribed, Duration::from_secs(60));
     // Caught up: every group's W within a window of the fleet's present.
     site.wait_caught_up(&what);
