@@ -98,7 +98,7 @@ fn outputs(
         mpsc::UnboundedSender<crate::run::events::ControlEvent>,
     ),
 ) -> Result<(Sink, Vec<JoinHandle<()>>), RunError> {
-    let mut spb_senders = Vec::new();
+    let mut spb = None;
     let mut edge_tasks = Vec::new();
     let plain_tx = match &cfg.sink.sparkplug {
         None => delivered_tx,
@@ -119,7 +119,7 @@ fn outputs(
                 edge_rx,
                 delivered_tx,
             )));
-            spb_senders.push(spb_tx);
+            spb = Some(spb_tx);
             plain_tx
         }
     };
@@ -129,7 +129,7 @@ fn outputs(
         (restored.durable.store().reader(), sink_rx),
         (plain_tx, documents_tx),
     )?;
-    if let Some(spb) = spb_senders.pop() {
+    if let Some(spb) = spb {
         sink = sink.with_edge_node(spb);
     }
     Ok((sink, edge_tasks))
@@ -139,20 +139,15 @@ fn outputs(
 /// task sends them to the standby and holds their acks.
 fn active_pair(
     durable: durable::Durable,
-    pair: Option<(crate::run::pair::Activation, crate::run::fence::Proof)>,
-    links: impl FnOnce(crate::run::fence::Proof) -> crate::run::pair::ActiveLinks,
+    pair: Option<(crate::run::pair::Activation, crate::run::pair::ActiveLinks)>,
     (seed, clock, standby): (u64, SystemClock, Option<&crate::config::Standby>),
 ) -> (durable::Durable, Option<crate::run::pair::ActivePair>) {
     match pair.zip(standby) {
-        Some(((activation, proof), sb)) => {
+        Some(((activation, links), sb)) => {
             let takeover_ms = sb.takeover_ms;
             let stream = seed.rotate_left(41) | 1;
-            let task = crate::run::pair::ActivePair::new(
-                activation,
-                links(proof),
-                clock,
-                (stream, takeover_ms),
-            );
+            let task =
+                crate::run::pair::ActivePair::new(activation, links, clock, (stream, takeover_ms));
             (durable.replicating(), Some(task))
         }
         None => (durable, None),
@@ -280,18 +275,18 @@ pub fn start(
         registry: registry.clone(),
         pair: (pair.is_some() && proof.is_some()).then_some(pair_tx),
     };
+    let links = proof.map(|proof| crate::run::pair::ActiveLinks {
+        commits: pair_rx,
+        acks: acks_tx.clone(),
+        snapshots: snapshots_tx,
+        sink: sink_tx.clone(),
+        registry: registry.clone(),
+        deposed: fatal_tx.clone(),
+        proof,
+    });
     let (durable, pair_task) = active_pair(
         restored.durable,
-        pair.zip(proof),
-        |proof| crate::run::pair::ActiveLinks {
-            commits: pair_rx,
-            acks: acks_tx.clone(),
-            snapshots: snapshots_tx,
-            sink: sink_tx.clone(),
-            registry: registry.clone(),
-            deposed: fatal_tx.clone(),
-            proof,
-        },
+        pair.zip(links),
         (seed, clock, cfg.standby.as_ref()),
     );
     let source = Source::new(
