@@ -22,7 +22,7 @@ fn entry(o: &Output, prefix: &str, format: SinkFormat, at: Millis) -> OutboxEntr
         payload: payload.into(),
         retain: o.retain(),
         at,
-        report: matches!(o, Output::Late(_) | Output::Rejected(_)),
+        report: matches!(o, Output::Late(_) | Output::Rejected(_) | Output::Refused(_)),
     }
 }
 
@@ -275,16 +275,23 @@ impl Driver {
     /// node's next session): durable with the next commit, journaled in order
     /// with the messages so a standby follows it; never moves back.
     pub fn mark(&mut self, now: Now, m: Mark) {
-        let have = match m {
-            Mark::FleetId(_) => self.engine.fleet_last_id(),
-            Mark::BdSeq(_) => self.engine.bd_seq(),
-        };
-        if m.value() <= have {
+        if !m.moves(&self.engine) {
             return;
         }
         m.apply(&mut self.engine);
         if let Some(j) = self.journal_mut() {
             j.mark(m);
+        }
+        self.durable(now.mono);
+    }
+
+    /// An entry a database output refused: published on `P/rejected` with the
+    /// next batch (docs/reference.md#sinkpostgres-and-sinkinflux).
+    pub fn set_aside(&mut self, now: Now, r: crate::output::Refused) {
+        let o = Output::Refused(r);
+        match &mut self.mode {
+            Mode::Run { encoded, .. } => encoded.push(entry(&o, &self.prefix, self.format, 0)),
+            Mode::Replay => self.outputs.push(o),
         }
         self.durable(now.mono);
     }

@@ -43,6 +43,7 @@ enum OpRef<'a> {
     R(#[serde(with = "serde_bytes")] &'a [u8]),
     F(u64),
     B(u64),
+    P(u8, u64, u64, u64),
 }
 
 #[derive(Deserialize)]
@@ -66,6 +67,7 @@ enum Op {
     R(#[serde(with = "serde_bytes")] Vec<u8>),
     F(u64),
     B(u64),
+    P(u8, u64, u64, u64),
 }
 
 /// State outside the windows that must survive a crash and reach a standby.
@@ -75,21 +77,48 @@ pub enum Mark {
     FleetId(u64),
     /// The Sparkplug edge node's next session counter (`bdSeq` = it mod 256).
     BdSeq(u64),
+    /// A database output's cursor and totals (docs/reference.md#sinkpostgres-and-sinkinflux).
+    Output(crate::model::OutputKind, OutputMark),
+}
+
+/// Where an output is in the outbox, and what it did, since the state was created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputMark {
+    /// One past the highest outbox number it confirmed (all below are done).
+    pub upto: u64,
+    /// Entries written.
+    pub written: u64,
+    /// Entries the database refused (set aside).
+    pub refused: u64,
+}
+
+impl OutputMark {
+    /// Each field the higher of the two: a mark never moves back.
+    pub fn max(self, o: Self) -> Self {
+        Self {
+            upto: self.upto.max(o.upto),
+            written: self.written.max(o.written),
+            refused: self.refused.max(o.refused),
+        }
+    }
 }
 
 impl Mark {
-    /// The number it carries.
-    pub fn value(self) -> u64 {
-        match self {
-            Mark::FleetId(v) | Mark::BdSeq(v) => v,
-        }
-    }
-
     /// Into `engine`'s state (each only ever rises).
     pub fn apply(self, engine: &mut Engine) {
         match self {
             Mark::FleetId(id) => engine.take_fleet_id(id),
             Mark::BdSeq(next) => engine.take_bd_seq(next),
+            Mark::Output(o, m) => engine.take_output_mark(o, m),
+        }
+    }
+
+    /// It would move `engine`'s state on.
+    pub fn moves(self, engine: &Engine) -> bool {
+        match self {
+            Mark::FleetId(v) => v > engine.fleet_last_id(),
+            Mark::BdSeq(v) => v > engine.bd_seq(),
+            Mark::Output(o, m) => m.max(engine.output_mark(o)) != engine.output_mark(o),
         }
     }
 }
@@ -147,6 +176,7 @@ impl Journal {
         self.push(&match m {
             Mark::FleetId(id) => OpRef::F(id),
             Mark::BdSeq(next) => OpRef::B(next),
+            Mark::Output(o, m) => OpRef::P(o as u8, m.upto, m.written, m.refused),
         });
         self.tick_at = None;
     }
@@ -208,6 +238,16 @@ pub fn apply(engine: &mut Engine, mut ops: &[u8]) -> Result<Option<Vec<u8>>, Rep
             }
             Op::F(id) => Mark::FleetId(id).apply(engine),
             Op::B(next) => Mark::BdSeq(next).apply(engine),
+            Op::P(o, upto, written, refused) => {
+                if let Some(o) = crate::model::OutputKind::from_index(o) {
+                    let m = OutputMark {
+                        upto,
+                        written,
+                        refused,
+                    };
+                    Mark::Output(o, m).apply(engine);
+                }
+            }
             Op::R(record) => {
                 engine.reconfigure(&crate::config::engine_from_record(&record)?);
                 reloaded = Some(record);

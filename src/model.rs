@@ -118,6 +118,44 @@ impl Reason {
     }
 }
 
+/// The outputs that read the outbox (docs/reference.md#sinkpostgres-and-sinkinflux).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OutputKind {
+    /// The upstream MQTT sink's plain topics.
+    Mqtt,
+    /// The Sparkplug B edge node.
+    Sparkplug,
+    /// `[sink.postgres]`.
+    Postgres,
+    /// `[sink.influx]`.
+    Influx,
+}
+
+impl OutputKind {
+    /// Every output, in index order.
+    pub const ALL: [OutputKind; 4] = [
+        OutputKind::Mqtt,
+        OutputKind::Sparkplug,
+        OutputKind::Postgres,
+        OutputKind::Influx,
+    ];
+
+    /// The output at `i` of [`OutputKind::ALL`].
+    pub fn from_index(i: u8) -> Option<Self> {
+        Self::ALL.get(usize::from(i)).copied()
+    }
+
+    /// The name in the status API and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputKind::Mqtt => "mqtt",
+            OutputKind::Sparkplug => "sparkplug",
+            OutputKind::Postgres => "postgres",
+            OutputKind::Influx => "influx",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

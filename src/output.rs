@@ -65,6 +65,8 @@ pub enum Output {
     Alert(Alert),
     /// A gateway-level alert from the engine (`P/alerts`).
     Gateway(GatewayAlert),
+    /// An entry a database refused, set aside (`P/rejected`, reason `output_refused`).
+    Refused(Refused),
     /// Retained device status.
     Status {
         /// Group.
@@ -277,6 +279,27 @@ pub struct Rejected {
     pub detail: String,
 }
 
+/// `P/rejected` payload of an entry a database output refused for its content.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Refused {
+    /// Always `output_refused`.
+    pub reason: &'static str,
+    /// The entry's topic.
+    pub topic: String,
+    /// Group.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// Device.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    /// The result's or alert's id.
+    pub id: String,
+    /// Gateway wall clock when set aside.
+    pub arrival: Millis,
+    /// `{output}: {the database's message}`.
+    pub detail: String,
+}
+
 /// Alert kinds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -342,7 +365,7 @@ impl Output {
         match self {
             Output::Window(w) => format!("{p}/windows/{}/{}", w.group, w.device),
             Output::Late(l) => format!("{p}/late/{}/{}", l.group, l.device),
-            Output::Rejected(_) => format!("{p}/rejected"),
+            Output::Rejected(_) | Output::Refused(_) => format!("{p}/rejected"),
             Output::Alert(a) => format!("{p}/alerts/{}/{}", a.group, a.device),
             Output::Gateway(_) => format!("{p}/alerts"),
             Output::Status { group, device, .. } => format!("{p}/status/{group}/{device}"),
@@ -380,6 +403,7 @@ impl Serialize for PayloadRef<'_> {
             Output::Window(w) => w.serialize(s),
             Output::Late(l) => l.serialize(s),
             Output::Rejected(r) => r.serialize(s),
+            Output::Refused(r) => r.serialize(s),
             Output::Alert(a) => a.serialize(s),
             Output::Gateway(a) => a.serialize(s),
             Output::Status { online, .. } => {

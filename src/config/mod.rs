@@ -3,6 +3,7 @@
 //! typed [`Config`]. Every problem is reported as one line naming its key.
 
 mod checks;
+mod databases;
 mod fleet;
 mod gateway;
 mod load;
@@ -14,6 +15,7 @@ mod standby;
 mod validate;
 mod whole;
 
+pub use databases::{DbAddress, Influx, InfluxApi, Postgres, RawInflux, RawPostgres};
 pub use fleet::{Fleet, RawFleet};
 pub use gateway::{
     Broker, Gateway, Log, LogFormat, Metrics, RawBroker, RawGateway, RawLog, RawMetrics,

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::checks::Endpoint;
+use super::databases::{Influx, Postgres, RawInflux, RawPostgres};
 use super::checks::{Problems, endpoint, ms};
 use super::fleet::RawFleet;
 use super::raw::RawSparkplug;
@@ -58,6 +59,10 @@ pub struct RawSink {
     pub plain: bool,
     /// Results as a Sparkplug B edge node (docs/reference.md#sink--the-upstream-broker).
     pub sparkplug: RawSinkSparkplug,
+    /// Results into PostgreSQL / TimescaleDB.
+    pub postgres: RawPostgres,
+    /// Results into InfluxDB.
+    pub influx: RawInflux,
 }
 
 impl Default for RawSink {
@@ -81,6 +86,8 @@ impl Default for RawSink {
             ack_timeout_ms: 5000,
             plain: true,
             sparkplug: RawSinkSparkplug::default(),
+            postgres: RawPostgres::default(),
+            influx: RawInflux::default(),
         }
     }
 }
@@ -145,12 +152,25 @@ pub struct Sink {
     pub plain: bool,
     /// Results as a Sparkplug B edge node (`[sink.sparkplug] enabled`).
     pub sparkplug: Option<crate::sparkplug::node::NodeConfig>,
+    /// `[sink.postgres]` (None: off).
+    pub postgres: Option<Postgres>,
+    /// `[sink.influx]` (None: off).
+    pub influx: Option<Influx>,
 }
 
 impl Sink {
     pub(super) fn validate(p: &mut Problems, raw: &Sections<'_>, gateway: &str) -> Self {
         let s = raw.sink;
-        let endpoint = endpoint(p, "sink", &s.link(), &format!("tidemark-{gateway}-out"));
+        let postgres = Postgres::validate(p, &s.postgres);
+        let influx = Influx::validate(p, &s.influx);
+        let databases = s.postgres.enabled || s.influx.enabled;
+        // Only database outputs: no upstream broker is needed (docs/reference.md#sinkpostgres-and-sinkinflux).
+        let no_broker = s.url.is_empty() && databases && !s.plain && !s.sparkplug.enabled;
+        let endpoint = if no_broker {
+            Endpoint::plain(false, String::new(), 0, format!("tidemark-{gateway}-out"), 1)
+        } else {
+            endpoint(p, "sink", &s.link(), &format!("tidemark-{gateway}-out"))
+        };
         let prefix = &s.topic_prefix;
         if prefix.is_empty() {
             p.add("sink.topic_prefix", "must not be empty");
@@ -193,7 +213,9 @@ impl Sink {
             ack_timeout_ms: s.ack_timeout_ms,
             documents: raw.fleet.enabled,
             plain: s.plain,
-            sparkplug: edge_node(p, raw, gateway),
+            sparkplug: edge_node(p, raw, gateway, databases),
+            postgres,
+            influx,
         }
     }
 
@@ -208,6 +230,7 @@ fn edge_node(
     p: &mut Problems,
     raw: &Sections<'_>,
     gateway: &str,
+    databases: bool,
 ) -> Option<crate::sparkplug::node::NodeConfig> {
     let s = &raw.sink.sparkplug;
     let rule = "must be 1..64 chars of [A-Za-z0-9_.:-] (it is a Sparkplug topic level)";
@@ -235,10 +258,10 @@ fn edge_node(
             "must be 0..=3600000",
         );
     }
-    if !raw.sink.plain && !s.enabled {
+    if !raw.sink.plain && !s.enabled && !databases {
         p.add(
             "sink.plain",
-            "false while [sink.sparkplug] is off would publish no results at all",
+            "false while [sink.sparkplug], [sink.postgres] and [sink.influx] are off would publish no results at all",
         );
     }
     if !s.enabled {

@@ -171,6 +171,8 @@ pub struct Engine {
     /// The Sparkplug edge node's next session counter: state, so a standby that
     /// takes over goes on with the `bdSeq` hosts expect.
     bd_seq: u64,
+    /// Outputs' cursors and totals, by [`crate::model::OutputKind`].
+    outputs: [crate::journal::OutputMark; crate::model::OutputKind::ALL.len()],
 }
 
 impl Engine {
@@ -201,6 +203,7 @@ impl Engine {
             sparkplug: sparkplug::State::new(&cfg.sparkplug),
             fleet_last_id: 0,
             bd_seq: 0,
+            outputs: Default::default(),
         }
     }
 
@@ -323,6 +326,17 @@ impl Engine {
     /// The edge node's next session counter (0: none).
     pub fn bd_seq(&self) -> u64 {
         self.bd_seq
+    }
+
+    /// An output's cursor and totals moved on (never back).
+    pub fn take_output_mark(&mut self, o: crate::model::OutputKind, m: crate::journal::OutputMark) {
+        let slot = &mut self.outputs[o as usize];
+        *slot = slot.max(m);
+    }
+
+    /// An output's cursor and totals (zero: none yet).
+    pub fn output_mark(&self, o: crate::model::OutputKind) -> crate::journal::OutputMark {
+        self.outputs[o as usize]
     }
 
     /// A new process: its monotonic clock has a new origin, so a jump of
@@ -489,6 +503,7 @@ impl Engine {
             sparkplug: self.take_sparkplug_changes(),
             fleet_last_id: self.fleet_last_id,
             bd_seq: self.bd_seq,
+            outputs: self.outputs,
         };
         for g in self.dirty_groups.drain(..) {
             let slot = &mut self.groups[g as usize];

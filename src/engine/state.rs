@@ -188,6 +188,8 @@ pub struct Changes {
     pub fleet_last_id: u64,
     /// The Sparkplug edge node's next session counter (0: none).
     pub bd_seq: u64,
+    /// Outputs' cursors and totals, by [`crate::model::OutputKind`].
+    pub outputs: [crate::journal::OutputMark; crate::model::OutputKind::ALL.len()],
 }
 
 /// Changed devices as the store's records: (group, id) and the device's CBOR,

@@ -155,6 +155,9 @@ pub(super) fn run_durable(
     engine.restore_clock(snap.gateway_clock);
     engine.take_fleet_id(crate::store::schema::fleet_last_id(&snap.meta));
     engine.take_bd_seq(crate::store::schema::bd_seq(&snap.meta));
+    for (o, mark) in crate::store::schema::output_marks(&snap.meta) {
+        engine.take_output_mark(o, mark);
+    }
     engine.restore_sparkplug(snap.sparkplug);
     let out = match output {
         Some(path) => {

@@ -537,6 +537,13 @@ impl Store {
             if ch.bd_seq > 0 {
                 m.insert(schema::K_BD_SEQ, ch.bd_seq.to_be_bytes().as_slice())?;
             }
+            for (o, mark) in crate::model::OutputKind::ALL.iter().zip(&ch.outputs) {
+                if *mark != crate::journal::OutputMark::default() {
+                    cbor(mark, &mut self.buf);
+                    let key = format!("{}{}", schema::K_OUTPUT, o.as_str());
+                    m.insert(key.as_str(), self.buf.as_slice())?;
+                }
+            }
             for n in &ch.sparkplug {
                 cbor(n, &mut self.buf);
                 let key = format!("{K_SPARKPLUG}{}/{}", n.group, n.node);

@@ -77,6 +77,23 @@ pub fn bd_seq(meta: &std::collections::BTreeMap<String, Vec<u8>>) -> u64 {
         .map_or(0, u64::from_be_bytes)
 }
 
+/// `META` key prefix of an output's cursor and totals (`output/postgres`: CBOR of a
+/// [`crate::journal::OutputMark`]; added later, compatible: absent = none).
+pub const K_OUTPUT: &str = "output/";
+
+/// Every output's cursor and totals, as stored (zero: none).
+pub fn output_marks(
+    meta: &std::collections::BTreeMap<String, Vec<u8>>,
+) -> Vec<(crate::model::OutputKind, crate::journal::OutputMark)> {
+    crate::model::OutputKind::ALL
+        .iter()
+        .filter_map(|o| {
+            let b = meta.get(&format!("{K_OUTPUT}{}", o.as_str()))?;
+            Some((*o, ciborium::de::from_reader(b.as_slice()).ok()?))
+        })
+        .collect()
+}
+
 /// The journal generation named by the last checkpoint (0: none yet).
 pub fn wal_generation(meta: &std::collections::BTreeMap<String, Vec<u8>>) -> u64 {
     meta.get(K_WAL)

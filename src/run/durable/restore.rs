@@ -51,6 +51,9 @@ pub fn open_state(
     engine.restore_clock(snap.gateway_clock);
     engine.take_fleet_id(crate::store::schema::fleet_last_id(&snap.meta));
     engine.take_bd_seq(crate::store::schema::bd_seq(&snap.meta));
+    for (o, mark) in crate::store::schema::output_marks(&snap.meta) {
+        engine.take_output_mark(o, mark);
+    }
     engine.restore_sparkplug(snap.sparkplug);
     // What the journal holds since the last checkpoint goes into the engine and the state file.
     let configured = cfg.engine.record();

@@ -47,6 +47,9 @@ fn open(dir: &std::path::Path, cfg: &crate::config::Config) -> (Durable, Driver,
     e.restore_sparkplug(snap.sparkplug);
     e.take_fleet_id(crate::store::schema::fleet_last_id(&snap.meta));
     e.take_bd_seq(crate::store::schema::bd_seq(&snap.meta));
+    for (o, mark) in crate::store::schema::output_marks(&snap.meta) {
+        e.take_output_mark(o, mark);
+    }
     let (d, n, _) = Durable::recover(store, dir, &snap.meta, &mut e, &cfg.engine.record()).unwrap();
     (
         d,
