@@ -236,6 +236,7 @@ impl Core {
                 tracing::debug!("reload applied to the engine");
             }
             Inbound::Mark(m) => driver.mark(self.clock.now(), m),
+            Inbound::SetAside(r) => driver.set_aside(self.clock.now(), *r),
             Inbound::Proven => st.proven = self.clock.mono(),
             Inbound::Wake => {}
             Inbound::Control(Control::Stop) => st.stopping = true,

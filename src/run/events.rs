@@ -35,6 +35,8 @@ pub enum Inbound {
     /// State outside the windows to keep in the state store (a remote document id
     /// taken, the edge node's next session).
     Mark(crate::journal::Mark),
+    /// An entry a database output refused: published on `P/rejected` (docs/reference.md#sinkpostgres-and-sinkinflux).
+    SetAside(Box<crate::output::Refused>),
     /// A live status question (docs/reference.md#reload-sighup-systemctl-reload-tidemark), answered between two messages.
     Query(
         crate::run::status::api::Query,

@@ -18,6 +18,7 @@ use crate::run::durable::restore::Restored;
 use crate::run::error::RunError;
 use crate::run::events::{Control, Ctx, Inbound, StoreJob, StoreState};
 use crate::run::http::Http;
+use crate::run::outputs::database;
 use crate::run::outputs::mqtt::Sink;
 use crate::run::source::{self, Source};
 use crate::run::status::health::{self, Health};
@@ -85,44 +86,72 @@ fn registry(
     registry
 }
 
-/// The sink and, with `[sink.sparkplug]`, the edge node: with both, an entry
-/// leaves the outbox once both uplinks have it.
+/// The outputs over the outbox (docs/reference.md#sinkpostgres-and-sinkinflux): the
+/// sink, the edge node (`[sink.sparkplug]`), the database outputs; an entry
+/// leaves the outbox once every output that carries results has it.
 #[allow(clippy::type_complexity)]
 fn outputs(
     cfg: &Config,
     restored: &Restored,
-    (ctx, core_tx): (&Ctx, mpsc::Sender<Inbound>),
-    (sink_rx, delivered_tx, documents_tx): (
+    (ctx, core_tx, stop_rx): (&Ctx, mpsc::Sender<Inbound>, &watch::Receiver<bool>),
+    (sink_rx, delivered_tx, documents_tx, committed_rx): (
         mpsc::UnboundedReceiver<crate::run::outputs::mqtt::SinkMsg>,
         watch::Sender<u64>,
         mpsc::UnboundedSender<crate::run::events::ControlEvent>,
+        watch::Receiver<u64>,
     ),
-) -> Result<(Sink, Vec<JoinHandle<()>>), RunError> {
+) -> Result<(Option<Sink>, Vec<JoinHandle<()>>), RunError> {
+    let mut marks = Vec::new();
+    let mut tasks = Vec::new();
     let mut spb = None;
-    let mut edge_tasks = Vec::new();
-    let plain_tx = match &cfg.sink.sparkplug {
-        None => delivered_tx,
-        Some(node) => {
-            let (plain_tx, plain_rx) = watch::channel(0u64);
-            let (edge_tx, edge_rx) = watch::channel(0u64);
-            let (spb_tx, spb_rx) = mpsc::unbounded_channel();
-            let edge = crate::run::outputs::sparkplug::EdgeSink::new(
-                (cfg.sink.clone(), node.clone()),
-                ctx,
-                (restored.durable.store().reader(), spb_rx),
-                (edge_tx, &cfg.gateway.state_dir),
-                (restored.driver.engine().bd_seq(), core_tx.clone()),
-            )?;
-            edge_tasks.push(tokio::spawn(edge.run()));
-            edge_tasks.push(tokio::spawn(both_delivered(
-                cfg.sink.plain.then_some(plain_rx),
-                edge_rx,
-                delivered_tx,
-            )));
-            spb = Some(spb_tx);
-            plain_tx
-        }
-    };
+    let (plain_tx, plain_rx) = watch::channel(0u64);
+    if cfg.sink.plain {
+        marks.push(plain_rx);
+    }
+    if let Some(node) = &cfg.sink.sparkplug {
+        let (edge_tx, edge_rx) = watch::channel(0u64);
+        let (spb_tx, spb_rx) = mpsc::unbounded_channel();
+        let edge = crate::run::outputs::sparkplug::EdgeSink::new(
+            (cfg.sink.clone(), node.clone()),
+            ctx,
+            (restored.durable.store().reader(), spb_rx),
+            (edge_tx, &cfg.gateway.state_dir),
+            (restored.driver.engine().bd_seq(), core_tx.clone()),
+        )?;
+        tasks.push(tokio::spawn(edge.run()));
+        marks.push(edge_rx);
+        spb = Some(spb_tx);
+    }
+    let gateway = cfg.gateway.id.to_string();
+    let mut dbs = Vec::new();
+    if let Some(pg) = &cfg.sink.postgres {
+        dbs.push(database::Db::postgres(pg.clone(), gateway.clone()));
+    }
+    if let Some(ix) = &cfg.sink.influx {
+        dbs.push(database::Db::influx(ix.clone(), gateway.clone()));
+    }
+    for db in dbs {
+        let (tx, rx) = watch::channel(0u64);
+        let mark = restored.driver.engine().output_mark(db.kind());
+        let links = database::Links {
+            reader: restored.durable.store().reader(),
+            committed: committed_rx.clone(),
+            core: core_tx.clone(),
+            delivered: tx,
+            registry: ctx.registry.clone(),
+            stop: stop_rx.clone(),
+            fence: ctx.fence.clone(),
+        };
+        let out = database::DbOutput::new(db, links, (mark, cfg.sink.prefix.clone()), ctx.clock);
+        tasks.push(tokio::spawn(out.run()));
+        marks.push(rx);
+    }
+    tasks.push(tokio::spawn(all_delivered(marks, delivered_tx)));
+    if cfg.sink.endpoint.host.is_empty() {
+        // Database outputs only, no upstream broker: the sink's messages go nowhere.
+        tasks.push(tokio::spawn(drain(sink_rx)));
+        return Ok((None, tasks));
+    }
     let mut sink = Sink::new(
         cfg.sink.clone(),
         ctx,
@@ -132,7 +161,17 @@ fn outputs(
     if let Some(spb) = spb {
         sink = sink.with_edge_node(spb);
     }
-    Ok((sink, edge_tasks))
+    Ok((Some(sink), tasks))
+}
+
+/// The sink's messages without an upstream broker, until the stop.
+async fn drain(mut rx: mpsc::UnboundedReceiver<crate::run::outputs::mqtt::SinkMsg>) {
+    use crate::run::outputs::mqtt::SinkMsg;
+    while let Some(m) = rx.recv().await {
+        if matches!(m, SinkMsg::Control(Control::Stop)) {
+            return;
+        }
+    }
 }
 
 /// An active board of a pair: its store replicates each commit, and its pair
@@ -160,7 +199,7 @@ fn active_pair(
 fn spawn_tasks(
     (source, sink, edge_tasks, pair_task): (
         Source,
-        Sink,
+        Option<Sink>,
         Vec<JoinHandle<()>>,
         Option<crate::run::pair::ActivePair>,
     ),
@@ -184,8 +223,10 @@ fn spawn_tasks(
             acks_rx, current_rx, acked_tx, flushed_tx,
         )),
         tokio::spawn(source.run()),
-        tokio::spawn(sink.run()),
     ];
+    if let Some(sink) = sink {
+        tasks.push(tokio::spawn(sink.run()));
+    }
     tasks.extend(edge_tasks);
     if let Some(p) = pair_task {
         tasks.push(tokio::spawn(p.run()));
@@ -241,11 +282,12 @@ pub fn start(
         started_at,
         fence,
     };
+    let (committed_tx, committed_rx) = watch::channel(0u64);
     let (sink, edge_tasks) = outputs(
         cfg,
         &restored,
-        (&ctx, core_tx.clone()),
-        (sink_rx, delivered_tx, control_tx.clone()),
+        (&ctx, core_tx.clone(), &stop_rx),
+        (sink_rx, delivered_tx, control_tx.clone(), committed_rx),
     )?;
     let fleet_last_id = restored.driver.engine().fleet_last_id();
     let core = Core::new(
@@ -271,6 +313,7 @@ pub fn start(
         events: store_events_tx,
         state: store_state_tx,
         delivered: delivered_rx,
+        committed: committed_tx,
         stop: stop_rx.clone(),
         registry: registry.clone(),
         pair: (pair.is_some() && proof.is_some()).then_some(pair_tx),
@@ -342,31 +385,43 @@ pub fn start(
     })
 }
 
-/// The lower of the two uplinks' delivered marks (the plain one absent: the edge node's).
-async fn both_delivered(
-    mut plain: Option<watch::Receiver<u64>>,
-    mut edge: watch::Receiver<u64>,
-    out: watch::Sender<u64>,
-) {
+/// The lowest of the outputs' delivered marks: entries below it leave the outbox.
+async fn all_delivered(marks: Vec<watch::Receiver<u64>>, out: watch::Sender<u64>) {
+    let mut slots: [Option<watch::Receiver<u64>>; 4] = Default::default();
+    for (slot, m) in slots.iter_mut().zip(marks) {
+        *slot = Some(m);
+    }
+    if slots[0].is_none() {
+        return;
+    }
     loop {
-        let e = *edge.borrow_and_update();
-        let upto = match plain.as_mut() {
-            Some(p) => e.min(*p.borrow_and_update()),
-            None => e,
-        };
+        let upto = slots
+            .iter_mut()
+            .flatten()
+            .map(|m| *m.borrow_and_update())
+            .min()
+            .unwrap_or(0);
         if upto > *out.borrow() {
             out.send_replace(upto);
         }
-        let changed = match plain.as_mut() {
-            Some(p) => tokio::select! {
-                r = edge.changed() => r,
-                r = p.changed() => r,
-            },
-            None => edge.changed().await,
+        let [a, b, c, d] = &mut slots;
+        let changed = tokio::select! {
+            r = changed(a) => r,
+            r = changed(b) => r,
+            r = changed(c) => r,
+            r = changed(d) => r,
         };
-        if changed.is_err() {
+        if !changed {
             return;
         }
+    }
+}
+
+/// A slot's next change (false: its sender is gone); an empty slot never changes.
+async fn changed(m: &mut Option<watch::Receiver<u64>>) -> bool {
+    match m {
+        Some(m) => m.changed().await.is_ok(),
+        None => std::future::pending().await,
     }
 }
 

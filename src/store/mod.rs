@@ -195,6 +195,37 @@ const MEMORY: &str = ":memory:";
 /// so most of a larger cache (4 MiB held ~3 MiB more at 10 000 devices) sat idle.
 const CACHE_BYTES: usize = 1 << 20;
 
+/// The engine's state outside groups and devices, into `META`.
+fn meta_of(
+    ch: &Changes,
+    m: &mut redb::Table<'_, &str, &[u8]>,
+    buf: &mut Vec<u8>,
+) -> Result<(), StoreError> {
+    cbor(&ch.counters, buf);
+    m.insert(K_COUNTERS, buf.as_slice())?;
+    cbor(&ch.clock, buf);
+    m.insert(K_CLOCK, buf.as_slice())?;
+    if ch.fleet_last_id > 0 {
+        m.insert(K_FLEET_ID, ch.fleet_last_id.to_be_bytes().as_slice())?;
+    }
+    if ch.bd_seq > 0 {
+        m.insert(schema::K_BD_SEQ, ch.bd_seq.to_be_bytes().as_slice())?;
+    }
+    for (o, mark) in crate::model::OutputKind::ALL.iter().zip(&ch.outputs) {
+        if *mark != crate::journal::OutputMark::default() {
+            cbor(mark, buf);
+            let key = format!("{}{}", schema::K_OUTPUT, o.as_str());
+            m.insert(key.as_str(), buf.as_slice())?;
+        }
+    }
+    for n in &ch.sparkplug {
+        cbor(n, buf);
+        let key = format!("{K_SPARKPLUG}{}/{}", n.group, n.node);
+        m.insert(key.as_str(), buf.as_slice())?;
+    }
+    Ok(())
+}
+
 impl Store {
     /// The database file inside a state directory.
     pub fn file(state_dir: &Path) -> PathBuf {
@@ -527,28 +558,7 @@ impl Store {
                 None => None,
             };
             let mut m = txn.open_table(META)?;
-            cbor(&ch.counters, &mut self.buf);
-            m.insert(K_COUNTERS, self.buf.as_slice())?;
-            cbor(&ch.clock, &mut self.buf);
-            m.insert(K_CLOCK, self.buf.as_slice())?;
-            if ch.fleet_last_id > 0 {
-                m.insert(K_FLEET_ID, ch.fleet_last_id.to_be_bytes().as_slice())?;
-            }
-            if ch.bd_seq > 0 {
-                m.insert(schema::K_BD_SEQ, ch.bd_seq.to_be_bytes().as_slice())?;
-            }
-            for (o, mark) in crate::model::OutputKind::ALL.iter().zip(&ch.outputs) {
-                if *mark != crate::journal::OutputMark::default() {
-                    cbor(mark, &mut self.buf);
-                    let key = format!("{}{}", schema::K_OUTPUT, o.as_str());
-                    m.insert(key.as_str(), self.buf.as_slice())?;
-                }
-            }
-            for n in &ch.sparkplug {
-                cbor(n, &mut self.buf);
-                let key = format!("{K_SPARKPLUG}{}/{}", n.group, n.node);
-                m.insert(key.as_str(), self.buf.as_slice())?;
-            }
+            meta_of(ch, &mut m, &mut self.buf)?;
             cbor(&self.outbox, &mut self.buf);
             m.insert(K_OUTBOX, self.buf.as_slice())?;
             for (k, v) in &batch.meta {

@@ -386,6 +386,8 @@ pub struct Links {
     pub state: watch::Sender<StoreState>,
     /// The uplink's delivered mark (the start's deferred checkpoint).
     pub delivered: watch::Receiver<u64>,
+    /// One past the newest outbox number committed (the database outputs wait on it).
+    pub committed: watch::Sender<u64>,
     /// A stop was requested (a store outage gives up then).
     pub stop: watch::Receiver<bool>,
     /// Counters and gauges.
@@ -407,6 +409,10 @@ fn shown(durable: &Durable, registry: &Registry, links: &Links, w: &Written, del
     registry
         .outbox_dropped
         .store(durable.store.outbox_dropped(), Ordering::Relaxed);
+    registry
+        .outbox_end
+        .store(durable.store.next_seq(), Ordering::Relaxed);
+    links.committed.send_replace(durable.store.next_seq());
     let bytes = durable
         .store
         .outbox_bytes()

@@ -1,6 +1,7 @@
 //! What leaves the gateway: the upstream MQTT sink, the Sparkplug edge node,
 //! and the outbox's delivery rules they share.
 
+pub mod database;
 pub mod delivery;
 pub mod mqtt;
 pub mod sparkplug;

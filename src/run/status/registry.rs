@@ -80,6 +80,42 @@ pub struct Registry {
     pub pair: Mutex<Option<crate::pair::Status>>,
     /// Bytes of records and snapshots published to the standby (pair task).
     pub pair_bytes: AtomicU64,
+    /// One past the newest outbox number, after the last commit (store).
+    pub outbox_end: AtomicU64,
+    /// Each output's figures, by [`crate::model::OutputKind`] (each output).
+    pub outputs: [OutputStat; crate::model::OutputKind::ALL.len()],
+}
+
+/// One output's figures (docs/reference.md#sinkpostgres-and-sinkinflux).
+#[derive(Debug, Default)]
+pub struct OutputStat {
+    /// Configured.
+    pub enabled: AtomicBool,
+    /// Its link or session is up.
+    pub connected: AtomicBool,
+    /// One past the highest outbox number it confirmed.
+    pub upto: AtomicU64,
+    /// Entries written since the state was created.
+    pub written: AtomicU64,
+    /// Entries refused (set aside) since the state was created.
+    pub refused: AtomicU64,
+    /// The last failure, until the next success.
+    pub last_error: Mutex<Option<String>>,
+}
+
+impl OutputStat {
+    /// A failure to show; None clears it.
+    pub fn failed(&self, e: Option<String>) {
+        *self.last_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = e;
+    }
+
+    /// The last failure.
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
 }
 
 impl Registry {
@@ -98,6 +134,8 @@ impl Registry {
             reloads: [AtomicU64::new(0), AtomicU64::new(0)],
             config_hash: Mutex::new(hash),
             health,
+            outbox_end: AtomicU64::new(0),
+            outputs: Default::default(),
             alerts: AlertLog::default(),
             path_down: [AtomicU64::new(0), AtomicU64::new(0)],
             config_id: AtomicU64::new(0),
