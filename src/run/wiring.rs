@@ -18,6 +18,7 @@ use crate::run::durable::restore::Restored;
 use crate::run::error::RunError;
 use crate::run::events::{Control, Ctx, Inbound, StoreJob, StoreState};
 use crate::run::http::Http;
+use crate::model::OutputKind;
 use crate::run::outputs::database;
 use crate::run::outputs::mqtt::Sink;
 use crate::run::source::{self, Source};
@@ -101,12 +102,12 @@ fn outputs(
         watch::Receiver<u64>,
     ),
 ) -> Result<(Option<Sink>, Vec<JoinHandle<()>>), RunError> {
-    let mut marks = Vec::new();
+    let mut marks: Vec<(OutputKind, watch::Receiver<u64>)> = Vec::new();
     let mut tasks = Vec::new();
     let mut spb = None;
     let (plain_tx, plain_rx) = watch::channel(0u64);
     if cfg.sink.plain {
-        marks.push(plain_rx);
+        marks.push((OutputKind::Mqtt, plain_rx));
     }
     if let Some(node) = &cfg.sink.sparkplug {
         let (edge_tx, edge_rx) = watch::channel(0u64);
@@ -119,7 +120,7 @@ fn outputs(
             (restored.driver.engine().bd_seq(), core_tx.clone()),
         )?;
         tasks.push(tokio::spawn(edge.run()));
-        marks.push(edge_rx);
+        marks.push((OutputKind::Sparkplug, edge_rx));
         spb = Some(spb_tx);
     }
     let gateway = cfg.gateway.id.to_string();
@@ -131,6 +132,7 @@ fn outputs(
         dbs.push(database::Db::influx(ix.clone(), gateway.clone()));
     }
     for db in dbs {
+        let kind = db.kind();
         let (tx, rx) = watch::channel(0u64);
         let mark = restored.driver.engine().output_mark(db.kind());
         let links = database::Links {
@@ -144,9 +146,13 @@ fn outputs(
         };
         let out = database::DbOutput::new(db, links, (mark, cfg.sink.prefix.clone()), ctx.clock);
         tasks.push(tokio::spawn(out.run()));
-        marks.push(rx);
+        marks.push((kind, rx));
     }
-    tasks.push(tokio::spawn(all_delivered(marks, delivered_tx)));
+    tasks.push(tokio::spawn(all_delivered(
+        marks,
+        delivered_tx,
+        ctx.registry.clone(),
+    )));
     if cfg.sink.endpoint.host.is_empty() {
         // Database outputs only, no upstream broker: the sink's messages go nowhere.
         tasks.push(tokio::spawn(drain(sink_rx)));
@@ -386,21 +392,36 @@ pub fn start(
 }
 
 /// The lowest of the outputs' delivered marks: entries below it leave the outbox.
-async fn all_delivered(marks: Vec<watch::Receiver<u64>>, out: watch::Sender<u64>) {
+async fn all_delivered(
+    marks: Vec<(OutputKind, watch::Receiver<u64>)>,
+    out: watch::Sender<u64>,
+    registry: Arc<Registry>,
+) {
     let mut slots: [Option<watch::Receiver<u64>>; 4] = Default::default();
-    for (slot, m) in slots.iter_mut().zip(marks) {
+    let mut kinds = Vec::new();
+    for (slot, (kind, m)) in slots.iter_mut().zip(marks) {
+        registry.outputs[kind as usize].enabled.store(true, Ordering::Relaxed);
+        kinds.push(kind);
         *slot = Some(m);
     }
     if slots[0].is_none() {
         return;
     }
     loop {
-        let upto = slots
-            .iter_mut()
-            .flatten()
-            .map(|m| *m.borrow_and_update())
-            .min()
-            .unwrap_or(0);
+        let mut upto = u64::MAX;
+        for (kind, m) in kinds.iter().zip(slots.iter_mut().flatten()) {
+            let v = *m.borrow_and_update();
+            upto = upto.min(v);
+            let stat = &registry.outputs[*kind as usize];
+            // The uplinks' figures; the database outputs keep their own.
+            if matches!(kind, OutputKind::Mqtt | OutputKind::Sparkplug) {
+                let was = stat.upto.swap(v, Ordering::Relaxed);
+                if was > 0 {
+                    stat.written.fetch_add(v.saturating_sub(was), Ordering::Relaxed);
+                }
+                stat.connected.store(registry.sink_up.load(Ordering::Relaxed), Ordering::Relaxed);
+            }
+        }
         if upto > *out.borrow() {
             out.send_replace(upto);
         }

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use rumqttc::{Client, Event, MqttOptions, Packet, QoS};
 
 pub mod bin;
+pub mod db;
 pub mod engine;
 pub mod fleet;
 pub mod netns;

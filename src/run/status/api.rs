@@ -100,6 +100,9 @@ pub struct Status {
     /// The standby pair (docs/reference.md#standby--two-boards-one-gateway); absent without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pair: Option<crate::pair::Status>,
+    /// Each output over the outbox (docs/reference.md#sinkpostgres-and-sinkinflux).
+    #[serde(default)]
+    pub outputs: Vec<crate::run::status::registry::OutputStatus>,
 }
 
 /// The source link.
@@ -326,6 +329,7 @@ fn status(engine: &Engine, now: Now, registry: &Registry, links: Links) -> Statu
         counters: m.counters.clone(),
         groups,
         pair: m.pair.clone(),
+        outputs: m.outputs.clone(),
     }
 }
 

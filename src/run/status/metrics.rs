@@ -122,6 +122,9 @@ pub struct Metrics {
     pub(crate) pair: Option<crate::pair::Status>,
     #[serde(skip)]
     pair_bytes: u64,
+    /// Each enabled output (the status API and /metrics; not in `P/metrics`).
+    #[serde(skip)]
+    pub(crate) outputs: Vec<crate::run::status::registry::OutputStatus>,
     #[serde(skip)]
     ack_delay: ([u64; 11], u64),
 }
@@ -220,6 +223,7 @@ pub fn gather(engine: &Engine, now: Now, shared: &Registry, source_up: bool) -> 
             sink_path_down: shared.path_down[1].load(Ordering::Relaxed),
         },
         outbox_oldest_age_ms: (oldest > 0).then(|| now.wall.saturating_sub(oldest)),
+        outputs: shared.outputs(),
         connected: Connections {
             source: source_up,
             sink: shared.sink_up.load(Ordering::Relaxed),

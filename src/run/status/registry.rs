@@ -103,6 +103,52 @@ pub struct OutputStat {
     pub last_error: Mutex<Option<String>>,
 }
 
+/// One output as `/api/v1/status` shows it (docs/reference.md#sinkpostgres-and-sinkinflux).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct OutputStatus {
+    /// `mqtt`, `sparkplug`, `postgres` or `influx`.
+    pub name: String,
+    /// Its link or session is up.
+    pub connected: bool,
+    /// Outbox entries it has not confirmed.
+    pub pending: u64,
+    /// Entries written since the state was created.
+    pub written: u64,
+    /// Entries refused (set aside) since the state was created.
+    pub refused: u64,
+    /// The last failure, until the next success.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+impl Registry {
+    /// Every enabled output's figures.
+    pub fn outputs(&self) -> Vec<OutputStatus> {
+        let end = self.outbox_end.load(Ordering::Relaxed);
+        let depth = self.outbox_depth.load(Ordering::Relaxed);
+        crate::model::OutputKind::ALL
+            .iter()
+            .zip(&self.outputs)
+            .filter(|(_, s)| s.enabled.load(Ordering::Relaxed))
+            .map(|(k, s)| OutputStatus {
+                name: k.as_str().to_string(),
+                connected: match k {
+                    crate::model::OutputKind::Mqtt | crate::model::OutputKind::Sparkplug => {
+                        self.sink_up.load(Ordering::Relaxed)
+                    }
+                    _ => s.connected.load(Ordering::Relaxed),
+                },
+                pending: end
+                    .saturating_sub(s.upto.load(Ordering::Relaxed))
+                    .min(depth),
+                written: s.written.load(Ordering::Relaxed),
+                refused: s.refused.load(Ordering::Relaxed),
+                last_error: s.last_error(),
+            })
+            .collect()
+    }
+}
+
 impl OutputStat {
     /// A failure to show; None clears it.
     pub fn failed(&self, e: Option<String>) {
