@@ -37,6 +37,10 @@ ls /usr/lib/python3/dist-packages/seccomp*.so >/dev/null 2>&1 || need="$need pyt
 # tests/sparkplug.rs runs Eclipse Tahu's Node.js edge node.
 command -v node >/dev/null 2>&1 || need="$need nodejs"
 command -v npm >/dev/null 2>&1 || need="$need npm"
+# tests/db_outputs.rs writes into real PostgreSQL and InfluxDB 1.x servers it starts itself.
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need="$need postgresql"
+command -v influxd >/dev/null 2>&1 || need="$need influxdb"
+command -v setpriv >/dev/null 2>&1 || need="$need util-linux"
 if [ -n "$need" ]; then
   SUDO=""
   if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi

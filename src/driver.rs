@@ -22,7 +22,10 @@ fn entry(o: &Output, prefix: &str, format: SinkFormat, at: Millis) -> OutboxEntr
         payload: payload.into(),
         retain: o.retain(),
         at,
-        report: matches!(o, Output::Late(_) | Output::Rejected(_) | Output::Refused(_)),
+        report: matches!(
+            o,
+            Output::Late(_) | Output::Rejected(_) | Output::Refused(_)
+        ),
     }
 }
 

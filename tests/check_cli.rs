@@ -156,7 +156,7 @@ fn broken_configs_exit_2_naming_the_key() {
         (ex.replace("quantile = 0.999", "quantile = 1.5"), "group_defaults.adaptive.quantile: 1.5 must be between 0 and 1"),
         (format!("{ex}\n[groups.a]\nallowed_lateness_ms = \"auto\"\nadaptive = {{ min_ms = 9000, max_ms = 10 }}\n"), "groups.a.adaptive.min_ms: 9000 must be <= max_ms (10)"),
         (ex.replace("horizon_s = 900", "horizon_s = 0"), "group_defaults.adaptive.horizon_s: must be 1..=604800"),
-        (ex.replace("plain = true ", "plain = false "), "sink.plain: false while [sink.sparkplug] is off would publish no results at all"),
+        (ex.replace("plain = true ", "plain = false "), "sink.plain: false while [sink.sparkplug], [sink.postgres] and [sink.influx] are off would publish no results at all"),
         (ex.replace("group_id = \"tidemark\"", "group_id = \"a/b\""), "sink.sparkplug.group_id: \"a/b\" must be 1..64 chars"),
         (ex.replace("primary_host_id = \"\" ", "primary_host_id = \"h+\" "), "sink.sparkplug.primary_host_id: \"h+\" must be"),
         (ex.replace("Sparkplug host)\nenabled = false", "Sparkplug host)\nenabled = true")
@@ -176,6 +176,10 @@ fn broken_configs_exit_2_naming_the_key() {
             .replace("node = \"\"  ", "node = \"a\"")
             .replace("embedded = false", "embedded = true"),
             "standby.enabled: a pair cannot use the embedded broker"),
+        (ex.replace("enabled = false\nurl = \"\"                          # postgresql://", "enabled = true\nurl = \"postgresql://u:pw@db/site\" # postgresql://"),
+            "sink.postgres.url: a password in the URL is not allowed; use sink.postgres.password_file"),
+        (ex.replace("enabled = false\nurl = \"\"                          # http(s)://host:8086\napi = \"v1\"", "enabled = true\nurl = \"http://db:8086\"\napi = \"v3\""),
+            "sink.influx.api: \"v3\" must be \"v1\" or \"v2\""),
         ("this is = = not toml".to_string(), "c.toml: line 1, column 6: key with no value"),
     ];
     assert!(cases.len() >= 12);

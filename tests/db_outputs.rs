@@ -9,7 +9,10 @@ use std::time::Duration;
 
 use support::db::{Influx, Postgres};
 use support::fleet::{Fleet, MIN, reading};
-use support::{Collector, Gateway, GatewayConfig, Mosquitto, Publisher, final_windows, wait_or_explain, wait_until};
+use support::{
+    Collector, Gateway, GatewayConfig, Mosquitto, Publisher, final_windows, wait_or_explain,
+    wait_until,
+};
 
 /// 2 s windows, late readings taken for 10 min (revisions), devices offline after 5 s of silence.
 const RULES: &str = "[time]\npolicy = \"device\"\n\
@@ -42,11 +45,29 @@ CREATE TRIGGER audit_w AFTER INSERT OR UPDATE ON tidemark_windows FOR EACH ROW E
 CREATE TRIGGER audit_a AFTER INSERT OR UPDATE ON tidemark_alerts FOR EACH ROW EXECUTE FUNCTION audit_alerts();
 ";
 
-fn config(dir: &Path, broker: &Mosquitto, pg: &Postgres, ix: &Influx, batch: u64) -> std::path::PathBuf {
+fn config(
+    dir: &Path,
+    broker: &Mosquitto,
+    pg: &Postgres,
+    ix: &Influx,
+    batch: u64,
+) -> std::path::PathBuf {
     GatewayConfig::new("gw", &dir.join("state"), broker, broker)
         .merge("metrics", RULES)
-        .set("sink.postgres", &format!("enabled = true\nurl = \"{}\"\nbatch_max = {batch}", pg.url()))
-        .set("sink.influx", &format!("enabled = true\nurl = \"{}\"\nbatch_max = {batch}", ix.url()))
+        .set(
+            "sink.postgres",
+            &format!(
+                "enabled = true\nurl = \"{}\"\nbatch_max = {batch}",
+                pg.url()
+            ),
+        )
+        .set(
+            "sink.influx",
+            &format!(
+                "enabled = true\nurl = \"{}\"\nbatch_max = {batch}",
+                ix.url()
+            ),
+        )
         .write(&dir.join("gateway.toml"))
 }
 
@@ -69,7 +90,11 @@ fn pg_windows(pg: &Postgres) -> BTreeMap<String, (i64, i64)> {
 fn influx_windows(ix: &Influx) -> BTreeMap<String, (i64, i64)> {
     let v = ix.query("SELECT revision, readings, temp_count, temp_mean, hum_max FROM tidemark_windows GROUP BY \"group\", device");
     let mut out = BTreeMap::new();
-    for s in v["results"][0]["series"].as_array().cloned().unwrap_or_default() {
+    for s in v["results"][0]["series"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+    {
         let g = s["tags"]["group"].as_str().unwrap_or("").to_string();
         let d = s["tags"]["device"].as_str().unwrap_or("").to_string();
         if d == "x" {
@@ -78,8 +103,14 @@ fn influx_windows(ix: &Influx) -> BTreeMap<String, (i64, i64)> {
         for r in s["values"].as_array().cloned().unwrap_or_default() {
             let t = r[0].as_i64().unwrap_or(0);
             let row = r.as_array().cloned().unwrap_or_default();
-            assert!(row.iter().all(|v| !v.is_null()), "{g}/{d}/{t}: every field in every point: {row:?}");
-            out.insert(format!("{g}/{d}/{t}"), (r[1].as_i64().unwrap_or(-1), r[2].as_i64().unwrap_or(-1)));
+            assert!(
+                row.iter().all(|v| !v.is_null()),
+                "{g}/{d}/{t}: every field in every point: {row:?}"
+            );
+            out.insert(
+                format!("{g}/{d}/{t}"),
+                (r[1].as_i64().unwrap_or(-1), r[2].as_i64().unwrap_or(-1)),
+            );
         }
     }
     out
@@ -91,8 +122,16 @@ fn mqtt_windows(up: &Collector) -> BTreeMap<String, (i64, i64)> {
         .values()
         .map(|w| {
             (
-                format!("{}/{}/{}", w["group"].as_str().unwrap_or(""), w["device"].as_str().unwrap_or(""), w["start"]),
-                (w["revision"].as_i64().unwrap_or(-1), w["count"].as_i64().unwrap_or(-1)),
+                format!(
+                    "{}/{}/{}",
+                    w["group"].as_str().unwrap_or(""),
+                    w["device"].as_str().unwrap_or(""),
+                    w["start"]
+                ),
+                (
+                    w["revision"].as_i64().unwrap_or(-1),
+                    w["count"].as_i64().unwrap_or(-1),
+                ),
             )
         })
         .collect()
@@ -126,7 +165,9 @@ fn windows_and_alerts_land_once_at_their_highest_revision_through_kills_and_data
     let mut gw = Gateway::start(&config, &log);
     for round in 0..3 {
         let have = pg_windows(&pg).len();
-        send_while(&mut fleet, &mut publisher, 20, || pg_windows(&pg).len() > have);
+        send_while(&mut fleet, &mut publisher, 20, || {
+            pg_windows(&pg).len() > have
+        });
         gw.kill9();
         gw = Gateway::start(&config, &log);
         if round == 0 {
@@ -137,7 +178,10 @@ fn windows_and_alerts_land_once_at_their_highest_revision_through_kills_and_data
                 fleet.send(&mut publisher, 10);
                 std::thread::sleep(Duration::from_millis(200));
             }
-            assert!(up.on("/windows/").len() > before, "results kept flowing upstream while PostgreSQL was down");
+            assert!(
+                up.on("/windows/").len() > before,
+                "results kept flowing upstream while PostgreSQL was down"
+            );
             pg.start_again();
         }
         if round == 1 {
@@ -155,7 +199,10 @@ fn windows_and_alerts_land_once_at_their_highest_revision_through_kills_and_data
     for d in 0..3 {
         for k in 0..2 {
             let ts = fleet.base + 20 + k;
-            publisher.send(&format!("sensors/fleet/d{d}/reading"), &reading(ts, 100_000 + u64::try_from(k).unwrap_or(0), 2.0));
+            publisher.send(
+                &format!("sensors/fleet/d{d}/reading"),
+                &reading(ts, 100_000 + u64::try_from(k).unwrap_or(0), 2.0),
+            );
             late += 1;
             std::thread::sleep(Duration::from_millis(300));
         }
@@ -164,7 +211,11 @@ fn windows_and_alerts_land_once_at_their_highest_revision_through_kills_and_data
     let total = i64::try_from(fleet.total()).unwrap_or(0) + late;
     wait_or_explain(
         2 * MIN,
-        || sum(&mqtt_windows(&up)) == total && sum(&pg_windows(&pg)) == total && sum(&influx_windows(&ix)) == total,
+        || {
+            sum(&mqtt_windows(&up)) == total
+                && sum(&pg_windows(&pg)) == total
+                && sum(&influx_windows(&ix)) == total
+        },
         || {
             format!(
                 "sent {total}: mqtt {} postgres {} influx {}\n{}",
@@ -176,12 +227,26 @@ fn windows_and_alerts_land_once_at_their_highest_revision_through_kills_and_data
         },
     );
     let mqtt = mqtt_windows(&up);
-    assert_eq!(pg_windows(&pg), mqtt, "PostgreSQL: one row per window at its highest revision");
-    assert_eq!(influx_windows(&ix), mqtt, "InfluxDB: one point per window at its highest revision");
-    assert!(mqtt.values().any(|(r, _)| *r == 2), "late readings made revision 2");
+    assert_eq!(
+        pg_windows(&pg),
+        mqtt,
+        "PostgreSQL: one row per window at its highest revision"
+    );
+    assert_eq!(
+        influx_windows(&ix),
+        mqtt,
+        "InfluxDB: one point per window at its highest revision"
+    );
+    assert!(
+        mqtt.values().any(|(r, _)| *r == 2),
+        "late readings made revision 2"
+    );
     let inserted_twice = pg.psql("site", "SELECT count(*) FROM (SELECT k FROM audit WHERE op = 'INSERT' GROUP BY tbl, k HAVING count(*) > 1) x");
     assert_eq!(inserted_twice, "0", "every key inserted once");
-    let lowered = pg.psql("site", "SELECT count(*) FROM audit WHERE op = 'UPDATE' AND new_rev <= old_rev");
+    let lowered = pg.psql(
+        "site",
+        "SELECT count(*) FROM audit WHERE op = 'UPDATE' AND new_rev <= old_rev",
+    );
     assert_eq!(lowered, "0", "no update lowered or repeated a revision");
     // Alerts: the devices went offline at the end; each alert once.
     let alerts = up.on("/alerts/");
@@ -189,7 +254,13 @@ fn windows_and_alerts_land_once_at_their_highest_revision_through_kills_and_data
         .iter()
         .map(|a| {
             let v = a.json();
-            format!("{}/{}/{}/{}", v["group"].as_str().unwrap_or(""), v["device"].as_str().unwrap_or(""), v["type"].as_str().unwrap_or(""), v["at"])
+            format!(
+                "{}/{}/{}/{}",
+                v["group"].as_str().unwrap_or(""),
+                v["device"].as_str().unwrap_or(""),
+                v["type"].as_str().unwrap_or(""),
+                v["at"]
+            )
         })
         .collect();
     keys.sort();
@@ -198,7 +269,42 @@ fn windows_and_alerts_land_once_at_their_highest_revision_through_kills_and_data
         pg.psql("site", "SELECT count(*) FROM tidemark_alerts") == keys.len().to_string()
     });
     assert!(!keys.is_empty(), "devices went offline");
+    dashboard_queries_run(&pg);
     let _ = gw.terminate();
+}
+
+/// Every panel of contrib/grafana/tidemark-postgres.json runs on the tables and returns rows.
+fn dashboard_queries_run(pg: &Postgres) {
+    let d: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/contrib/grafana/tidemark-postgres.json"
+        ))
+        .expect("dashboard"),
+    )
+    .expect("dashboard json");
+    let panels = d["panels"].as_array().expect("panels");
+    assert!(panels.len() >= 4);
+    for p in panels {
+        let sql = p["targets"][0]["rawSql"].as_str().expect("rawSql");
+        // Grafana's macros and the dashboard's variable, as Grafana expands them.
+        let mut q = sql.replace("$metric", "temp");
+        while let Some(i) = q.find("$__timeFilter(") {
+            let j = i + q[i..].find(')').expect("macro end");
+            let col = &q[i + "$__timeFilter(".len()..j];
+            q = format!(
+                "{}{col} BETWEEN now() - interval '1 day' AND now() + interval '1 day'{}",
+                &q[..i],
+                &q[j + 1..]
+            );
+        }
+        let rows = pg.psql("site", &q);
+        assert!(
+            !rows.is_empty(),
+            "panel {:?} returned no rows: {q}",
+            p["title"]
+        );
+    }
 }
 
 #[test]
@@ -208,12 +314,21 @@ fn a_refused_row_and_a_refused_point_are_set_aside_published_and_counted_the_res
     let pg = Postgres::start(dir.path());
     let ix = Influx::start(dir.path());
     pg.psql("site", AUDIT);
-    pg.psql("site", "ALTER TABLE tidemark_windows ADD CONSTRAINT no_d4 CHECK (device <> 'd4')");
+    pg.psql(
+        "site",
+        "ALTER TABLE tidemark_windows ADD CONSTRAINT no_d4 CHECK (device <> 'd4')",
+    );
     let http = support::free_port();
     let config = GatewayConfig::new("gw", &dir.path().join("state"), &broker, &broker)
         .merge("metrics", RULES)
-        .set("sink.postgres", &format!("enabled = true\nurl = \"{}\"", pg.url()))
-        .set("sink.influx", &format!("enabled = true\nurl = \"{}\"", ix.url()))
+        .set(
+            "sink.postgres",
+            &format!("enabled = true\nurl = \"{}\"", pg.url()),
+        )
+        .set(
+            "sink.influx",
+            &format!("enabled = true\nurl = \"{}\"", ix.url()),
+        )
         .http(http)
         .write(&dir.path().join("gateway.toml"));
     let log = dir.path().join("gw.log");
@@ -221,12 +336,21 @@ fn a_refused_row_and_a_refused_point_are_set_aside_published_and_counted_the_res
     let mut publisher = Publisher::connect(broker.port, "refuse-fleet");
     let mut fleet = Fleet::new(6, 60);
     // `vib` only on d3, already a string field in InfluxDB: its points conflict.
-    assert_eq!(ix.write(&format!("tidemark_windows,device=x,gateway=gw,group=fleet vib_mean=\"text\" {}", fleet.base)), 204);
+    assert_eq!(
+        ix.write(&format!(
+            "tidemark_windows,device=x,gateway=gw,group=fleet vib_mean=\"text\" {}",
+            fleet.base
+        )),
+        204
+    );
     let gw = Gateway::start(&config, &log);
     while fleet.send(&mut publisher, 6) {}
     for k in 0..5 {
         let ts = fleet.base + i64::from(k) * 100 + 70;
-        publisher.send("sensors/fleet/d3/reading", format!(r#"{{"ts": {ts}, "temp": 1, "vib": 0.5}}"#).as_bytes());
+        publisher.send(
+            "sensors/fleet/d3/reading",
+            format!(r#"{{"ts": {ts}, "temp": 1, "vib": 0.5}}"#).as_bytes(),
+        );
     }
     publisher.flush();
     let refused = || {
@@ -240,14 +364,32 @@ fn a_refused_row_and_a_refused_point_are_set_aside_published_and_counted_the_res
         MIN,
         || {
             let r = refused();
-            r.iter().any(|v| v["device"] == "d4" && v["detail"].as_str().is_some_and(|d| d.starts_with("postgres: ")))
-                && r.iter().any(|v| v["device"] == "d3" && v["detail"].as_str().is_some_and(|d| d.starts_with("influx: ")))
+            r.iter().any(|v| {
+                v["device"] == "d4"
+                    && v["detail"]
+                        .as_str()
+                        .is_some_and(|d| d.starts_with("postgres: "))
+            }) && r.iter().any(|v| {
+                v["device"] == "d3"
+                    && v["detail"]
+                        .as_str()
+                        .is_some_and(|d| d.starts_with("influx: "))
+            })
         },
-        || format!("{:#?}\n{}", refused(), std::fs::read_to_string(&log).unwrap_or_default()),
+        || {
+            format!(
+                "{:#?}\n{}",
+                refused(),
+                std::fs::read_to_string(&log).unwrap_or_default()
+            )
+        },
     );
     let mqtt = mqtt_windows(&up);
     wait_until(MIN, "every other window written", || {
-        let want_pg: BTreeMap<_, _> = mqtt_windows(&up).into_iter().filter(|(k, _)| !k.contains("/d4/")).collect();
+        let want_pg: BTreeMap<_, _> = mqtt_windows(&up)
+            .into_iter()
+            .filter(|(k, _)| !k.contains("/d4/"))
+            .collect();
         pg_windows(&pg) == want_pg
     });
     let ix_rows = influx_windows(&ix);
@@ -258,16 +400,29 @@ fn a_refused_row_and_a_refused_point_are_set_aside_published_and_counted_the_res
         assert_eq!(ix_rows.get(k), Some(v), "{k} in InfluxDB");
     }
     for v in refused() {
-        assert!(v["id"].as_str().is_some_and(|i| !i.is_empty()) && v["topic"].as_str().is_some_and(|t| t.contains("/windows/")), "{v}");
+        assert!(
+            v["id"].as_str().is_some_and(|i| !i.is_empty())
+                && v["topic"].as_str().is_some_and(|t| t.contains("/windows/")),
+            "{v}"
+        );
     }
     let (_, body) = support::http_get(http, "/api/v1/status");
     let status: serde_json::Value = serde_json::from_str(&body).expect("status json");
     let outputs = status["outputs"].as_array().expect("outputs");
-    let by = |n: &str| outputs.iter().find(|o| o["name"] == n).cloned().unwrap_or_default();
+    let by = |n: &str| {
+        outputs
+            .iter()
+            .find(|o| o["name"] == n)
+            .cloned()
+            .unwrap_or_default()
+    };
     assert!(by("postgres")["refused"].as_u64() >= Some(1), "{outputs:?}");
     assert!(by("influx")["refused"].as_u64() >= Some(1), "{outputs:?}");
     assert!(by("postgres")["written"].as_u64() > Some(0), "{outputs:?}");
     let (_, metrics) = support::http_get(http, "/metrics");
-    assert!(metrics.contains("tidemark_output_refused_total{output=\"postgres\"}"), "{metrics}");
+    assert!(
+        metrics.contains("tidemark_output_refused_total{output=\"postgres\"}"),
+        "{metrics}"
+    );
     let _ = gw.terminate();
 }

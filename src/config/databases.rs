@@ -291,7 +291,10 @@ impl Influx {
             "v1" => InfluxApi::V1,
             "v2" => InfluxApi::V2,
             other => {
-                p.add("sink.influx.api", format!("{other:?} must be \"v1\" or \"v2\""));
+                p.add(
+                    "sink.influx.api",
+                    format!("{other:?} must be \"v1\" or \"v2\""),
+                );
                 InfluxApi::V1
             }
         };

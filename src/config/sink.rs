@@ -4,8 +4,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::checks::Endpoint;
-use super::databases::{Influx, Postgres, RawInflux, RawPostgres};
 use super::checks::{Problems, endpoint, ms};
+use super::databases::{Influx, Postgres, RawInflux, RawPostgres};
 use super::fleet::RawFleet;
 use super::raw::RawSparkplug;
 use super::source::{Protocol, RawSource};
@@ -167,7 +167,13 @@ impl Sink {
         // Only database outputs: no upstream broker is needed (docs/reference.md#sinkpostgres-and-sinkinflux).
         let no_broker = s.url.is_empty() && databases && !s.plain && !s.sparkplug.enabled;
         let endpoint = if no_broker {
-            Endpoint::plain(false, String::new(), 0, format!("tidemark-{gateway}-out"), 1)
+            Endpoint::plain(
+                false,
+                String::new(),
+                0,
+                format!("tidemark-{gateway}-out"),
+                1,
+            )
         } else {
             endpoint(p, "sink", &s.link(), &format!("tidemark-{gateway}-out"))
         };

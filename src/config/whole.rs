@@ -94,7 +94,10 @@ impl Config {
             ("sink.key_file", &r.sink.key_file),
             ("metrics.token_file", &r.metrics.token_file),
             ("standby.key_file", &r.standby.key_file),
-            ("sink.postgres.password_file", &r.sink.postgres.password_file),
+            (
+                "sink.postgres.password_file",
+                &r.sink.postgres.password_file,
+            ),
             ("sink.influx.token_file", &r.sink.influx.token_file),
         ];
         for (key, file) in secrets {

@@ -11,6 +11,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::config::Config;
+use crate::model::OutputKind;
 use crate::run::control::{ReloadOptions, Reloader, Targets};
 use crate::run::core::{self, Core, CoreConfig};
 use crate::run::durable;
@@ -18,7 +19,6 @@ use crate::run::durable::restore::Restored;
 use crate::run::error::RunError;
 use crate::run::events::{Control, Ctx, Inbound, StoreJob, StoreState};
 use crate::run::http::Http;
-use crate::model::OutputKind;
 use crate::run::outputs::database;
 use crate::run::outputs::mqtt::Sink;
 use crate::run::source::{self, Source};
@@ -400,7 +400,9 @@ async fn all_delivered(
     let mut slots: [Option<watch::Receiver<u64>>; 4] = Default::default();
     let mut kinds = Vec::new();
     for (slot, (kind, m)) in slots.iter_mut().zip(marks) {
-        registry.outputs[kind as usize].enabled.store(true, Ordering::Relaxed);
+        registry.outputs[kind as usize]
+            .enabled
+            .store(true, Ordering::Relaxed);
         kinds.push(kind);
         *slot = Some(m);
     }
@@ -417,9 +419,11 @@ async fn all_delivered(
             if matches!(kind, OutputKind::Mqtt | OutputKind::Sparkplug) {
                 let was = stat.upto.swap(v, Ordering::Relaxed);
                 if was > 0 {
-                    stat.written.fetch_add(v.saturating_sub(was), Ordering::Relaxed);
+                    stat.written
+                        .fetch_add(v.saturating_sub(was), Ordering::Relaxed);
                 }
-                stat.connected.store(registry.sink_up.load(Ordering::Relaxed), Ordering::Relaxed);
+                stat.connected
+                    .store(registry.sink_up.load(Ordering::Relaxed), Ordering::Relaxed);
             }
         }
         if upto > *out.borrow() {

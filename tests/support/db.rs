@@ -13,7 +13,8 @@ fn unprivileged(bin: &Path) -> Command {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
         let mut c = Command::new("setpriv");
-        c.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"]).arg(bin);
+        c.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+            .arg(bin);
         c
     } else {
         Command::new(bin)
@@ -42,7 +43,9 @@ fn pg_bin(name: &str) -> PathBuf {
         .filter(|p| p.exists())
         .collect();
     found.sort();
-    found.pop().unwrap_or_else(|| panic!("no {name} under /usr/lib/postgresql"))
+    found
+        .pop()
+        .unwrap_or_else(|| panic!("no {name} under /usr/lib/postgresql"))
 }
 
 /// A PostgreSQL server with a trust-authenticated role `tidemark` and database `site`.
@@ -58,12 +61,24 @@ impl Postgres {
         let root = owned_dir(&dir.join("pg"));
         let data = root.join("data");
         let out = unprivileged(&pg_bin("initdb"))
-            .args(["-U", "tidemark", "--auth=trust", "-E", "UTF8", "--no-sync", "-D"])
+            .args([
+                "-U",
+                "tidemark",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+                "-D",
+            ])
             .arg(&data)
             .stdout(Stdio::null())
             .output()
             .expect("initdb");
-        assert!(out.status.success(), "initdb: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let mut pg = Self {
             port: free_port(),
             data,
@@ -84,7 +99,12 @@ impl Postgres {
         let child = unprivileged(&pg_bin("postgres"))
             .arg("-D")
             .arg(&self.data)
-            .args(["-p", &self.port.to_string(), "-c", "listen_addresses=127.0.0.1"])
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-c",
+                "listen_addresses=127.0.0.1",
+            ])
             .args(["-c", "fsync=off", "-c", "unix_socket_directories="])
             .stdout(Stdio::null())
             .stderr(log)
@@ -105,7 +125,16 @@ impl Postgres {
 
     pub fn try_psql(&self, db: &str, sql: &str) -> Result<String, String> {
         let out = Command::new(pg_bin("psql"))
-            .args(["-X", "-At", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-U", "tidemark"])
+            .args([
+                "-X",
+                "-At",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "tidemark",
+            ])
             .args(["-p", &self.port.to_string(), "-d", db, "-c", sql])
             .output()
             .map_err(|e| e.to_string())?;
@@ -118,7 +147,8 @@ impl Postgres {
 
     /// Runs `sql` in `db`, which must succeed; its rows, `|`-separated.
     pub fn psql(&self, db: &str, sql: &str) -> String {
-        self.try_psql(db, sql).unwrap_or_else(|e| panic!("psql {sql:?}: {e}"))
+        self.try_psql(db, sql)
+            .unwrap_or_else(|e| panic!("psql {sql:?}: {e}"))
     }
 
     /// A fast shutdown (SIGINT): connections are cut, as a database restart does.
@@ -235,11 +265,19 @@ impl Influx {
         let s = &v["results"][0]["series"][0];
         let cols = s["columns"]
             .as_array()
-            .map(|a| a.iter().map(|c| c.as_str().unwrap_or("").to_string()).collect())
+            .map(|a| {
+                a.iter()
+                    .map(|c| c.as_str().unwrap_or("").to_string())
+                    .collect()
+            })
             .unwrap_or_default();
         let rows = s["values"]
             .as_array()
-            .map(|a| a.iter().map(|r| r.as_array().cloned().unwrap_or_default()).collect())
+            .map(|a| {
+                a.iter()
+                    .map(|r| r.as_array().cloned().unwrap_or_default())
+                    .collect()
+            })
             .unwrap_or_default();
         (cols, rows)
     }
@@ -284,7 +322,10 @@ fn http(port: u16, method: &str, path: &str, body: &str) -> std::io::Result<(u16
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
     let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         dechunk(rest)
     } else {
         rest.to_string()

@@ -24,14 +24,33 @@ impl Metrics {
         }
         type Figure = fn(&crate::run::status::registry::OutputStatus) -> u64;
         let series: [(&str, &str, &str, Figure); 3] = [
-            ("output_pending", "gauge", "Outbox entries this output has not confirmed.", |o| o.pending),
-            ("output_written_total", "counter", "Entries this output wrote, since the state was created.", |o| o.written),
-            ("output_refused_total", "counter", "Entries this output's database refused (set aside on the rejected topic).", |o| o.refused),
+            (
+                "output_pending",
+                "gauge",
+                "Outbox entries this output has not confirmed.",
+                |o| o.pending,
+            ),
+            (
+                "output_written_total",
+                "counter",
+                "Entries this output wrote, since the state was created.",
+                |o| o.written,
+            ),
+            (
+                "output_refused_total",
+                "counter",
+                "Entries this output's database refused (set aside on the rejected topic).",
+                |o| o.refused,
+            ),
         ];
         for (name, kind, help, f) in series {
             p.head(name, kind, help);
             for o in &self.outputs {
-                p.line(format_args!("tidemark_{name}{{output=\"{}\"}} {}", o.name, f(o)));
+                p.line(format_args!(
+                    "tidemark_{name}{{output=\"{}\"}} {}",
+                    o.name,
+                    f(o)
+                ));
             }
         }
     }

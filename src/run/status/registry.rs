@@ -152,7 +152,10 @@ impl Registry {
 impl OutputStat {
     /// A failure to show; None clears it.
     pub fn failed(&self, e: Option<String>) {
-        *self.last_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = e;
+        *self
+            .last_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = e;
     }
 
     /// The last failure.

@@ -143,16 +143,26 @@ impl Writer {
         };
         let (path, auth) = match cfg.api {
             InfluxApi::V1 => (
-                format!("/write?{}", q(&[("db", &cfg.database), ("precision", "ms")])),
+                format!(
+                    "/write?{}",
+                    q(&[("db", &cfg.database), ("precision", "ms")])
+                ),
                 cfg.token.as_ref().map(|t| {
                     use base64::Engine as _;
-                    format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(t))
+                    format!(
+                        "Basic {}",
+                        base64::engine::general_purpose::STANDARD.encode(t)
+                    )
                 }),
             ),
             InfluxApi::V2 => (
                 format!(
                     "/api/v2/write?{}",
-                    q(&[("org", &cfg.org), ("bucket", &cfg.database), ("precision", "ms")])
+                    q(&[
+                        ("org", &cfg.org),
+                        ("bucket", &cfg.database),
+                        ("precision", "ms")
+                    ])
                 ),
                 cfg.token.as_ref().map(|t| format!("Token {t}")),
             ),
@@ -181,7 +191,8 @@ impl Writer {
             None => Box::new(tcp),
             Some(ca) => {
                 let cfg = super::tls::client_config(Some(ca)).map_err(outage)?;
-                let name = rustls::pki_types::ServerName::try_from(a.host.clone()).map_err(outage)?;
+                let name =
+                    rustls::pki_types::ServerName::try_from(a.host.clone()).map_err(outage)?;
                 Box::new(
                     tokio_rustls::TlsConnector::from(cfg)
                         .connect(name, tcp)

@@ -108,7 +108,12 @@ pub struct DbOutput {
 
 impl DbOutput {
     /// Starts at the stored cursor (`mark`), or the outbox's oldest entry if that is further.
-    pub fn new(db: Db, links: Links, (mark, prefix): (OutputMark, String), clock: SystemClock) -> Self {
+    pub fn new(
+        db: Db,
+        links: Links,
+        (mark, prefix): (OutputMark, String),
+        clock: SystemClock,
+    ) -> Self {
         let stat = &links.registry.outputs[db.kind() as usize];
         stat.enabled.store(true, Ordering::Relaxed);
         stat.upto.store(mark.upto, Ordering::Relaxed);
@@ -165,7 +170,12 @@ impl DbOutput {
             };
             let batch: Vec<(String, Row)> = entries
                 .iter()
-                .filter_map(|(_, e)| Some((e.topic.clone(), rows::row(&self.prefix, &e.topic, &e.payload)?)))
+                .filter_map(|(_, e)| {
+                    Some((
+                        e.topic.clone(),
+                        rows::row(&self.prefix, &e.topic, &e.payload)?,
+                    ))
+                })
                 .collect();
             let done = if batch.is_empty() {
                 Ok(Vec::new())

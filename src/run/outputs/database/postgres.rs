@@ -115,7 +115,8 @@ impl WindowCols {
         self.rev.push(i32::try_from(w.revision).unwrap_or(i32::MAX));
         self.n.push(w.readings);
         self.hb.push(w.heartbeats);
-        self.m.push(serde_json::Value::Object(w.metrics.clone()).to_string());
+        self.m
+            .push(serde_json::Value::Object(w.metrics.clone()).to_string());
     }
 }
 
@@ -157,7 +158,9 @@ async fn put(
     if !w.id.is_empty() {
         tx.execute(
             windows,
-            &[&gateway, &w.id, &w.g, &w.d, &w.s, &w.e, &w.rev, &w.n, &w.hb, &w.m],
+            &[
+                &gateway, &w.id, &w.g, &w.d, &w.s, &w.e, &w.rev, &w.n, &w.hb, &w.m,
+            ],
         )
         .await?;
     }
@@ -217,10 +220,7 @@ impl Writer {
             }
             client.batch_execute(&ddl(c)).await.map_err(outage)?;
         }
-        let windows = client
-            .prepare(&upsert_windows(c))
-            .await
-            .map_err(outage)?;
+        let windows = client.prepare(&upsert_windows(c)).await.map_err(outage)?;
         let alerts = client.prepare(&insert_alerts(c)).await.map_err(outage)?;
         tracing::info!(host = %c.address.host, port = c.address.port, database = %c.dbname, "postgres output connected");
         Ok(Session {
@@ -236,7 +236,11 @@ impl Writer {
         let mut keyed: Vec<(usize, Row)> = rows.iter().cloned().enumerate().collect();
         super::rows::dedup(&mut keyed);
         if self.session.is_none() {
-            self.session = Some(tokio::time::timeout(TIMEOUT, self.connect()).await.map_err(|_| outage("connect timed out"))??);
+            self.session = Some(
+                tokio::time::timeout(TIMEOUT, self.connect())
+                    .await
+                    .map_err(|_| outage("connect timed out"))??,
+            );
         }
         let r = tokio::time::timeout(TIMEOUT, self.attempt(&keyed)).await;
         match r {
@@ -334,13 +338,21 @@ impl TlsStream for Tls {
 }
 
 impl AsyncRead for Tls {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         Pin::new(&mut self.0).poll_read(cx, buf)
     }
 }
 
 impl AsyncWrite for Tls {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.0).poll_write(cx, buf)
     }
 

@@ -184,11 +184,16 @@ mod tests {
             assert_eq!((r.revision, r.readings, r.heartbeats), (1, 3, 1));
             assert_eq!(r.metrics["t"]["sum"], 6.0);
         }
-        let a = serde_json::to_vec(&serde_json::json!({"type":"gateway_clock","error_ms":5,"at":7})).unwrap();
+        let a =
+            serde_json::to_vec(&serde_json::json!({"type":"gateway_clock","error_ms":5,"at":7}))
+                .unwrap();
         let Some(Row::Alert(r)) = row("P", "P/alerts", &a) else {
             panic!("no alert row")
         };
-        assert_eq!((r.group.as_str(), r.kind.as_str(), r.at), ("", "gateway_clock", 7));
+        assert_eq!(
+            (r.group.as_str(), r.kind.as_str(), r.at),
+            ("", "gateway_clock", 7)
+        );
         assert_eq!(row("P", "P/late/g/d", &json), None);
         assert_eq!(row("P", "P/windows/g/d", b"\xff"), None);
     }
