@@ -419,6 +419,16 @@ fn a_refused_row_and_a_refused_point_are_set_aside_published_and_counted_the_res
     assert!(by("postgres")["refused"].as_u64() >= Some(1), "{outputs:?}");
     assert!(by("influx")["refused"].as_u64() >= Some(1), "{outputs:?}");
     assert!(by("postgres")["written"].as_u64() > Some(0), "{outputs:?}");
+    let cli = support::tidemark()
+        .args(["status", "--url", &format!("http://127.0.0.1:{http}")])
+        .output()
+        .expect("tidemark status");
+    let text = String::from_utf8_lossy(&cli.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("output  postgres") && l.contains("refused")),
+        "{text}"
+    );
     let (_, metrics) = support::http_get(http, "/metrics");
     assert!(
         metrics.contains("tidemark_output_refused_total{output=\"postgres\"}"),

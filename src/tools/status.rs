@@ -297,6 +297,20 @@ fn header(t: &mut String, s: &Status) {
     if let Some(p) = &s.pair {
         let _ = writeln!(t, "{}", pair_line(p));
     }
+    for o in &s.outputs {
+        let _ = writeln!(
+            t,
+            "output  {:<9} {}  {} pending, {} written, {} refused{}",
+            o.name,
+            link(o.connected),
+            o.pending,
+            o.written,
+            o.refused,
+            o.last_error
+                .as_ref()
+                .map_or(String::new(), |e| format!("  last error: {e}"))
+        );
+    }
     let gc = &s.gateway_clock;
     let _ = writeln!(
         t,
