@@ -436,3 +436,74 @@ fn a_refused_row_and_a_refused_point_are_set_aside_published_and_counted_the_res
     );
     let _ = gw.terminate();
 }
+
+#[test]
+fn after_a_takeover_the_new_active_writes_from_the_replicated_cursor_no_duplicate_no_gap() {
+    use support::pair::{Board, TAKEOVER, pair_up, pump, wait_line};
+    let site = Mosquitto::stock();
+    let up_broker = Mosquitto::stock();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pg = Postgres::start(dir.path());
+    pg.psql("site", AUDIT);
+    let extra = format!(
+        "[sink.postgres]\nenabled = true\nurl = \"{}\"\nbatch_max = 100\n",
+        pg.url()
+    );
+    let mut boards = [
+        Board::with(dir.path(), "a", (&site, &up_broker), 3, &extra),
+        Board::with(dir.path(), "b", (&site, &up_broker), 3, &extra),
+    ];
+    let up = Collector::start(up_broker.port, "tidemark/gw/#", "takeover-db-collector");
+    pair_up(&mut boards);
+    let (stop, pumping) = pump(site.port, "takeover-db-fleet", Fleet::new(20, 150));
+    wait_until(MIN, "rows in PostgreSQL from the first active", || {
+        pg_windows(&pg).len() > 20
+    });
+    boards[0].kill9();
+    wait_line(&boards[1], TAKEOVER, 0, MIN);
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut publisher, mut fleet) = pumping.join().expect("fleet thread");
+    while fleet.send(&mut publisher, 10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    publisher.flush();
+    let total = i64::try_from(fleet.total()).unwrap_or(0);
+    wait_or_explain(
+        3 * MIN,
+        || sum(&mqtt_windows(&up)) == total && sum(&pg_windows(&pg)) == total,
+        || {
+            format!(
+                "sent {total}: mqtt {} postgres {}\n{}",
+                sum(&mqtt_windows(&up)),
+                sum(&pg_windows(&pg)),
+                boards[1].log_text()
+            )
+        },
+    );
+    assert_eq!(
+        pg_windows(&pg),
+        mqtt_windows(&up),
+        "one row per window, no gap"
+    );
+    let inserted_twice = pg.psql(
+        "site",
+        "SELECT count(*) FROM (SELECT k FROM audit WHERE op = 'INSERT' GROUP BY tbl, k HAVING count(*) > 1) x",
+    );
+    assert_eq!(
+        inserted_twice, "0",
+        "no key inserted twice across the takeover"
+    );
+    let lowered = pg.psql(
+        "site",
+        "SELECT count(*) FROM audit WHERE op = 'UPDATE' AND new_rev <= old_rev",
+    );
+    assert_eq!(lowered, "0");
+    let written = pg.psql("site", "SELECT count(*) FROM audit WHERE tbl = 'windows'");
+    eprintln!("{written} row writes for {} windows", pg_windows(&pg).len());
+    for b in &mut boards {
+        if let Some(g) = b.gw.take() {
+            let _ = g.terminate();
+        }
+    }
+}
