@@ -241,6 +241,14 @@ fn windows_and_alerts_land_once_at_their_highest_revision_through_kills_and_data
         mqtt.values().any(|(r, _)| *r == 2),
         "late readings made revision 2"
     );
+    audit_clean(&pg);
+    alerts_once(&up, &pg);
+    dashboard_queries_run(&pg);
+    let _ = gw.terminate();
+}
+
+/// The audit trigger saw every key inserted once and no update that lowered or repeated a revision.
+fn audit_clean(pg: &Postgres) {
     let inserted_twice = pg.psql("site", "SELECT count(*) FROM (SELECT k FROM audit WHERE op = 'INSERT' GROUP BY tbl, k HAVING count(*) > 1) x");
     assert_eq!(inserted_twice, "0", "every key inserted once");
     let lowered = pg.psql(
@@ -248,7 +256,10 @@ fn windows_and_alerts_land_once_at_their_highest_revision_through_kills_and_data
         "SELECT count(*) FROM audit WHERE op = 'UPDATE' AND new_rev <= old_rev",
     );
     assert_eq!(lowered, "0", "no update lowered or repeated a revision");
-    // Alerts: the devices went offline at the end; each alert once.
+}
+
+/// Every alert published upstream is one row (the devices went offline at the end).
+fn alerts_once(up: &Collector, pg: &Postgres) {
     let alerts = up.on("/alerts/");
     let mut keys: Vec<String> = alerts
         .iter()
@@ -269,8 +280,38 @@ fn windows_and_alerts_land_once_at_their_highest_revision_through_kills_and_data
         pg.psql("site", "SELECT count(*) FROM tidemark_alerts") == keys.len().to_string()
     });
     assert!(!keys.is_empty(), "devices went offline");
-    dashboard_queries_run(&pg);
-    let _ = gw.terminate();
+}
+
+/// The refusals counted in /api/v1/status, `tidemark status` and /metrics.
+fn outputs_shown(http: u16) {
+    let (_, body) = support::http_get(http, "/api/v1/status");
+    let status: serde_json::Value = serde_json::from_str(&body).expect("status json");
+    let outputs = status["outputs"].as_array().expect("outputs");
+    let by = |n: &str| {
+        outputs
+            .iter()
+            .find(|o| o["name"] == n)
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert!(by("postgres")["refused"].as_u64() >= Some(1), "{outputs:?}");
+    assert!(by("influx")["refused"].as_u64() >= Some(1), "{outputs:?}");
+    assert!(by("postgres")["written"].as_u64() > Some(0), "{outputs:?}");
+    let cli = support::tidemark()
+        .args(["status", "--url", &format!("http://127.0.0.1:{http}")])
+        .output()
+        .expect("tidemark status");
+    let text = String::from_utf8_lossy(&cli.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("output  postgres") && l.contains("refused")),
+        "{text}"
+    );
+    let (_, metrics) = support::http_get(http, "/metrics");
+    assert!(
+        metrics.contains("tidemark_output_refused_total{output=\"postgres\"}"),
+        "{metrics}"
+    );
 }
 
 /// Every panel of contrib/grafana/tidemark-postgres.json runs on the tables and returns rows.
@@ -406,34 +447,7 @@ fn a_refused_row_and_a_refused_point_are_set_aside_published_and_counted_the_res
             "{v}"
         );
     }
-    let (_, body) = support::http_get(http, "/api/v1/status");
-    let status: serde_json::Value = serde_json::from_str(&body).expect("status json");
-    let outputs = status["outputs"].as_array().expect("outputs");
-    let by = |n: &str| {
-        outputs
-            .iter()
-            .find(|o| o["name"] == n)
-            .cloned()
-            .unwrap_or_default()
-    };
-    assert!(by("postgres")["refused"].as_u64() >= Some(1), "{outputs:?}");
-    assert!(by("influx")["refused"].as_u64() >= Some(1), "{outputs:?}");
-    assert!(by("postgres")["written"].as_u64() > Some(0), "{outputs:?}");
-    let cli = support::tidemark()
-        .args(["status", "--url", &format!("http://127.0.0.1:{http}")])
-        .output()
-        .expect("tidemark status");
-    let text = String::from_utf8_lossy(&cli.stdout);
-    assert!(
-        text.lines()
-            .any(|l| l.starts_with("output  postgres") && l.contains("refused")),
-        "{text}"
-    );
-    let (_, metrics) = support::http_get(http, "/metrics");
-    assert!(
-        metrics.contains("tidemark_output_refused_total{output=\"postgres\"}"),
-        "{metrics}"
-    );
+    outputs_shown(http);
     let _ = gw.terminate();
 }
 
@@ -486,19 +500,7 @@ fn after_a_takeover_the_new_active_writes_from_the_replicated_cursor_no_duplicat
         mqtt_windows(&up),
         "one row per window, no gap"
     );
-    let inserted_twice = pg.psql(
-        "site",
-        "SELECT count(*) FROM (SELECT k FROM audit WHERE op = 'INSERT' GROUP BY tbl, k HAVING count(*) > 1) x",
-    );
-    assert_eq!(
-        inserted_twice, "0",
-        "no key inserted twice across the takeover"
-    );
-    let lowered = pg.psql(
-        "site",
-        "SELECT count(*) FROM audit WHERE op = 'UPDATE' AND new_rev <= old_rev",
-    );
-    assert_eq!(lowered, "0");
+    audit_clean(&pg);
     let written = pg.psql("site", "SELECT count(*) FROM audit WHERE tbl = 'windows'");
     eprintln!("{written} row writes for {} windows", pg_windows(&pg).len());
     for b in &mut boards {
