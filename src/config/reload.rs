@@ -60,6 +60,13 @@ impl Config {
         if self.sink.sparkplug != new.sink.sparkplug {
             keys.push("sink.sparkplug");
         }
+        // The database outputs' tasks and cursors are made at start.
+        if self.sink.postgres != new.sink.postgres {
+            keys.push("sink.postgres");
+        }
+        if self.sink.influx != new.sink.influx {
+            keys.push("sink.influx");
+        }
         // The pair's role and sessions are decided at start.
         if self.standby != new.standby {
             keys.push("standby");
