@@ -509,3 +509,40 @@ fn after_a_takeover_the_new_active_writes_from_the_replicated_cursor_no_duplicat
         }
     }
 }
+
+#[test]
+fn a_site_with_only_a_database_needs_no_upstream_broker() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broker = Mosquitto::start(false);
+    let pg = Postgres::start(dir.path());
+    let config = GatewayConfig::new("gw", &dir.path().join("state"), &broker, &broker)
+        .merge("metrics", RULES)
+        .set("sink", "url = \"\"\nplain = false")
+        .set(
+            "sink.postgres",
+            &format!("enabled = true\nurl = \"{}\"", pg.url()),
+        )
+        .write(&dir.path().join("gateway.toml"));
+    let log = dir.path().join("gw.log");
+    let mut publisher = Publisher::connect(broker.port, "db-only-fleet");
+    let mut fleet = Fleet::new(4, 60);
+    let gw = Gateway::start(&config, &log);
+    while fleet.send(&mut publisher, 4) {}
+    publisher.flush();
+    let total = i64::try_from(fleet.total()).unwrap_or(0);
+    wait_or_explain(
+        MIN,
+        || {
+            pg.try_psql("site", "SELECT sum(readings) FROM tidemark_windows")
+                .is_ok_and(|s| s == total.to_string())
+        },
+        || std::fs::read_to_string(&log).unwrap_or_default(),
+    );
+    let (code, _) = gw.terminate();
+    assert_eq!(
+        code,
+        Some(0),
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+}
