@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds tidemark for 64-bit ARM without Docker (Debian's multiarch Rust) and
 # runs the unit, engine, replay and check suites under qemu-user:
-#   1. the stripped `dist` binary (what the arm64 .deb ships) must be <= 6 MiB;
+#   1. the stripped `dist` binary (what the arm64 .deb ships) must be <= 7 MiB (6 until the database outputs: BENCHMARKS table 13);
 #   2. its `replay` of the example capture must be byte-identical to x86's;
 #   3. the test suites, cross-built, run under qemu (the binary they spawn too).
 # Needs root for the one-time package install. armv7 goes through cross.toml.
@@ -22,8 +22,8 @@ cargo build --locked --profile dist --target $TRIPLE
 bin="$CARGO_TARGET_DIR/$TRIPLE/dist/tidemark"
 size=$(stat -c %s "$bin")
 echo "aarch64 binary: $bin, $size bytes ($(awk "BEGIN{printf \"%.2f\", $size/1048576}") MiB, stripped)"
-if [ "$size" -gt $((6 * 1024 * 1024)) ]; then
-  echo "FAIL: aarch64 binary is larger than 6 MiB" >&2
+if [ "$size" -gt $((7 * 1024 * 1024)) ]; then
+  echo "FAIL: aarch64 binary is larger than 7 MiB" >&2
   exit 1
 fi
 

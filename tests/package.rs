@@ -93,8 +93,8 @@ fn both_packages_install_binary_unit_configs_user_and_docs() {
         );
         if arch == "arm64" {
             assert!(
-                meta.len() <= 6 * MIB,
-                "arm64 binary is {} bytes (> 6 MiB)",
+                meta.len() <= 7 * MIB,
+                "arm64 binary is {} bytes (> 7 MiB: the budget, BENCHMARKS table 13)",
                 meta.len()
             );
         }
