@@ -40,6 +40,7 @@ command -v npm >/dev/null 2>&1 || need="$need npm"
 # tests/db_outputs.rs writes into real PostgreSQL and InfluxDB 1.x servers it starts itself.
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need="$need postgresql"
 command -v influxd >/dev/null 2>&1 || need="$need influxdb"
+command -v curl >/dev/null 2>&1 || need="$need curl"
 command -v setpriv >/dev/null 2>&1 || need="$need util-linux"
 if [ -n "$need" ]; then
   SUDO=""

@@ -54,6 +54,9 @@ pub struct Postgres {
     data: PathBuf,
     child: Option<Child>,
     log: PathBuf,
+    /// Set by [`Postgres::require_tls_and_password`]: the test's own psql uses it too.
+    password: Option<String>,
+    extra: Vec<String>,
 }
 
 impl Postgres {
@@ -84,6 +87,8 @@ impl Postgres {
             data,
             child: None,
             log: root.join("postgres.log"),
+            password: None,
+            extra: Vec::new(),
         };
         pg.run();
         pg.psql("postgres", "CREATE DATABASE site");
@@ -106,6 +111,7 @@ impl Postgres {
                 "listen_addresses=127.0.0.1",
             ])
             .args(["-c", "fsync=off", "-c", "unix_socket_directories="])
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -114,7 +120,13 @@ impl Postgres {
         wait_or_explain(
             Duration::from_secs(60),
             || self.try_psql("postgres", "SELECT 1").is_ok(),
-            || std::fs::read_to_string(&self.log).unwrap_or_default(),
+            || {
+                format!(
+                    "{:?}\n{}",
+                    self.try_psql("postgres", "SELECT 1"),
+                    std::fs::read_to_string(&self.log).unwrap_or_default()
+                )
+            },
         );
     }
 
@@ -124,7 +136,11 @@ impl Postgres {
     }
 
     pub fn try_psql(&self, db: &str, sql: &str) -> Result<String, String> {
-        let out = Command::new(pg_bin("psql"))
+        let mut cmd = Command::new(pg_bin("psql"));
+        if let Some(p) = &self.password {
+            cmd.env("PGPASSWORD", p);
+        }
+        let out = cmd
             .args([
                 "-X",
                 "-At",
@@ -167,6 +183,35 @@ impl Postgres {
     pub fn start_again(&mut self) {
         self.run();
     }
+
+    /// From now on only TLS connections (this certificate and key, PEM) with
+    /// SCRAM password `password` are accepted.
+    pub fn require_tls_and_password(&mut self, cert: &Path, key: &Path, password: &str) {
+        self.psql(
+            "postgres",
+            &format!("ALTER ROLE tidemark PASSWORD '{password}'"),
+        );
+        let dir = self.data.clone();
+        for (f, name) in [(cert, "server.crt"), (key, "server.key")] {
+            std::fs::copy(f, dir.join(name)).expect("copy tls file");
+        }
+        std::fs::write(
+            dir.join("pg_hba.conf"),
+            "hostssl all all 127.0.0.1/32 scram-sha-256\nhostssl all all ::1/128 scram-sha-256\n",
+        )
+        .expect("pg_hba");
+        owned_dir(&dir);
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(
+            dir.join("server.key"),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .expect("key mode");
+        self.extra = vec!["-c".into(), "ssl=on".into()];
+        self.stop();
+        self.password = Some(password.to_string());
+        self.run();
+    }
 }
 
 impl Drop for Postgres {
@@ -184,10 +229,21 @@ pub struct Influx {
     conf: PathBuf,
     child: Option<Child>,
     log: PathBuf,
+    /// HTTPS with this CA's certificate: the test talks to it through curl.
+    ca: Option<PathBuf>,
 }
 
 impl Influx {
     pub fn start(dir: &Path) -> Self {
+        Self::start_with(dir, None)
+    }
+
+    /// HTTPS only, with `cert` and `key` (PEM) issued by `ca`.
+    pub fn start_tls(dir: &Path, (ca, cert, key): (&Path, &Path, &Path)) -> Self {
+        Self::start_with(dir, Some((ca, cert, key)))
+    }
+
+    fn start_with(dir: &Path, tls: Option<(&Path, &Path, &Path)>) -> Self {
         let root = owned_dir(&dir.join("influx"));
         let port = free_port();
         let conf = root.join("influxdb.conf");
@@ -198,9 +254,14 @@ impl Influx {
                 "reporting-disabled = true\nbind-address = \"127.0.0.1:{}\"\n\
                  [meta]\ndir = \"{d}/meta\"\n\
                  [data]\ndir = \"{d}/data\"\nwal-dir = \"{d}/wal\"\nquery-log-enabled = false\n\
-                 [http]\nbind-address = \"127.0.0.1:{port}\"\nlog-enabled = false\n\
+                 [http]\nbind-address = \"127.0.0.1:{port}\"\nlog-enabled = false\n{}\
                  [monitor]\nstore-enabled = false\n",
-                free_port()
+                free_port(),
+                tls.map_or(String::new(), |(_, cert, key)| format!(
+                    "https-enabled = true\nhttps-certificate = {:?}\nhttps-private-key = {:?}\n",
+                    cert.display().to_string(),
+                    key.display().to_string()
+                ))
             ),
         )
         .expect("influx conf");
@@ -210,6 +271,7 @@ impl Influx {
             conf,
             child: None,
             log: root.join("influxd.log"),
+            ca: tls.map(|(ca, _, _)| ca.to_path_buf()),
         };
         ix.run();
         ix.query("CREATE DATABASE tidemark");
@@ -232,13 +294,43 @@ impl Influx {
         self.child = Some(child);
         wait_or_explain(
             Duration::from_secs(60),
-            || http(self.port, "GET", "/ping", "").is_ok_and(|(s, _)| s == 204),
+            || {
+                self.request("GET", "/ping", "")
+                    .is_ok_and(|(s, _)| s == 204)
+            },
             || std::fs::read_to_string(&self.log).unwrap_or_default(),
         );
     }
 
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        match self.ca {
+            Some(_) => format!("https://localhost:{}", self.port),
+            None => format!("http://127.0.0.1:{}", self.port),
+        }
+    }
+
+    /// Over HTTP, or HTTPS through curl checking the CA: (status, body).
+    fn request(&self, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
+        let Some(ca) = &self.ca else {
+            return http(self.port, method, path, body);
+        };
+        let out = Command::new("curl")
+            .args([
+                "-s",
+                "-X",
+                method,
+                "--data-binary",
+                body,
+                "-w",
+                "\n%{http_code}",
+                "--cacert",
+            ])
+            .arg(ca)
+            .arg(format!("https://localhost:{}{path}", self.port))
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+        Ok((code.trim().parse().unwrap_or(0), body.to_string()))
     }
 
     /// An InfluxQL statement on database `tidemark`: the JSON answer.
@@ -247,14 +339,14 @@ impl Influx {
             "/query?db=tidemark&epoch=ms&q={}",
             form_urlencoded::byte_serialize(q.as_bytes()).collect::<String>()
         );
-        let (status, body) = http(self.port, "POST", &path, "").expect("influx query");
+        let (status, body) = self.request("POST", &path, "").expect("influx query");
         assert_eq!(status, 200, "{q}: {body}");
         serde_json::from_str(&body).expect("influx json")
     }
 
     /// Line protocol written as it is: the HTTP status.
     pub fn write(&self, lines: &str) -> u16 {
-        http(self.port, "POST", "/write?db=tidemark&precision=ms", lines)
+        self.request("POST", "/write?db=tidemark&precision=ms", lines)
             .expect("influx write")
             .0
     }

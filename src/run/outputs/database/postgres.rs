@@ -91,6 +91,23 @@ fn outage(e: impl std::fmt::Display) -> Failed {
     Failed::Outage(format!("postgres: {e}"))
 }
 
+/// A PostgreSQL failure that is not about the rows, with its causes.
+fn lost(e: tokio_postgres::Error) -> Failed {
+    outage(chain(&e))
+}
+
+/// An error with its causes (tokio-postgres says "error performing TLS handshake"; the cause says why).
+fn chain(e: &tokio_postgres::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
 /// Column arrays of some window rows.
 #[derive(Default)]
 struct WindowCols {
@@ -202,13 +219,13 @@ impl Writer {
             Some(ca) => {
                 let tls = super::tls::client_config(Some(ca)).map_err(outage)?;
                 pg.ssl_mode(tokio_postgres::config::SslMode::Require);
-                let (client, conn) = pg.connect(RustlsConnect(tls)).await.map_err(outage)?;
+                let (client, conn) = pg.connect(RustlsConnect(tls)).await.map_err(lost)?;
                 tokio::spawn(conn);
                 client
             }
             None => {
                 pg.ssl_mode(tokio_postgres::config::SslMode::Disable);
-                let (client, conn) = pg.connect(NoTls).await.map_err(outage)?;
+                let (client, conn) = pg.connect(NoTls).await.map_err(lost)?;
                 tokio::spawn(conn);
                 client
             }
@@ -216,12 +233,12 @@ impl Writer {
         if c.create_tables {
             if c.schema != "public" {
                 let s = format!("CREATE SCHEMA IF NOT EXISTS \"{}\"", c.schema);
-                client.batch_execute(&s).await.map_err(outage)?;
+                client.batch_execute(&s).await.map_err(lost)?;
             }
-            client.batch_execute(&ddl(c)).await.map_err(outage)?;
+            client.batch_execute(&ddl(c)).await.map_err(lost)?;
         }
-        let windows = client.prepare(&upsert_windows(c)).await.map_err(outage)?;
-        let alerts = client.prepare(&insert_alerts(c)).await.map_err(outage)?;
+        let windows = client.prepare(&upsert_windows(c)).await.map_err(lost)?;
+        let alerts = client.prepare(&insert_alerts(c)).await.map_err(lost)?;
         tracing::info!(host = %c.address.host, port = c.address.port, database = %c.dbname, "postgres output connected");
         Ok(Session {
             client,
@@ -263,31 +280,31 @@ impl Writer {
         };
         let stmts = (&s.windows.clone(), &s.alerts.clone());
         let all: Vec<&Row> = keyed.iter().map(|(_, r)| r).collect();
-        let tx = s.client.transaction().await.map_err(outage)?;
+        let tx = s.client.transaction().await.map_err(lost)?;
         match put(&tx, stmts, &gateway, &all).await {
             Ok(()) => {
-                tx.commit().await.map_err(outage)?;
+                tx.commit().await.map_err(lost)?;
                 return Ok(Vec::new());
             }
-            Err(e) if refused(&e).is_none() => return Err(outage(e)),
+            Err(e) if refused(&e).is_none() => return Err(lost(e)),
             Err(_) => drop(tx),
         }
-        let mut tx = s.client.transaction().await.map_err(outage)?;
+        let mut tx = s.client.transaction().await.map_err(lost)?;
         let mut refusals = Vec::new();
         for (i, row) in keyed {
-            let sp = tx.savepoint("row").await.map_err(outage)?;
+            let sp = tx.savepoint("row").await.map_err(lost)?;
             match put(&sp, stmts, &gateway, &[row]).await {
-                Ok(()) => sp.commit().await.map_err(outage)?,
+                Ok(()) => sp.commit().await.map_err(lost)?,
                 Err(e) => match refused(&e) {
                     Some(msg) => {
-                        sp.rollback().await.map_err(outage)?;
+                        sp.rollback().await.map_err(lost)?;
                         refusals.push((*i, msg));
                     }
-                    None => return Err(outage(e)),
+                    None => return Err(lost(e)),
                 },
             }
         }
-        tx.commit().await.map_err(outage)?;
+        tx.commit().await.map_err(lost)?;
         Ok(refusals)
     }
 }
