@@ -1,0 +1,156 @@
+//! The driver's tests: ticks before messages, commits, batches.
+
+use super::*;
+
+const T0: Millis = 1_764_480_000_000;
+
+fn driver() -> Driver {
+    let cfg = crate::config::load_str(
+        "[gateway]\nid = \"gw\"\ncommit_interval_ms = 1000\ntick_interval_ms = 200\n\
+         [group_defaults]\nidle_timeout_ms = 500\n",
+        &std::collections::BTreeMap::new(),
+    )
+    .unwrap();
+    Driver::new(
+        Engine::new(&cfg.engine),
+        &cfg.gateway,
+        &cfg.sink.prefix,
+        SinkFormat::Json,
+        None,
+    )
+    .with_journal()
+}
+
+fn reading(d: &mut Driver, at: Millis) {
+    let p = format!(r#"{{"ts": {at}, "temp": 1}}"#);
+    d.message(Now::at(at), "sensors/g/d/reading", p.as_bytes());
+}
+
+#[test]
+fn one_commit_per_interval_and_the_first_reading_after_quiet_is_not_kept_waiting() {
+    let mut d = driver();
+    assert!(!d.commit_due(T0));
+    reading(&mut d, T0);
+    assert!(d.commit_due(T0), "nothing committed yet: at once");
+    let b = d.take_journal(Now::at(T0));
+    assert!(!b.journal.unwrap().is_empty());
+    reading(&mut d, T0 + 10);
+    assert!(!d.commit_due(T0 + 999));
+    assert!(d.commit_due(T0 + 1000));
+    d.take_journal(Now::at(T0 + 1000));
+    // A quiet spell, then a reading: committed at once.
+    reading(&mut d, T0 + 5000);
+    assert!(d.commit_due(T0 + 5000));
+}
+
+#[test]
+fn a_gap_of_a_century_runs_as_one_tick_once_nothing_can_fire() {
+    let mut d = driver();
+    reading(&mut d, T0);
+    let century = T0 + 100 * 365 * 86_400_000;
+    // 15.8 billion ticks of 200 ms: without the shortcut this does not return.
+    d.ticks_until(Now::at(century));
+    assert!(d.engine().settled());
+    // The window closed and the device went offline on the way, as tick by tick.
+    assert!(d.outputs().iter().any(|o| matches!(o, Output::Alert(_))));
+    let topics: Vec<_> = d
+        .take_journal(Now::at(century))
+        .outputs
+        .into_iter()
+        .map(|e| e.topic)
+        .collect();
+    assert!(topics.iter().any(|t| t.contains("/windows/")), "{topics:?}");
+    assert!(topics.iter().any(|t| t.contains("/alerts/")), "{topics:?}");
+    // The watermark is where the last tick puts an idle group.
+    let wm = d.engine().watermark("g").unwrap();
+    assert!(wm > century - 120_000, "{wm}");
+    assert_eq!(d.next_tick(), Some(century + 200 - (century - T0) % 200));
+}
+
+/// `run` encodes outputs as they are emitted; a batch holds what encoding them
+/// at the cut gives (`replay`'s way), at the cut's time, for families of input.
+#[test]
+fn outputs_encoded_at_emission_are_the_batch_encoded_at_the_cut() {
+    for (devices, every, format) in [
+        (1, 100, SinkFormat::Json),
+        (40, 37, SinkFormat::Cbor),
+        (300, 1000, SinkFormat::Json),
+    ] {
+        let cfg = crate::config::load_str(
+            "[gateway]\nid = \"gw\"\ncommit_interval_ms = 1000\ntick_interval_ms = 200\n\
+             [time]\npolicy = \"device\"\n\
+             [group_defaults]\nidle_timeout_ms = 500\nheartbeat_timeout_ms = 3000\n\
+             allowed_lateness_ms = 1000\n\
+             window = { kind = \"tumbling\", size_ms = 2000 }\n",
+            &std::collections::BTreeMap::new(),
+        )
+        .unwrap();
+        let mut run = Driver::new(
+            Engine::new(&cfg.engine),
+            &cfg.gateway,
+            &cfg.sink.prefix,
+            format,
+            None,
+        )
+        .with_journal();
+        let mut cut = Driver::new(
+            Engine::new(&cfg.engine),
+            &cfg.gateway,
+            &cfg.sink.prefix,
+            format,
+            None,
+        );
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for k in 0..60i64 {
+            let at = T0 + k * every;
+            for i in 0..devices {
+                // Every seventh reading is late, some are bad: late and rejected outputs too.
+                let ts = if (k + i) % 7 == 0 { at - 30_000 } else { at };
+                let p = if (k * i) % 11 == 5 {
+                    "{\"temp\": ".to_string()
+                } else {
+                    format!(r#"{{"ts": {ts}, "temp": {k}, "rh": {i}}}"#)
+                };
+                let topic = format!("sensors/g{}/d{i}/reading", i % 3);
+                run.message(Now::at(at), &topic, p.as_bytes());
+                cut.message(Now::at(at), &topic, p.as_bytes());
+            }
+            if k % 9 == 8 {
+                a.extend(run.take_journal(Now::at(at + 1)).outputs);
+                b.extend(cut.take_batch(Now::at(at + 1)).outputs);
+            }
+        }
+        let end = T0 + 60 * every + 10_000;
+        run.ticks_until(Now::at(end));
+        cut.ticks_until(Now::at(end));
+        a.extend(run.take_journal(Now::at(end)).outputs);
+        b.extend(cut.take_batch(Now::at(end)).outputs);
+        assert!(b.iter().any(|e| e.topic.contains("/windows/")));
+        assert!(b.iter().any(|e| e.topic.contains("/alerts/")));
+        if devices > 1 {
+            assert!(b.iter().any(|e| e.topic.ends_with("/rejected")));
+            assert!(b.iter().any(|e| e.topic.contains("/late/")));
+        }
+        assert_eq!(a, b, "{devices} devices");
+    }
+}
+
+#[test]
+fn ticks_that_only_move_watermarks_are_not_durable_work() {
+    let mut d = driver();
+    reading(&mut d, T0);
+    d.take_journal(Now::at(T0));
+    // The group goes idle and its watermark follows the clock, tick after tick.
+    let wm = |d: &Driver| d.engine().watermark("g");
+    d.ticks_until(Now::at(T0 + 2000));
+    let first = wm(&d);
+    d.ticks_until(Now::at(T0 + 4000));
+    assert!(wm(&d) > first, "the idle group's watermark moves");
+    assert!(d.outputs().is_empty());
+    assert!(!d.has_durable());
+    assert!(!d.commit_due(T0 + 4000));
+    // The journal keeps one collapsed tick, not one per tick.
+    let ticks = d.journal().unwrap().len();
+    d.ticks_until(Now::at(T0 + 8000));
+    assert_eq!(d.journal().unwrap().len(), ticks);
+}
