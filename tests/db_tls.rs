@@ -1,6 +1,7 @@
 //! The database outputs over TLS with a private CA (docs/reference.md#sinkpostgres-and-sinkinflux):
 //! PostgreSQL with `ca_file` and a SCRAM password from `password_file`, InfluxDB over
-//! https; a server whose certificate the CA did not sign gets nothing.
+//! https with `user:password` from `token_file`; a server whose certificate the CA
+//! did not sign gets nothing.
 mod support;
 
 use std::path::{Path, PathBuf};
@@ -66,7 +67,7 @@ fn gateway(
     name: &str,
     broker: &Mosquitto,
     (pg, ix): (&Postgres, &Influx),
-    (ca, pw): (&Path, &Path),
+    (ca, pw, token): (&Path, &Path, &Path),
 ) -> (Gateway, u16, PathBuf) {
     let http = support::free_port();
     let url = pg.url().replace("127.0.0.1", "localhost");
@@ -85,9 +86,10 @@ fn gateway(
         .set(
             "sink.influx",
             &format!(
-                "enabled = true\nurl = \"{}\"\nca_file = {:?}",
+                "enabled = true\nurl = \"{}\"\nca_file = {:?}\ntoken_file = {:?}",
                 ix.url(),
-                ca.display().to_string()
+                ca.display().to_string(),
+                token.display().to_string()
             ),
         )
         .http(http)
@@ -105,12 +107,18 @@ fn tls_with_a_checked_certificate_and_a_password_file_and_nothing_for_an_unknown
     let broker = Mosquitto::start(false);
     let mut pg = Postgres::start(dir.path());
     pg.require_tls_and_password(&cert, &key, "s3cret-pw");
-    let ix = Influx::start_tls(dir.path(), (&ca, &cert, &key));
-    let pw = dir.path().join("pg-password");
-    std::fs::write(&pw, "s3cret-pw\n").expect("password file");
+    let mut ix = Influx::start_tls(dir.path(), (&ca, &cert, &key));
+    ix.require_auth("writer", "influx-pw");
+    let (pw, token) = (
+        dir.path().join("pg-password"),
+        dir.path().join("influx-token"),
+    );
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    let (gw, http, log) = gateway(dir.path(), "gw", &broker, (&pg, &ix), (&ca, &pw));
+    for (f, text) in [(&pw, "s3cret-pw\n"), (&token, "writer:influx-pw\n")] {
+        std::fs::write(f, text).expect("secret file");
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    }
+    let (gw, http, log) = gateway(dir.path(), "gw", &broker, (&pg, &ix), (&ca, &pw, &token));
     let mut publisher = Publisher::connect(broker.port, "tls-fleet");
     let mut fleet = Fleet::new(4, 60);
     while fleet.send(&mut publisher, 4) {}
@@ -149,7 +157,13 @@ fn tls_with_a_checked_certificate_and_a_password_file_and_nothing_for_an_unknown
     let _ = gw.terminate();
 
     // A CA that did not sign the servers' certificates: nothing is written, the error says why.
-    let (gw, http, log) = gateway(dir.path(), "gw2", &broker, (&pg, &ix), (&other, &pw));
+    let (gw, http, log) = gateway(
+        dir.path(),
+        "gw2",
+        &broker,
+        (&pg, &ix),
+        (&other, &pw, &token),
+    );
     let mut publisher = Publisher::connect(broker.port, "tls-fleet-2");
     let mut fleet = Fleet::new(2, 40);
     while fleet.send(&mut publisher, 2) {}

@@ -231,6 +231,8 @@ pub struct Influx {
     log: PathBuf,
     /// HTTPS with this CA's certificate: the test talks to it through curl.
     ca: Option<PathBuf>,
+    /// `user:password` once authentication is on (through curl too).
+    auth: Option<String>,
 }
 
 impl Influx {
@@ -272,6 +274,7 @@ impl Influx {
             child: None,
             log: root.join("influxd.log"),
             ca: tls.map(|(ca, _, _)| ca.to_path_buf()),
+            auth: None,
         };
         ix.run();
         ix.query("CREATE DATABASE tidemark");
@@ -302,6 +305,28 @@ impl Influx {
         );
     }
 
+    /// From now on only user `user` with `password` may write or query.
+    pub fn require_auth(&mut self, user: &str, password: &str) {
+        self.query(&format!(
+            "CREATE USER \"{user}\" WITH PASSWORD '{password}' WITH ALL PRIVILEGES"
+        ));
+        let conf = std::fs::read_to_string(&self.conf).expect("influx conf");
+        std::fs::write(
+            &self.conf,
+            conf.replace("[http]\n", "[http]\nauth-enabled = true\n"),
+        )
+        .expect("influx conf");
+        self.stop();
+        self.auth = Some(format!("{user}:{password}"));
+        self.run();
+        let auth = self.auth.take();
+        let (status, body) = self
+            .request("POST", "/write?db=tidemark", "m v=1 1")
+            .unwrap_or_default();
+        self.auth = auth;
+        assert_eq!(status, 401, "authentication is on: {body}");
+    }
+
     pub fn url(&self) -> String {
         match self.ca {
             Some(_) => format!("https://localhost:{}", self.port),
@@ -311,10 +336,18 @@ impl Influx {
 
     /// Over HTTP, or HTTPS through curl checking the CA: (status, body).
     fn request(&self, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
-        let Some(ca) = &self.ca else {
+        if self.ca.is_none() && self.auth.is_none() {
             return http(self.port, method, path, body);
-        };
-        let out = Command::new("curl")
+        }
+        let mut curl = Command::new("curl");
+        if let Some(a) = &self.auth {
+            curl.args(["-u", a]);
+        }
+        if let Some(ca) = &self.ca {
+            curl.arg("--cacert").arg(ca);
+        }
+        let scheme = if self.ca.is_some() { "https" } else { "http" };
+        let out = curl
             .args([
                 "-s",
                 "-X",
@@ -323,10 +356,8 @@ impl Influx {
                 body,
                 "-w",
                 "\n%{http_code}",
-                "--cacert",
             ])
-            .arg(ca)
-            .arg(format!("https://localhost:{}{path}", self.port))
+            .arg(format!("{scheme}://localhost:{}{path}", self.port))
             .output()?;
         let text = String::from_utf8_lossy(&out.stdout).to_string();
         let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
