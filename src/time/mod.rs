@@ -5,6 +5,7 @@ pub mod adaptive;
 mod buckets;
 pub mod gateway;
 pub mod seq;
+pub mod sketch;
 pub mod skew;
 pub mod watermark;
 pub mod window;
