@@ -4,6 +4,7 @@
 pub mod adaptive;
 mod buckets;
 pub mod gateway;
+pub mod moments;
 pub mod seq;
 pub mod sketch;
 pub mod skew;
