@@ -29,22 +29,22 @@ fn fast_two_sum(a: f64, b: f64) -> Dd {
 
 impl Dd {
     /// `self + o`.
-    pub fn add(self, o: Dd) -> Dd {
+    pub fn plus(self, o: Dd) -> Dd {
         let Dd(s, e) = two_sum(self.0, o.0);
         fast_two_sum(s, e + self.1 + o.1)
     }
 
     /// `self · o`.
-    pub fn mul(self, o: Dd) -> Dd {
+    pub fn times(self, o: Dd) -> Dd {
         let p = self.0 * o.0;
         let e = self.0.mul_add(o.0, -p) + self.0 * o.1 + self.1 * o.0;
         fast_two_sum(p, e)
     }
 
     /// `self / d`.
-    pub fn div(self, d: f64) -> Dd {
+    pub fn over(self, d: f64) -> Dd {
         let q1 = self.0 / d;
-        let r = self.add(Dd(q1, 0.0).mul(Dd(-d, 0.0)));
+        let r = self.plus(Dd(q1, 0.0).times(Dd(-d, 0.0)));
         fast_two_sum(q1, r.0 / d)
     }
 
@@ -81,8 +81,8 @@ impl Moments {
             self.shift = x;
         }
         let d = two_sum(x, -self.shift);
-        self.s1 = self.s1.add(d);
-        self.s2 = self.s2.add(d.mul(d));
+        self.s1 = self.s1.plus(d);
+        self.s2 = self.s2.plus(d.times(d));
         self.n += 1;
     }
 
@@ -98,9 +98,13 @@ impl Moments {
         // o's deviations move by δ = o.shift − shift.
         let delta = two_sum(o.shift, -self.shift);
         let n = Dd(o.n as f64, 0.0);
-        self.s1 = self.s1.add(o.s1).add(delta.mul(n));
-        let cross = delta.mul(o.s1).mul(Dd(2.0, 0.0));
-        self.s2 = self.s2.add(o.s2).add(cross).add(delta.mul(delta).mul(n));
+        self.s1 = self.s1.plus(o.s1).plus(delta.times(n));
+        let cross = delta.times(o.s1).times(Dd(2.0, 0.0));
+        self.s2 = self
+            .s2
+            .plus(o.s2)
+            .plus(cross)
+            .plus(delta.times(delta).times(n));
         self.n += o.n;
     }
 
@@ -115,8 +119,11 @@ impl Moments {
             return None;
         }
         let n = self.n as f64;
-        let mean_dev = self.s1.div(n);
-        let v = self.s2.add(self.s1.mul(mean_dev).mul(Dd(-1.0, 0.0))).div(n);
+        let mean_dev = self.s1.over(n);
+        let v = self
+            .s2
+            .plus(self.s1.times(mean_dev).times(Dd(-1.0, 0.0)))
+            .over(n);
         Some(v.value().max(0.0))
     }
 
@@ -136,13 +143,13 @@ mod tests {
     /// squared deviations from it), a different algorithm from the streamed one.
     fn model(v: &[f64]) -> f64 {
         let n = v.len() as f64;
-        let sum = v.iter().fold(Dd::default(), |a, x| a.add(Dd(*x, 0.0)));
-        let mean = sum.div(n);
+        let sum = v.iter().fold(Dd::default(), |a, x| a.plus(Dd(*x, 0.0)));
+        let mean = sum.over(n);
         let ss = v.iter().fold(Dd::default(), |a, x| {
-            let d = Dd(*x, 0.0).add(Dd(-mean.0, -mean.1));
-            a.add(d.mul(d))
+            let d = Dd(*x, 0.0).plus(Dd(-mean.0, -mean.1));
+            a.plus(d.times(d))
         });
-        ss.div(n).value()
+        ss.over(n).value()
     }
 
     fn close(got: f64, want: f64) -> bool {
