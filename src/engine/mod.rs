@@ -21,6 +21,7 @@ mod adaptive;
 mod clock;
 mod config;
 mod emission;
+pub mod expr;
 mod heaps;
 mod ingest;
 mod rules;
