@@ -24,6 +24,7 @@ mod emission;
 pub mod expr;
 mod heaps;
 mod ingest;
+pub mod judge;
 mod rules;
 mod slots;
 mod sparkplug;

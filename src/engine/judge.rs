@@ -1,0 +1,193 @@
+//! A condition judged in event time over one device's window results
+//! (docs/reference.md#group_defaults-and-groupsname), pure: `raised` once
+//! `when` held for `for_windows` consecutive windows, `cleared` once `clear`
+//! then held as long; a revised or late window re-judges from itself on, and
+//! each transition the windows no longer support is retracted, each newly
+//! supported one emitted. Windows past lateness are folded into a base state.
+
+use std::collections::VecDeque;
+
+use crate::model::Millis;
+
+/// A transition of a condition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum State {
+    /// `when` held for `for_windows` consecutive windows.
+    Raised,
+    /// `clear` held for `for_windows` consecutive windows after a raise.
+    Cleared,
+}
+
+/// A transition and the window that completed its run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Transition {
+    /// Start of the completing window.
+    pub start: Millis,
+    /// Its end.
+    pub end: Millis,
+    /// Raised or cleared.
+    pub state: State,
+}
+
+/// What the judge says after a window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// A transition the windows now support.
+    Emit(Transition),
+    /// One emitted before that they no longer support.
+    Retract(Transition),
+}
+
+/// One window's verdicts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    /// Window start.
+    pub start: Millis,
+    /// Window end.
+    pub end: Millis,
+    /// `when` holds.
+    pub when: bool,
+    /// `clear` holds (without a `clear` expression: `when` does not).
+    pub clear: bool,
+}
+
+/// A condition's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rule {
+    /// Consecutive windows a transition needs (≥ 1).
+    pub for_windows: u32,
+    /// Starts of consecutive windows lie this far apart (tumbling: the size,
+    /// hopping: the slide); None: sessions, each the next one's predecessor.
+    pub step: Option<Millis>,
+}
+
+/// Where the judging stands before the first window kept.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Base {
+    /// Raised.
+    pub raised: bool,
+    /// Consecutive windows counted towards the next transition.
+    pub run: u32,
+    /// Start of the last window folded in.
+    pub last: Option<Millis>,
+}
+
+/// One condition of one device.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Judge {
+    base: Base,
+    /// Windows still revisable, by start.
+    log: VecDeque<Verdict>,
+    /// Transitions standing among them.
+    standing: Vec<Transition>,
+}
+
+/// One step of the judging: the new base and the transition it makes, if any.
+fn step(rule: Rule, mut b: Base, v: &Verdict) -> (Base, Option<Transition>) {
+    let consecutive = match (b.last, rule.step) {
+        (None, _) | (Some(_), None) => true,
+        (Some(last), Some(s)) => v.start == last + s,
+    };
+    if !consecutive {
+        b.run = 0;
+    }
+    b.last = Some(v.start);
+    let holds = if b.raised { v.clear } else { v.when };
+    b.run = if holds { b.run + 1 } else { 0 };
+    if b.run < rule.for_windows.max(1) {
+        return (b, None);
+    }
+    b.run = 0;
+    b.raised = !b.raised;
+    let state = if b.raised {
+        State::Raised
+    } else {
+        State::Cleared
+    };
+    (
+        b,
+        Some(Transition {
+            start: v.start,
+            end: v.end,
+            state,
+        }),
+    )
+}
+
+/// The transitions `windows` make from `base`, in order.
+pub fn transitions(
+    rule: Rule,
+    base: Base,
+    windows: impl IntoIterator<Item = Verdict>,
+) -> Vec<Transition> {
+    let mut b = base;
+    let mut out = Vec::new();
+    for v in windows {
+        let (next, t) = step(rule, b, &v);
+        b = next;
+        out.extend(t);
+    }
+    out
+}
+
+impl Judge {
+    /// A judge from a stored base (nothing revisable kept).
+    pub fn from_base(base: Base) -> Self {
+        Self {
+            base,
+            ..Self::default()
+        }
+    }
+
+    /// The base state before the windows kept.
+    pub fn base(&self) -> Base {
+        self.base
+    }
+
+    /// A window's result (first or revised): what changes.
+    pub fn window(&mut self, rule: Rule, v: Verdict, out: &mut Vec<Event>) {
+        if self.base.last.is_some_and(|l| v.start <= l) {
+            // Settled already: past lateness, it moves nothing.
+            return;
+        }
+        match self.log.binary_search_by_key(&v.start, |w| w.start) {
+            Ok(i) => self.log[i] = v,
+            Err(i) => self.log.insert(i, v),
+        }
+        let now = transitions(rule, self.base, self.log.iter().copied());
+        for t in &self.standing {
+            if !now.contains(t) {
+                out.push(Event::Retract(*t));
+            }
+        }
+        for t in &now {
+            if !self.standing.contains(t) {
+                out.push(Event::Emit(*t));
+            }
+        }
+        self.standing = now;
+    }
+
+    /// Windows starting before `before` can no longer be revised: folded into the base.
+    pub fn settle(&mut self, rule: Rule, before: Millis) {
+        while self.log.front().is_some_and(|w| w.start < before) {
+            let Some(v) = self.log.pop_front() else {
+                break;
+            };
+            let (b, t) = step(rule, self.base, &v);
+            self.base = b;
+            if let Some(t) = t {
+                self.standing.retain(|s| *s != t);
+            }
+        }
+    }
+
+    /// Windows kept (for the memory figures).
+    pub fn kept(&self) -> usize {
+        self.log.len()
+    }
+}
+
+#[cfg(test)]
+#[path = "judge_tests.rs"]
+mod tests;
