@@ -178,7 +178,7 @@ impl Serialize for MetricsOut {
 }
 
 /// One metric of a window result.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct MetricOut {
     /// Readings carrying the metric.
     pub count: u64,
@@ -194,6 +194,27 @@ pub struct MetricOut {
     pub first: f64,
     /// Value at the latest event time.
     pub last: f64,
+    /// The group's extra aggregates (docs/reference.md#group_defaults-and-groupsname), when it has any.
+    pub extra: Option<Box<crate::time::extras::ExtraOut>>,
+}
+
+impl Serialize for MetricOut {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let extra = self.extra.as_deref().map_or(&[][..], |e| e.0.as_slice());
+        let mut st = s.serialize_struct("MetricOut", 7 + extra.len())?;
+        st.serialize_field("count", &self.count)?;
+        st.serialize_field("sum", &self.sum)?;
+        st.serialize_field("min", &self.min)?;
+        st.serialize_field("max", &self.max)?;
+        st.serialize_field("mean", &self.mean)?;
+        st.serialize_field("first", &self.first)?;
+        st.serialize_field("last", &self.last)?;
+        for (name, v) in extra {
+            st.serialize_field(name, v)?;
+        }
+        st.end()
+    }
 }
 
 impl From<&Stats> for MetricOut {
@@ -206,6 +227,7 @@ impl From<&Stats> for MetricOut {
             mean: s.mean(),
             first: s.first,
             last: s.last,
+            extra: None,
         }
     }
 }
@@ -429,6 +451,7 @@ mod tests {
                 mean: 21.5,
                 first: 21.0,
                 last: 22.0,
+                extra: None,
             },
         );
         Output::Window(WindowResult {

@@ -180,6 +180,10 @@ fn broken_configs_exit_2_naming_the_key() {
             "sink.postgres.url: a password in the URL is not allowed; use sink.postgres.password_file"),
         (ex.replace("enabled = false\nurl = \"\"                          # http(s)://host:8086\napi = \"v1\"", "enabled = true\nurl = \"http://db:8086\"\napi = \"v3\""),
             "sink.influx.api: \"v3\" must be \"v1\" or \"v2\""),
+        (ex.replace("aggregates = []", "aggregates = [\"p42\"]"),
+            "group_defaults.aggregates: \"p42\" is not one of stddev, variance, p50"),
+        (ex.replace("quantile_accuracy = 0.01", "quantile_accuracy = 0.9"),
+            "group_defaults.quantile_accuracy: 0.9 must be 0.0001..=0.5"),
         ("this is = = not toml".to_string(), "c.toml: line 1, column 6: key with no value"),
     ];
     assert!(cases.len() >= 12);

@@ -90,6 +90,16 @@ pub struct RawGroupDefaults {
     /// How "auto" values follow the group's delays (docs/reference.md#group_defaults-and-groupsname).
     #[serde(default)]
     pub adaptive: RawAdaptive,
+    /// Aggregates added to the seven for every metric (docs/reference.md#group_defaults-and-groupsname).
+    #[serde(default)]
+    pub aggregates: Vec<String>,
+    /// Relative error bound of the p-values.
+    #[serde(default = "default_accuracy")]
+    pub quantile_accuracy: f64,
+}
+
+fn default_accuracy() -> f64 {
+    0.01
 }
 
 impl Default for RawGroupDefaults {
@@ -101,6 +111,8 @@ impl Default for RawGroupDefaults {
             allowed_lateness_ms: MsOrAuto::Ms(30000),
             window: default_window(),
             adaptive: RawAdaptive::default(),
+            aggregates: Vec::new(),
+            quantile_accuracy: default_accuracy(),
         }
     }
 }
@@ -204,6 +216,10 @@ pub struct RawGroupOverride {
     pub window: Option<RawWindow>,
     /// Overrides `group_defaults.adaptive` as a whole.
     pub adaptive: Option<RawAdaptive>,
+    /// Overrides `group_defaults.aggregates`.
+    pub aggregates: Option<Vec<String>>,
+    /// Overrides `group_defaults.quantile_accuracy`.
+    pub quantile_accuracy: Option<f64>,
 }
 
 /// `window = { kind = "...", ... }`

@@ -111,6 +111,7 @@ fn engine(p: &mut Problems, raw: &RawConfig, gateway: &Id) -> EngineConfig {
         d.idle_timeout_ms,
         d.heartbeat_timeout_ms,
         (&d.window, &d.adaptive),
+        (&d.aggregates, d.quantile_accuracy),
     );
     let mut overrides = BTreeMap::new();
     for (name, o) in &raw.groups {
@@ -130,6 +131,10 @@ fn engine(p: &mut Problems, raw: &RawConfig, gateway: &Id) -> EngineConfig {
             (
                 o.window.as_ref().unwrap_or(&d.window),
                 o.adaptive.as_ref().unwrap_or(&d.adaptive),
+            ),
+            (
+                o.aggregates.as_ref().unwrap_or(&d.aggregates),
+                o.quantile_accuracy.unwrap_or(d.quantile_accuracy),
             ),
         );
         overrides.insert(name.clone(), g);
@@ -258,6 +263,33 @@ fn adaptive(
     })
 }
 
+/// `aggregates` and `quantile_accuracy`.
+fn extras(
+    p: &mut Problems,
+    key: &str,
+    aggregates: &[String],
+    accuracy: f64,
+) -> crate::time::extras::Extras {
+    for name in aggregates {
+        if !crate::time::extras::NAMES.contains(&name.as_str()) {
+            p.add(
+                &format!("{key}.aggregates"),
+                format!(
+                    "{name:?} is not one of {}",
+                    crate::time::extras::NAMES.join(", ")
+                ),
+            );
+        }
+    }
+    if !(0.0001..=0.5).contains(&accuracy) {
+        p.add(
+            &format!("{key}.quantile_accuracy"),
+            format!("{accuracy} must be 0.0001..=0.5 (a relative error, e.g. 0.01)"),
+        );
+    }
+    crate::time::extras::Extras::of(aggregates, accuracy)
+}
+
 fn group_config(
     p: &mut Problems,
     key: &str,
@@ -265,8 +297,10 @@ fn group_config(
     idle: u64,
     hb: u64,
     (w, a): (&RawWindow, &RawAdaptive),
+    (aggregates, accuracy): (&[String], f64),
 ) -> GroupConfig {
     p.positive(&format!("{key}.idle_timeout_ms"), idle);
+    let extras = extras(p, key, aggregates, accuracy);
     p.positive(&format!("{key}.heartbeat_timeout_ms"), hb);
     let adaptive = adaptive(
         p,
@@ -348,5 +382,6 @@ fn group_config(
         allowed_lateness_ms,
         window,
         adaptive,
+        extras,
     }
 }

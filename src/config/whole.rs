@@ -210,6 +210,9 @@ fn merged_override(g: &GroupConfig) -> RawGroupOverride {
             max_ms: u64::try_from(a.max_ms).unwrap_or(0),
             horizon_s: u64::try_from(a.horizon_ms / 1000).unwrap_or(0),
         }),
+        aggregates: (!g.extras.is_none()).then(|| g.extras.names().map(String::from).collect()),
+        quantile_accuracy: (g.extras.accuracy_ppm > 0)
+            .then(|| f64::from(g.extras.accuracy_ppm) / 1_000_000.0),
     }
 }
 

@@ -46,6 +46,9 @@ pub struct GroupConfig {
     /// "auto" bound and/or lateness (docs/reference.md#group_defaults-and-groupsname); `None`: both fixed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adaptive: Option<AdaptiveConfig>,
+    /// `aggregates` and `quantile_accuracy` (docs/reference.md#group_defaults-and-groupsname).
+    #[serde(default, skip_serializing_if = "crate::time::extras::Extras::is_none")]
+    pub extras: crate::time::extras::Extras,
 }
 
 /// Settings of groups without an override, and the overrides (merged).

@@ -114,6 +114,7 @@ impl Engine {
     /// Emits every window of a device with unemitted events that ends at or before `upto`.
     pub(super) fn emit_windows(&mut self, di: usize, upto: Millis, out: &mut dyn Emit) -> bool {
         let mut emitted = false;
+        let extras = self.groups[self.devices[di].group as usize].cfg.extras;
         let dev = &mut self.devices[di].state;
         for w in dev.windows.iter_mut().filter(|w| w.dirty && upto >= w.end) {
             let revision = w.emitted().map_or(0, |r| r + 1);
@@ -123,11 +124,10 @@ impl Engine {
             self.counters.windows_emitted += 1;
             out.emit(Output::Window(window_result(
                 &self.gateway,
-                &dev.group,
-                &dev.id,
+                (&dev.group, &dev.id),
                 w,
                 revision,
-                &self.metric_names,
+                (&self.metric_names, extras),
             )));
         }
         emitted
@@ -210,12 +210,16 @@ impl Engine {
 
 fn window_result(
     gateway: &Id,
-    group: &Id,
-    device: &Id,
+    (group, device): (&Id, &Id),
     w: &Window,
     revision: u32,
-    names: &[MetricName],
+    (names, extras): (&[MetricName], crate::time::extras::Extras),
 ) -> WindowResult {
+    let state = |m| {
+        w.extra
+            .as_deref()
+            .and_then(|l| l.iter().find(|e| e.metric == m))
+    };
     WindowResult {
         id: format!("{group}/{device}/{}/{revision}", w.start),
         gateway: gateway.clone(),
@@ -230,9 +234,11 @@ fn window_result(
             .metrics
             .iter()
             .filter_map(|s| {
-                names
-                    .get(s.metric as usize)
-                    .map(|n| (n.clone(), MetricOut::from(s)))
+                names.get(s.metric as usize).map(|n| {
+                    let mut m = MetricOut::from(s);
+                    m.extra = crate::time::extras::out(extras, state(s.metric), s.delta());
+                    (n.clone(), m)
+                })
             })
             .collect(),
     }

@@ -273,10 +273,16 @@ impl Engine {
         if !provisional {
             self.observe_disorder(gi, di, event, now);
         }
-        let (wm, rule, lateness, fresh) = {
+        let (wm, rule, lateness, fresh, extras) = {
             let g = &self.groups[gi];
             let fresh = g.fresh(self.devices[di].state.purged_to_s);
-            (g.state.wm, g.rule_at(event), g.lateness(), fresh)
+            (
+                g.state.wm,
+                g.rule_at(event),
+                g.lateness(),
+                fresh,
+                g.cfg.extras,
+            )
         };
         let dev = &mut self.devices[di].state;
         // No rule: below the oldest rule kept, so past every window's lateness.
@@ -286,6 +292,7 @@ impl Engine {
                 span,
                 lateness,
                 fresh,
+                extras,
             };
             window::apply(&mut dev.windows, rule, event, wm, heartbeat, &metrics)
         });

@@ -3,6 +3,7 @@
 
 pub mod adaptive;
 mod buckets;
+pub mod extras;
 pub mod gateway;
 pub mod moments;
 pub mod seq;

@@ -101,6 +101,11 @@ impl Stats {
     pub fn mean(&self) -> f64 {
         self.sum / f64::from(self.count)
     }
+
+    /// `last − first`, and the event time between them (ms).
+    pub fn delta(&self) -> (f64, Millis) {
+        (self.last - self.first, self.last_t - self.first_t)
+    }
 }
 
 /// A window's metrics as stored: `(index, {count, sum, min, max, first, last,
@@ -180,6 +185,8 @@ pub struct Window {
     emitted: u32,
     /// Changed since the last emission.
     pub dirty: bool,
+    /// The group's extra aggregates' state (docs/reference.md#group_defaults-and-groupsname); None without them.
+    pub extra: Option<Box<super::extras::WindowExtras>>,
 }
 
 /// A window as stored (the field order and types of the records written
@@ -195,6 +202,8 @@ struct WindowRecord {
     heartbeats: u64,
     metrics: Vec<(MetricIdx, StatsRecord)>,
     last_event: Millis,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    extra: Option<super::extras::WindowExtras>,
 }
 
 fn sat32(v: u64) -> u32 {
@@ -226,6 +235,7 @@ impl From<WindowRecord> for Window {
             heartbeats: sat32(r.heartbeats),
             emitted: 0,
             dirty: r.dirty,
+            extra: r.extra.map(Box::new),
         };
         w.set_emitted(r.emitted);
         w
@@ -235,7 +245,7 @@ impl From<WindowRecord> for Window {
 impl Serialize for Window {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut st = s.serialize_struct("Window", 8)?;
+        let mut st = s.serialize_struct("Window", 8 + usize::from(self.extra.is_some()))?;
         st.serialize_field("start", &self.start)?;
         st.serialize_field("end", &self.end)?;
         st.serialize_field("emitted", &self.emitted())?;
@@ -244,6 +254,9 @@ impl Serialize for Window {
         st.serialize_field("heartbeats", &u64::from(self.heartbeats))?;
         st.serialize_field("metrics", &MetricsView(&self.metrics))?;
         st.serialize_field("last_event", &self.last_event)?;
+        if let Some(x) = &self.extra {
+            st.serialize_field("extra", x.as_ref())?;
+        }
         st.end()
     }
 }
@@ -259,6 +272,7 @@ impl Window {
             heartbeats: 0,
             emitted: 0,
             dirty: true,
+            extra: None,
         }
     }
 
@@ -289,7 +303,20 @@ impl Window {
         }
     }
 
+    /// Adds a reading's metrics to the extra aggregates' state `extras` asks for.
+    pub fn add_extra(&mut self, extras: super::extras::Extras, metrics: &[(MetricIdx, f64)]) {
+        if extras.is_none() || metrics.is_empty() {
+            return;
+        }
+        let list = self.extra.get_or_insert_with(Box::default);
+        super::extras::add(list, extras, metrics);
+    }
+
     fn absorb(&mut self, o: Window) {
+        if let Some(x) = o.extra {
+            let list = self.extra.get_or_insert_with(Box::default);
+            super::extras::merge(list, *x);
+        }
         self.start = self.start.min(o.start);
         self.end = self.end.max(o.end);
         self.last_event = self.last_event.max(o.last_event);
@@ -386,6 +413,8 @@ pub struct Rule {
     pub lateness: Millis,
     /// Windows that may take events past the lateness ("auto" lateness).
     pub fresh: Option<Fresh>,
+    /// The group's extra aggregates.
+    pub extras: super::extras::Extras,
 }
 
 /// Windows that start after everything a device ever sent never existed: with
@@ -414,6 +443,7 @@ pub fn apply(
         span,
         lateness,
         fresh,
+        extras,
     } = rule;
     let open = |end: Millis| wm.is_none_or(|w| end + lateness > w);
     let new = |start: Millis, end: Millis| {
@@ -439,6 +469,9 @@ pub fn apply(
         }
         merged.end = (merged.last_event + gap_ms).min(span.until);
         merged.add(t, heartbeat, metrics);
+        if !heartbeat {
+            merged.add_extra(extras, metrics);
+        }
         insert_tight(windows, first, merged);
         return true;
     }
@@ -465,6 +498,9 @@ pub fn apply(
             }
         };
         windows[i].add(t, heartbeat, metrics);
+        if !heartbeat {
+            windows[i].add_extra(extras, metrics);
+        }
     }
     any
 }

@@ -6,6 +6,7 @@ fn rule(spec: WindowSpec, lateness: Millis) -> Rule {
         span: Span::ALL,
         lateness,
         fresh: None,
+        extras: Default::default(),
     }
 }
 
@@ -82,6 +83,7 @@ fn sessions_merge_events_closer_than_the_gap() {
             span: Span::ALL,
             lateness: 0,
             fresh: None,
+            extras: Default::default(),
         },
         18_000,
         None,
@@ -101,6 +103,7 @@ fn sessions_merge_events_closer_than_the_gap() {
             span: Span::ALL,
             lateness: 0,
             fresh: None,
+            extras: Default::default(),
         },
         45_000,
         None,
@@ -189,6 +192,7 @@ proptest::proptest! {
                 heartbeats: u64::from(w.heartbeats),
                 metrics: w.metrics.iter().map(|s| (s.metric, StatsRecord::from(s))).collect(),
                 last_event: w.last_event,
+                extra: None,
             };
             let bytes = cbor(w);
             proptest::prop_assert_eq!(&bytes, &cbor(&old));
@@ -202,6 +206,27 @@ proptest::proptest! {
 
 #[test]
 fn the_packed_window_and_its_metric_are_the_sizes_the_benchmarks_count() {
-    assert_eq!(std::mem::size_of::<Window>(), 56);
+    // 56 bytes and, since the extra aggregates, their pointer (None without them).
+    assert_eq!(std::mem::size_of::<Window>(), 64);
     assert_eq!(std::mem::size_of::<Stats>(), 64);
+}
+
+#[test]
+fn a_window_with_extra_aggregates_is_stored_and_read_back_whole() {
+    let extras = crate::time::extras::Extras::of(&["stddev".into(), "p99".into()], 0.01);
+    let mut w = Window::new(0, 100);
+    for (t, v) in [(10, 1.0), (20, 4.0), (30, -2.5)] {
+        w.add(t, false, &[(0, v), (3, v * 2.0)]);
+        w.add_extra(extras, &[(0, v), (3, v * 2.0)]);
+    }
+    let bytes = cbor(&w);
+    let back: Window = ciborium::de::from_reader(&bytes[..]).unwrap();
+    assert_eq!(back, w);
+    let x = back.extra.as_deref().expect("extra state");
+    assert_eq!(x.len(), 2);
+    assert_eq!(x[0].moments.map(|m| m.count()), Some(3));
+    assert_eq!(
+        x[1].sketch.as_ref().map(crate::time::sketch::Sketch::count),
+        Some(3)
+    );
 }
