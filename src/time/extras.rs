@@ -80,9 +80,9 @@ pub struct MetricExtra {
     /// The metric.
     #[serde(rename = "m")]
     pub metric: MetricIdx,
-    /// For stddev and variance.
+    /// For stddev and variance (boxed: 48 bytes a group asking only for p-values does not carry).
     #[serde(rename = "v", default, skip_serializing_if = "Option::is_none")]
-    pub moments: Option<Moments>,
+    pub moments: Option<Box<Moments>>,
     /// For the p-values.
     #[serde(rename = "q", default, skip_serializing_if = "Option::is_none")]
     pub sketch: Option<Sketch>,
@@ -114,7 +114,7 @@ pub fn add(list: &mut WindowExtras, extras: Extras, metrics: &[(MetricIdx, f64)]
         };
         let e = &mut list[i];
         if spread {
-            e.moments.get_or_insert_with(Moments::default).add(v);
+            e.moments.get_or_insert_with(Box::default).add(v);
         }
         if pvalues {
             e.sketch
@@ -160,7 +160,7 @@ pub fn out(
         return None;
     }
     let mut o = Vec::new();
-    let moments = state.and_then(|s| s.moments.as_ref());
+    let moments = state.and_then(|s| s.moments.as_deref());
     let sketch = state.and_then(|s| s.sketch.as_ref());
     for (i, name) in NAMES.iter().enumerate() {
         if extras.aggs & (1 << i) == 0 {

@@ -224,7 +224,7 @@ fn a_window_with_extra_aggregates_is_stored_and_read_back_whole() {
     assert_eq!(back, w);
     let x = back.extra.as_deref().expect("extra state");
     assert_eq!(x.len(), 2);
-    assert_eq!(x[0].moments.map(|m| m.count()), Some(3));
+    assert_eq!(x[0].moments.as_ref().map(|m| m.count()), Some(3));
     assert_eq!(
         x[1].sketch.as_ref().map(crate::time::sketch::Sketch::count),
         Some(3)
