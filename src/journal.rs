@@ -81,27 +81,7 @@ pub enum Mark {
     Output(crate::model::OutputKind, OutputMark),
 }
 
-/// Where an output is in the outbox, and what it did, since the state was created.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OutputMark {
-    /// One past the highest outbox number it confirmed (all below are done).
-    pub upto: u64,
-    /// Entries written.
-    pub written: u64,
-    /// Entries the database refused (set aside).
-    pub refused: u64,
-}
-
-impl OutputMark {
-    /// Each field the higher of the two: a mark never moves back.
-    pub fn max(self, o: Self) -> Self {
-        Self {
-            upto: self.upto.max(o.upto),
-            written: self.written.max(o.written),
-            refused: self.refused.max(o.refused),
-        }
-    }
-}
+pub use crate::model::OutputMark;
 
 impl Mark {
     /// Into `engine`'s state (each only ever rises).

@@ -156,6 +156,28 @@ impl OutputKind {
     }
 }
 
+/// Where an output is in the outbox, and what it did, since the state was created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct OutputMark {
+    /// One past the highest outbox number it confirmed (all below are done).
+    pub upto: u64,
+    /// Entries written.
+    pub written: u64,
+    /// Entries the database refused (set aside).
+    pub refused: u64,
+}
+
+impl OutputMark {
+    /// Each field the higher of the two: a mark never moves back.
+    pub fn max(self, o: Self) -> Self {
+        Self {
+            upto: self.upto.max(o.upto),
+            written: self.written.max(o.written),
+            refused: self.refused.max(o.refused),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -174,7 +174,7 @@ pub struct Engine {
     /// takes over goes on with the `bdSeq` hosts expect.
     bd_seq: u64,
     /// Outputs' cursors and totals, by [`crate::model::OutputKind`].
-    outputs: [crate::journal::OutputMark; crate::model::OutputKind::ALL.len()],
+    outputs: [crate::model::OutputMark; crate::model::OutputKind::ALL.len()],
 }
 
 impl Engine {
@@ -331,13 +331,13 @@ impl Engine {
     }
 
     /// An output's cursor and totals moved on (never back).
-    pub fn take_output_mark(&mut self, o: crate::model::OutputKind, m: crate::journal::OutputMark) {
+    pub fn take_output_mark(&mut self, o: crate::model::OutputKind, m: crate::model::OutputMark) {
         let slot = &mut self.outputs[o as usize];
         *slot = slot.max(m);
     }
 
     /// An output's cursor and totals (zero: none yet).
-    pub fn output_mark(&self, o: crate::model::OutputKind) -> crate::journal::OutputMark {
+    pub fn output_mark(&self, o: crate::model::OutputKind) -> crate::model::OutputMark {
         self.outputs[o as usize]
     }
 

@@ -189,7 +189,7 @@ pub struct Changes {
     /// The Sparkplug edge node's next session counter (0: none).
     pub bd_seq: u64,
     /// Outputs' cursors and totals, by [`crate::model::OutputKind`].
-    pub outputs: [crate::journal::OutputMark; crate::model::OutputKind::ALL.len()],
+    pub outputs: [crate::model::OutputMark; crate::model::OutputKind::ALL.len()],
 }
 
 /// Changed devices as the store's records: (group, id) and the device's CBOR,

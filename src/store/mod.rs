@@ -212,7 +212,7 @@ fn meta_of(
         m.insert(schema::K_BD_SEQ, ch.bd_seq.to_be_bytes().as_slice())?;
     }
     for (o, mark) in crate::model::OutputKind::ALL.iter().zip(&ch.outputs) {
-        if *mark != crate::journal::OutputMark::default() {
+        if *mark != crate::model::OutputMark::default() {
             cbor(mark, buf);
             let key = format!("{}{}", schema::K_OUTPUT, o.as_str());
             m.insert(key.as_str(), buf.as_slice())?;

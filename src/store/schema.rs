@@ -78,13 +78,13 @@ pub fn bd_seq(meta: &std::collections::BTreeMap<String, Vec<u8>>) -> u64 {
 }
 
 /// `META` key prefix of an output's cursor and totals (`output/postgres`: CBOR of a
-/// [`crate::journal::OutputMark`]; added later, compatible: absent = none).
+/// [`crate::model::OutputMark`]; added later, compatible: absent = none).
 pub const K_OUTPUT: &str = "output/";
 
 /// Every output's cursor and totals, as stored (zero: none).
 pub fn output_marks(
     meta: &std::collections::BTreeMap<String, Vec<u8>>,
-) -> Vec<(crate::model::OutputKind, crate::journal::OutputMark)> {
+) -> Vec<(crate::model::OutputKind, crate::model::OutputMark)> {
     crate::model::OutputKind::ALL
         .iter()
         .filter_map(|o| {

@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 
 use super::moments::Moments;
 use super::sketch::Sketch;
-use super::window::MetricIdx;
+
+/// A metric's index (the window's `MetricIdx`).
+type MetricIdx = u16;
 
 /// Names, in the order of [`Extras::aggs`] bits and of a result's fields.
 pub const NAMES: [&str; 9] = [

@@ -15,8 +15,9 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 
-use crate::journal::{Mark, OutputMark};
+use crate::journal::Mark;
 use crate::model::OutputKind;
+use crate::model::OutputMark;
 use crate::run::events::Inbound;
 use crate::run::status::registry::{OutputStat, Registry};
 use crate::store::OutboxReader;
