@@ -103,6 +103,8 @@ pub fn add(list: &mut WindowExtras, extras: Extras, metrics: &[(MetricIdx, f64)]
         let i = match list.binary_search_by_key(&m, |e| e.metric) {
             Ok(i) => i,
             Err(i) => {
+                // Exactly sized: a first push would make room for four (~350 bytes a window).
+                list.reserve_exact(1);
                 list.insert(
                     i,
                     MetricExtra {
@@ -130,7 +132,10 @@ pub fn add(list: &mut WindowExtras, extras: Extras, metrics: &[(MetricIdx, f64)]
 pub fn merge(list: &mut WindowExtras, o: WindowExtras) {
     for e in o {
         match list.binary_search_by_key(&e.metric, |x| x.metric) {
-            Err(i) => list.insert(i, e),
+            Err(i) => {
+                list.reserve_exact(1);
+                list.insert(i, e);
+            }
             Ok(i) => {
                 let x = &mut list[i];
                 match (&mut x.moments, e.moments) {
