@@ -99,6 +99,7 @@ pub fn add(list: &mut WindowExtras, extras: Extras, metrics: &[(MetricIdx, f64)]
     if !spread && !pvalues {
         return;
     }
+    let inv_lg = Sketch::new(extras.alpha()).inv_ln_gamma();
     for &(m, v) in metrics {
         let i = match list.binary_search_by_key(&m, |e| e.metric) {
             Ok(i) => i,
@@ -123,7 +124,7 @@ pub fn add(list: &mut WindowExtras, extras: Extras, metrics: &[(MetricIdx, f64)]
         if pvalues {
             e.sketch
                 .get_or_insert_with(|| Sketch::new(extras.alpha()))
-                .add(v);
+                .add_with(v, inv_lg);
         }
     }
 }

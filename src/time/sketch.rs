@@ -74,8 +74,17 @@ impl Sketch {
         f64::from(self.alpha)
     }
 
+    /// 1 / ln γ: computed once for many readings ([`Sketch::add_with`]).
+    pub fn inv_ln_gamma(&self) -> f64 {
+        1.0 / ln_gamma(self.alpha())
+    }
+
     fn key(&self, magnitude: f64) -> i32 {
-        let k = (magnitude.ln() / ln_gamma(self.alpha())).ceil();
+        Self::key_with(magnitude, self.inv_ln_gamma())
+    }
+
+    fn key_with(magnitude: f64, inv_lg: f64) -> i32 {
+        let k = (magnitude.ln() * inv_lg).ceil();
         // Finite values give |k| < 2^20 at any α ≥ 0.0001.
         k as i32
     }
@@ -88,15 +97,18 @@ impl Sketch {
 
     /// Adds a reading (non-finite values are not readings and are ignored).
     pub fn add(&mut self, v: f64) {
+        self.add_with(v, self.inv_ln_gamma());
+    }
+
+    /// [`Sketch::add`] with `inv_lg` = [`Sketch::inv_ln_gamma`] computed by the caller.
+    pub fn add_with(&mut self, v: f64, inv_lg: f64) {
         if !v.is_finite() {
             return;
         }
         if v > 0.0 {
-            let k = self.key(v);
-            add_key(&mut self.pos, k, 1);
+            add_key(&mut self.pos, Self::key_with(v, inv_lg), 1);
         } else if v < 0.0 {
-            let k = self.key(-v);
-            add_key(&mut self.neg, k, 1);
+            add_key(&mut self.neg, Self::key_with(-v, inv_lg), 1);
         } else {
             self.zeros = self.zeros.saturating_add(1);
         }
