@@ -118,7 +118,7 @@ impl Postgres {
             .expect("postgres");
         self.child = Some(child);
         wait_or_explain(
-            Duration::from_secs(60),
+            Duration::from_secs(120),
             || self.try_psql("postgres", "SELECT 1").is_ok(),
             || {
                 format!(
@@ -296,7 +296,7 @@ impl Influx {
             .expect("influxd");
         self.child = Some(child);
         wait_or_explain(
-            Duration::from_secs(60),
+            Duration::from_secs(120),
             || {
                 self.request("GET", "/ping", "")
                     .is_ok_and(|(s, _)| s == 204)
