@@ -4,23 +4,13 @@
 //! did not sign gets nothing.
 mod support;
 
+use support::sh;
+
 use std::path::{Path, PathBuf};
 
 use support::db::{Influx, Postgres};
 use support::fleet::{Fleet, MIN};
 use support::{Gateway, GatewayConfig, Mosquitto, Publisher, wait_or_explain};
-
-fn sh(dir: &Path, cmd: &str) {
-    let st = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(cmd)
-        .current_dir(dir)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("sh");
-    assert!(st.success(), "{cmd}");
-}
 
 /// A CA, a server certificate for localhost signed by it, and a second CA that signed nothing.
 fn pki(dir: &Path) -> (PathBuf, PathBuf, PathBuf, PathBuf) {

@@ -2,22 +2,10 @@
 //! files on both links, against real mosquitto processes.
 mod support;
 
-use std::path::Path;
+use support::sh;
 
 use support::fleet::*;
 use support::{Collector, Gateway, Publisher, now_ms, wait_or_explain, wait_until};
-
-fn sh(dir: &Path, cmd: &str) {
-    let st = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(cmd)
-        .current_dir(dir)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("sh");
-    assert!(st.success(), "{cmd}");
-}
 
 // One gateway (or pair) through one scenario, phase by phase: each phase needs
 // the state the last one left; split into tests, each would start its own.

@@ -185,6 +185,19 @@ impl Drop for Mosquitto {
 }
 
 /// Finds a program on PATH (or /usr/sbin, where Debian puts mosquitto); panics if missing.
+/// Runs `cmd` with sh in `dir`; it must succeed (openssl steps of the TLS tests).
+pub fn sh(dir: &Path, cmd: &str) {
+    let st = Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("sh");
+    assert!(st.success(), "{cmd}");
+}
+
 pub fn which(name: &str) -> PathBuf {
     let path = std::env::var("PATH").unwrap_or_default();
     for d in path.split(':').chain(["/usr/sbin", "/usr/local/sbin"]) {

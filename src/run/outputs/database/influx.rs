@@ -14,6 +14,8 @@ use crate::config::{Influx, InfluxApi};
 
 /// A request unanswered this long: the database is out.
 const TIMEOUT: Duration = Duration::from_secs(30);
+/// Bytes of an answer read at most.
+const ANSWER_MAX: usize = 64 * 1024;
 
 /// A byte stream to the server, plain or TLS.
 trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
@@ -225,7 +227,12 @@ impl Writer {
         let req = req.body(Full::new(Bytes::from(body))).map_err(outage)?;
         let res = send.send_request(req).await.map_err(outage)?;
         let status = res.status().as_u16();
-        let body = res.into_body().collect().await.map_err(outage)?.to_bytes();
+        // An answer is a status and a short error: a server sending more is cut off there.
+        let body = http_body_util::Limited::new(res.into_body(), ANSWER_MAX)
+            .collect()
+            .await
+            .map_err(outage)?
+            .to_bytes();
         let msg = serde_json::from_slice::<serde_json::Value>(&body)
             .ok()
             .and_then(|v| Some(v.get("error").or(v.get("message"))?.as_str()?.to_string()))
