@@ -67,6 +67,8 @@ pub enum Output {
     Gateway(GatewayAlert),
     /// An entry a database refused, set aside (`P/rejected`, reason `output_refused`).
     Refused(Refused),
+    /// A condition raised, cleared or retracted (`P/conditions/{group}/{device}`).
+    Condition(Box<ConditionOut>),
     /// Retained device status.
     Status {
         /// Group.
@@ -336,6 +338,65 @@ pub enum AlertType {
     ClockOk,
 }
 
+/// A condition's transition (docs/conditions.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConditionState {
+    /// `when` held for `for_windows` consecutive windows.
+    Raised,
+    /// `clear` held as long after a raise.
+    Cleared,
+    /// An earlier raise or clear the revised windows no longer support.
+    Retracted,
+}
+
+impl ConditionState {
+    /// Every state, in counter order.
+    pub const ALL: [ConditionState; 3] = [Self::Raised, Self::Cleared, Self::Retracted];
+
+    /// Its name in records and labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Raised => "raised",
+            Self::Cleared => "cleared",
+            Self::Retracted => "retracted",
+        }
+    }
+}
+
+/// `P/conditions/{group}/{device}` payload.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ConditionOut {
+    /// `{group}/{device}/{name}/{window_start}/{state}`, deterministic.
+    pub id: String,
+    /// The condition's name.
+    pub name: String,
+    /// Group.
+    pub group: Id,
+    /// Device.
+    pub device: Id,
+    /// Raised, cleared or retracted.
+    pub state: ConditionState,
+    /// Start of the window that completed the run.
+    pub window_start: Millis,
+    /// Its end.
+    pub window_end: Millis,
+    /// What the deciding expression read from that window (null: absent).
+    #[serde(serialize_with = "values_map")]
+    pub values: Vec<(String, Option<f64>)>,
+    /// Gateway time when emitted.
+    pub at: Millis,
+}
+
+fn values_map<S: serde::Serializer>(v: &[(String, Option<f64>)], s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut m = s.serialize_map(Some(v.len()))?;
+    for (k, x) in v {
+        m.serialize_entry(k, x)?;
+    }
+    m.end()
+}
+
 /// `P/alerts/{group}/{device}` payload.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Alert {
@@ -390,6 +451,7 @@ impl Output {
             Output::Rejected(_) | Output::Refused(_) => format!("{p}/rejected"),
             Output::Alert(a) => format!("{p}/alerts/{}/{}", a.group, a.device),
             Output::Gateway(_) => format!("{p}/alerts"),
+            Output::Condition(c) => format!("{p}/conditions/{}/{}", c.group, c.device),
             Output::Status { group, device, .. } => format!("{p}/status/{group}/{device}"),
         }
     }
@@ -428,6 +490,7 @@ impl Serialize for PayloadRef<'_> {
             Output::Refused(r) => r.serialize(s),
             Output::Alert(a) => a.serialize(s),
             Output::Gateway(a) => a.serialize(s),
+            Output::Condition(c) => c.serialize(s),
             Output::Status { online, .. } => {
                 s.serialize_str(if *online { "online" } else { "offline" })
             }

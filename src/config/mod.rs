@@ -3,6 +3,7 @@
 //! typed [`Config`]. Every problem is reported as one line naming its key.
 
 mod checks;
+mod conditions;
 mod databases;
 mod fleet;
 mod gateway;

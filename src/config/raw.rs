@@ -96,6 +96,9 @@ pub struct RawGroupDefaults {
     /// Relative error bound of the p-values.
     #[serde(default = "default_accuracy")]
     pub quantile_accuracy: f64,
+    /// Conditions judged on each device's window results (docs/conditions.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<crate::engine::conditions::ConditionDef>,
 }
 
 fn default_accuracy() -> f64 {
@@ -113,6 +116,7 @@ impl Default for RawGroupDefaults {
             adaptive: RawAdaptive::default(),
             aggregates: Vec::new(),
             quantile_accuracy: default_accuracy(),
+            conditions: Vec::new(),
         }
     }
 }
@@ -220,6 +224,9 @@ pub struct RawGroupOverride {
     pub aggregates: Option<Vec<String>>,
     /// Overrides `group_defaults.quantile_accuracy`.
     pub quantile_accuracy: Option<f64>,
+    /// Overrides `group_defaults.conditions` as a whole.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Vec<crate::engine::conditions::ConditionDef>>,
 }
 
 /// `window = { kind = "...", ... }`

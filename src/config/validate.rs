@@ -104,7 +104,7 @@ fn engine(p: &mut Problems, raw: &RawConfig, gateway: &Id) -> EngineConfig {
     let payload = payload(p, &raw.payload);
     let time = time(p, &raw.time);
     let d = &raw.group_defaults;
-    let defaults = group_config(
+    let mut defaults = group_config(
         p,
         "group_defaults",
         (d.out_of_orderness_ms, d.allowed_lateness_ms),
@@ -113,13 +113,15 @@ fn engine(p: &mut Problems, raw: &RawConfig, gateway: &Id) -> EngineConfig {
         (&d.window, &d.adaptive),
         (&d.aggregates, d.quantile_accuracy),
     );
+    defaults.conditions =
+        super::conditions::conditions(p, "group_defaults", &d.conditions, defaults.extras);
     let mut overrides = BTreeMap::new();
     for (name, o) in &raw.groups {
         let key = format!("groups.{name}");
         if !crate::model::valid_id(name) {
             p.add(&key, "group name must be 1..64 chars of [A-Za-z0-9_.:-]");
         }
-        let g = group_config(
+        let mut g = group_config(
             p,
             &key,
             (
@@ -136,6 +138,12 @@ fn engine(p: &mut Problems, raw: &RawConfig, gateway: &Id) -> EngineConfig {
                 o.aggregates.as_ref().unwrap_or(&d.aggregates),
                 o.quantile_accuracy.unwrap_or(d.quantile_accuracy),
             ),
+        );
+        g.conditions = super::conditions::conditions(
+            p,
+            &key,
+            o.conditions.as_ref().unwrap_or(&d.conditions),
+            g.extras,
         );
         overrides.insert(name.clone(), g);
     }
@@ -383,5 +391,6 @@ fn group_config(
         window,
         adaptive,
         extras,
+        conditions: Vec::new(),
     }
 }

@@ -213,6 +213,8 @@ fn merged_override(g: &GroupConfig) -> RawGroupOverride {
         aggregates: (!g.extras.is_none()).then(|| g.extras.names().map(String::from).collect()),
         quantile_accuracy: (g.extras.accuracy_ppm > 0)
             .then(|| f64::from(g.extras.accuracy_ppm) / 1_000_000.0),
+        conditions: (!g.conditions.is_empty())
+            .then(|| g.conditions.iter().map(|c| c.def().clone()).collect()),
     }
 }
 

@@ -49,6 +49,9 @@ pub struct GroupConfig {
     /// `aggregates` and `quantile_accuracy` (docs/reference.md#group_defaults-and-groupsname).
     #[serde(default, skip_serializing_if = "crate::time::extras::Extras::is_none")]
     pub extras: crate::time::extras::Extras,
+    /// Conditions judged on each device's window results (docs/conditions.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<super::conditions::Condition>,
 }
 
 /// Settings of groups without an override, and the overrides (merged).

@@ -6,7 +6,9 @@ use super::{Engine, Now};
 use crate::codec::MetricName;
 use crate::model::{Id, Millis};
 use crate::output::{Alert, AlertType, Emit, MetricOut, Output, WindowResult};
-use crate::time::window::Window;
+use crate::time::window::{Window, WindowSpec};
+
+use super::conditions;
 
 impl Engine {
     /// Advances processing time: watermarks, firing, purge, liveness.
@@ -15,6 +17,7 @@ impl Engine {
             wall: self.clock.tick_wall(now.wall, now.mono),
             ..now
         };
+        self.wall = now.wall;
         self.clock.expire(now.mono);
         self.release_waiting(out);
         // A board without RTC before NTP sync: arrival-based decisions are unsafe.
@@ -104,33 +107,96 @@ impl Engine {
             let gi = self.group_order[oi] as usize;
             for mi in 0..self.groups[gi].members.len() {
                 let di = self.groups[gi].members[mi] as usize;
-                if self.emit_windows(di, Millis::MAX, out) {
+                if self.emit_windows(di, Millis::MAX, self.wall, out) {
                     self.mark_device(di);
                 }
             }
         }
     }
 
-    /// Emits every window of a device with unemitted events that ends at or before `upto`.
-    pub(super) fn emit_windows(&mut self, di: usize, upto: Millis, out: &mut dyn Emit) -> bool {
+    /// Emits every window of a device with unemitted events that ends at or
+    /// before `upto`, each followed by what its conditions say (`at`: gateway time).
+    pub(super) fn emit_windows(
+        &mut self,
+        di: usize,
+        upto: Millis,
+        at: Millis,
+        out: &mut dyn Emit,
+    ) -> bool {
         let mut emitted = false;
-        let extras = self.groups[self.devices[di].group as usize].cfg.extras;
+        let gi = self.devices[di].group as usize;
+        let g = &self.groups[gi];
+        let extras = g.cfg.extras;
         let dev = &mut self.devices[di].state;
+        let mut counts = [0; 3];
+        let mut said = Vec::new();
         for w in dev.windows.iter_mut().filter(|w| w.dirty && upto >= w.end) {
             let revision = w.emitted().map_or(0, |r| r + 1);
             w.set_emitted(Some(revision));
             w.dirty = false;
             emitted = true;
             self.counters.windows_emitted += 1;
-            out.emit(Output::Window(window_result(
+            let r = window_result(
                 &self.gateway,
                 (&dev.group, &dev.id),
                 w,
                 revision,
                 (&self.metric_names, extras),
-            )));
+            );
+            if !g.cfg.conditions.is_empty() || dev.conditions.is_some() {
+                let spec = g.rule_at(w.start).map_or(g.cfg.window, |(s, _)| s);
+                let c = conditions::judge(
+                    &g.cfg.conditions,
+                    step(spec),
+                    &mut dev.conditions,
+                    &r,
+                    at,
+                    &mut said,
+                );
+                for (n, k) in counts.iter_mut().zip(c) {
+                    *n += k;
+                }
+            }
+            out.emit(Output::Window(r));
+            for o in said.drain(..) {
+                out.emit(o);
+            }
+        }
+        if counts != [0; 3] {
+            for (i, k) in counts.into_iter().enumerate() {
+                self.counters.conditions[i] += k;
+                self.groups[gi].state.conditions[i] += k;
+            }
+            self.mark_group(gi);
         }
         emitted
+    }
+
+    /// Windows no later reading can revise are folded into the device's conditions.
+    fn settle_conditions(&mut self, gi: usize, di: usize, wm: Millis, lateness: Millis) -> bool {
+        let g = &self.groups[gi];
+        let dev = &mut self.devices[di].state;
+        if dev.conditions.is_none() {
+            return false;
+        }
+        let span = match g.cfg.window {
+            WindowSpec::Tumbling { size_ms } | WindowSpec::Hopping { size_ms, .. } => size_ms,
+            WindowSpec::Session { gap_ms } => gap_ms,
+        };
+        // A late reading may still open a window starting after this, or revise one held.
+        let mut before = wm
+            .saturating_sub(lateness)
+            .saturating_sub(span)
+            .saturating_add(1);
+        if let Some(w) = dev.windows.first() {
+            before = before.min(w.start);
+        }
+        conditions::settle(
+            &g.cfg.conditions,
+            step(g.cfg.window),
+            &mut dev.conditions,
+            before,
+        )
     }
 
     pub(super) fn close_device(
@@ -147,7 +213,7 @@ impl Engine {
             g.cfg.heartbeat_timeout_ms,
             g.auto_lateness(),
         );
-        let mut changed = self.emit_windows(di, wm, out);
+        let mut changed = self.emit_windows(di, wm, now.wall, out);
         let dev = &mut self.devices[di].state;
         let before = dev.windows.len();
         if auto {
@@ -166,6 +232,8 @@ impl Engine {
             dev.windows.retain(|w| wm < w.end + lateness);
         }
         changed |= dev.windows.len() != before;
+        changed |= self.settle_conditions(gi, di, wm, lateness);
+        let dev = &mut self.devices[di].state;
         let offline_now = !dev.offline && dev.max_event.is_some_and(|seen| wm >= seen + hb);
         if offline_now {
             dev.offline = true;
@@ -205,6 +273,15 @@ impl Engine {
             offset_ms,
             at: now.wall,
         }));
+    }
+}
+
+/// Starts of consecutive windows lie this far apart; None: sessions.
+fn step(spec: WindowSpec) -> Option<Millis> {
+    match spec {
+        WindowSpec::Tumbling { size_ms } => Some(size_ms),
+        WindowSpec::Hopping { slide_ms, .. } => Some(slide_ms),
+        WindowSpec::Session { .. } => None,
     }
 }
 

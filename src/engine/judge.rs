@@ -7,10 +7,12 @@
 
 use std::collections::VecDeque;
 
+use serde::{Deserialize, Serialize};
+
 use crate::model::Millis;
 
 /// A transition of a condition.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum State {
     /// `when` held for `for_windows` consecutive windows.
     Raised,
@@ -19,7 +21,7 @@ pub enum State {
 }
 
 /// A transition and the window that completed its run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Transition {
     /// Start of the completing window.
     pub start: Millis,
@@ -29,17 +31,18 @@ pub struct Transition {
     pub state: State,
 }
 
-/// What the judge says after a window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Event {
+/// What the judge says after a window, with what the completing window read
+/// (for a retraction: what went out with the transition).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event<V = ()> {
     /// A transition the windows now support.
-    Emit(Transition),
+    Emit(Transition, V),
     /// One emitted before that they no longer support.
-    Retract(Transition),
+    Retract(Transition, V),
 }
 
 /// One window's verdicts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Verdict {
     /// Window start.
     pub start: Millis,
@@ -62,7 +65,7 @@ pub struct Rule {
 }
 
 /// Where the judging stands before the first window kept.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Base {
     /// Raised.
     pub raised: bool,
@@ -72,14 +75,24 @@ pub struct Base {
     pub last: Option<Millis>,
 }
 
-/// One condition of one device.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Judge {
+/// One condition of one device; `V`: what a window read, kept with its verdict.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Judge<V = ()> {
     base: Base,
     /// Windows still revisable, by start.
-    log: VecDeque<Verdict>,
-    /// Transitions standing among them.
-    standing: Vec<Transition>,
+    log: VecDeque<(Verdict, V)>,
+    /// Transitions standing among them, with what went out with them.
+    standing: Vec<(Transition, V)>,
+}
+
+impl<V> Default for Judge<V> {
+    fn default() -> Self {
+        Self {
+            base: Base::default(),
+            log: VecDeque::new(),
+            standing: Vec::new(),
+        }
+    }
 }
 
 /// One step of the judging: the new base and the transition it makes, if any.
@@ -130,7 +143,7 @@ pub fn transitions(
     out
 }
 
-impl Judge {
+impl<V: Clone> Judge<V> {
     /// A judge from a stored base (nothing revisable kept).
     pub fn from_base(base: Base) -> Self {
         Self {
@@ -144,42 +157,72 @@ impl Judge {
         self.base
     }
 
-    /// A window's result (first or revised): what changes.
-    pub fn window(&mut self, rule: Rule, v: Verdict, out: &mut Vec<Event>) {
+    /// A window's result (first or revised) and what it read: what changes.
+    /// Sessions: a window now covering others' starts merged them, and they go.
+    pub fn window(&mut self, rule: Rule, v: Verdict, read: V, out: &mut Vec<Event<V>>) {
         if self.base.last.is_some_and(|l| v.start <= l) {
             // Settled already: past lateness, it moves nothing.
             return;
         }
-        match self.log.binary_search_by_key(&v.start, |w| w.start) {
-            Ok(i) => self.log[i] = v,
-            Err(i) => self.log.insert(i, v),
+        if rule.step.is_none() {
+            self.log
+                .retain(|(w, _)| w.start <= v.start || w.start >= v.end);
         }
-        let now = transitions(rule, self.base, self.log.iter().copied());
-        for t in &self.standing {
-            if !now.contains(t) {
-                out.push(Event::Retract(*t));
+        match self.log.binary_search_by_key(&v.start, |(w, _)| w.start) {
+            Ok(i) => self.log[i] = (v, read),
+            Err(i) => self.log.insert(i, (v, read)),
+        }
+        let now = transitions(rule, self.base, self.log.iter().map(|(w, _)| *w));
+        let mut standing = Vec::with_capacity(now.len());
+        for (t, read) in self.standing.drain(..) {
+            if now.contains(&t) {
+                standing.push((t, read));
+            } else {
+                out.push(Event::Retract(t, read));
             }
         }
-        for t in &now {
-            if !self.standing.contains(t) {
-                out.push(Event::Emit(*t));
+        for t in now {
+            if standing.iter().any(|(s, _)| *s == t) {
+                continue;
+            }
+            let read = self
+                .log
+                .iter()
+                .find(|(w, _)| w.start == t.start)
+                .map(|(_, r)| r.clone());
+            if let Some(read) = read {
+                out.push(Event::Emit(t, read.clone()));
+                standing.push((t, read));
             }
         }
-        self.standing = now;
+        standing.sort_by_key(|(t, _)| t.start);
+        self.standing = standing;
     }
 
     /// Windows starting before `before` can no longer be revised: folded into the base.
     pub fn settle(&mut self, rule: Rule, before: Millis) {
-        while self.log.front().is_some_and(|w| w.start < before) {
-            let Some(v) = self.log.pop_front() else {
+        while self.log.front().is_some_and(|(w, _)| w.start < before) {
+            let Some((v, _)) = self.log.pop_front() else {
                 break;
             };
             let (b, t) = step(rule, self.base, &v);
             self.base = b;
             if let Some(t) = t {
-                self.standing.retain(|s| *s != t);
+                self.standing.retain(|(s, _)| *s != t);
             }
         }
+    }
+
+    /// Raised after the windows known.
+    pub fn raised(&self) -> bool {
+        self.standing
+            .last()
+            .map_or(self.base.raised, |(t, _)| t.state == State::Raised)
+    }
+
+    /// Start of the latest window judged (kept or folded in).
+    pub fn latest(&self) -> Option<Millis> {
+        self.log.back().map(|(w, _)| w.start).or(self.base.last)
     }
 
     /// Windows kept (for the memory figures).

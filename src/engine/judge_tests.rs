@@ -33,7 +33,7 @@ proptest! {
         settle_every in 5usize..40,
     ) {
         let rule = Rule { for_windows, step: (!sessions).then_some(10) };
-        let mut judge = Judge::default();
+        let mut judge = Judge::<()>::default();
         let mut known: BTreeMap<Millis, Verdict> = BTreeMap::new();
         let mut standing: BTreeSet<Transition> = BTreeSet::new();
         let mut settled: BTreeSet<Transition> = BTreeSet::new();
@@ -47,11 +47,11 @@ proptest! {
             let v = verdict(start, *value, has_clear);
             known.insert(start, v);
             events.clear();
-            judge.window(rule, v, &mut events);
+            judge.window(rule, v, (), &mut events);
             for e in &events {
                 match e {
-                    Event::Emit(t) => prop_assert!(standing.insert(*t), "emitted twice: {t:?}"),
-                    Event::Retract(t) => prop_assert!(standing.remove(t), "retracted, never standing: {t:?}"),
+                    Event::Emit(t, ()) => prop_assert!(standing.insert(*t), "emitted twice: {t:?}"),
+                    Event::Retract(t, ()) => prop_assert!(standing.remove(t), "retracted, never standing: {t:?}"),
                 }
             }
             let want: BTreeSet<Transition> =
@@ -75,10 +75,10 @@ proptest! {
     fn the_same_input_gives_the_same_events(for_windows in 1u32..5, ups in updates()) {
         let rule = Rule { for_windows, step: Some(10) };
         let run = || {
-            let mut j = Judge::default();
+            let mut j = Judge::<()>::default();
             let mut all = Vec::new();
             for (k, v) in &ups {
-                j.window(rule, verdict(k * 10, *v, false), &mut all);
+                j.window(rule, verdict(k * 10, *v, false), (), &mut all);
             }
             all
         };
@@ -92,30 +92,33 @@ fn a_late_reading_that_lowers_a_window_retracts_the_raise_it_completed() {
         for_windows: 2,
         step: Some(10),
     };
-    let mut j = Judge::default();
+    let mut j = Judge::<()>::default();
     let mut ev = Vec::new();
-    j.window(rule, verdict(0, 1, false), &mut ev);
-    j.window(rule, verdict(10, 1, false), &mut ev);
+    j.window(rule, verdict(0, 1, false), (), &mut ev);
+    j.window(rule, verdict(10, 1, false), (), &mut ev);
     let raised = Transition {
         start: 10,
         end: 20,
         state: State::Raised,
     };
-    assert_eq!(ev, vec![Event::Emit(raised)]);
+    assert_eq!(ev, vec![Event::Emit(raised, ())]);
     ev.clear();
     // Window 0 revised: `when` no longer holds there; the raise is unsupported.
-    j.window(rule, verdict(0, 0, false), &mut ev);
-    assert_eq!(ev, vec![Event::Retract(raised)]);
+    j.window(rule, verdict(0, 0, false), (), &mut ev);
+    assert_eq!(ev, vec![Event::Retract(raised, ())]);
     ev.clear();
     // Window 20 holds: 10 and 20 now make the raise, at 20.
-    j.window(rule, verdict(20, 2, false), &mut ev);
+    j.window(rule, verdict(20, 2, false), (), &mut ev);
     assert_eq!(
         ev,
-        vec![Event::Emit(Transition {
-            start: 20,
-            end: 30,
-            state: State::Raised
-        })]
+        vec![Event::Emit(
+            Transition {
+                start: 20,
+                end: 30,
+                state: State::Raised
+            },
+            ()
+        )]
     );
 }
 
@@ -125,7 +128,7 @@ fn a_gap_breaks_a_run_and_clear_needs_its_own_run() {
         for_windows: 2,
         step: Some(10),
     };
-    let mut j = Judge::default();
+    let mut j = Judge::<()>::default();
     let mut ev = Vec::new();
     for (s, v) in [
         (0, 1),
@@ -136,12 +139,12 @@ fn a_gap_breaks_a_run_and_clear_needs_its_own_run() {
         (60, -1),
         (70, -1),
     ] {
-        j.window(rule, verdict(s, v, true), &mut ev);
+        j.window(rule, verdict(s, v, true), (), &mut ev);
     }
     let starts: Vec<(Millis, State)> = ev
         .iter()
         .map(|e| match e {
-            Event::Emit(t) | Event::Retract(t) => (t.start, t.state),
+            Event::Emit(t, ()) | Event::Retract(t, ()) => (t.start, t.state),
         })
         .collect();
     // 0 then a gap: the run restarts at 20; cleared needs -1 twice in a row (60, 70).

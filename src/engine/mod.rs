@@ -19,6 +19,7 @@ use crate::topic::TopicPattern;
 
 mod adaptive;
 mod clock;
+pub mod conditions;
 mod config;
 mod emission;
 pub mod expr;
@@ -175,6 +176,8 @@ pub struct Engine {
     bd_seq: u64,
     /// Outputs' cursors and totals, by [`crate::model::OutputKind`].
     outputs: [crate::model::OutputMark; crate::model::OutputKind::ALL.len()],
+    /// Gateway wall time of the latest tick (`at` of what a flush emits).
+    wall: Millis,
 }
 
 impl Engine {
@@ -206,6 +209,7 @@ impl Engine {
             fleet_last_id: 0,
             bd_seq: 0,
             outputs: Default::default(),
+            wall: 0,
         }
     }
 

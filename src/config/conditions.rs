@@ -1,0 +1,60 @@
+//! `[[groups.NAME.conditions]]` (docs/conditions.md): names, runs and
+//! expressions checked once, each problem naming its key and the column.
+
+use super::checks::Problems;
+use crate::engine::conditions::{Condition, ConditionDef, MAX_FOR_WINDOWS, valid_name};
+use crate::engine::expr::Ref;
+use crate::time::extras::Extras;
+
+/// The group's conditions; problems added to `p`.
+pub(super) fn conditions(
+    p: &mut Problems,
+    key: &str,
+    defs: &[ConditionDef],
+    extras: Extras,
+) -> Vec<Condition> {
+    let mut out: Vec<Condition> = Vec::with_capacity(defs.len());
+    for (i, def) in defs.iter().enumerate() {
+        let k = format!("{key}.conditions[{i}]");
+        if !valid_name(&def.name) {
+            p.add(
+                &format!("{k}.name"),
+                format!("{:?} must be 1..64 chars of [A-Za-z0-9_-]", def.name),
+            );
+        }
+        if out.iter().any(|c| c.name() == def.name) {
+            p.add(
+                &format!("{k}.name"),
+                format!("{:?} is the name of an earlier condition", def.name),
+            );
+        }
+        if !(1..=MAX_FOR_WINDOWS).contains(&def.for_windows) {
+            p.add(
+                &format!("{k}.for_windows"),
+                format!("{} must be 1..={MAX_FOR_WINDOWS}", def.for_windows),
+            );
+        }
+        match Condition::parse(def.clone()) {
+            Err((field, e)) => p.add(&format!("{k}.{field}"), format!("{e}")),
+            Ok(c) => {
+                for (field, src, r) in c.refs() {
+                    let Ref::Metric(_, agg) = r else { continue };
+                    if agg.always() || extras.has(agg.name()) {
+                        continue;
+                    }
+                    let text = r.to_string();
+                    let column = src.find(&text).map_or(1, |b| src[..b].chars().count() + 1);
+                    p.add(
+                        &format!("{k}.{field}"),
+                        format!(
+                            "at column {column}: {text} reads {}, which the group does not compute (add it to {key}.aggregates)",
+                            agg.name()
+                        ),
+                    );
+                }
+                out.push(c);
+            }
+        }
+    }
+    out
+}
