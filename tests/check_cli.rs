@@ -476,3 +476,44 @@ fn the_example_holds_every_key_with_the_sections_default() {
     walk(&defaults, &example, "", &mut bad);
     assert!(bad.is_empty(), "configs/example.toml:\n{}", bad.join("\n"));
 }
+
+/// A bad condition is named by its key and the column of the error; an aggregate
+/// the group does not compute is named too, with the key that would add it.
+#[test]
+fn a_bad_condition_names_its_key_and_the_column() {
+    let out = check_text(
+        "[gateway]\nid = \"gw\"\n[groups.hvac]\naggregates = [\"p95\"]\n\
+         [[groups.hvac.conditions]]\nname = \"overheat\"\nwhen = \"temp.mean > 80 and temp.p99 > 85\"\n\
+         for_windows = 3\nclear = \"temp.mean < < 75\"\n\
+         [[groups.hvac.conditions]]\nname = \"bad name!\"\nwhen = \"temp.mean > 80 an\"\nfor_windows = 0\n",
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for want in [
+        "groups.hvac.conditions[0].when: at column 20: temp.p99 reads p99, which the group does not compute (add it to groups.hvac.aggregates)",
+        "groups.hvac.conditions[0].clear: at column 13: expected a value",
+        "groups.hvac.conditions[1].name: \"bad name!\"",
+        "groups.hvac.conditions[1].for_windows: 0 must be 1..=1000",
+        "groups.hvac.conditions[1].when: at column 16: expected and, or, or the end in \"temp.mean > 80 an\"",
+    ] {
+        assert!(err.contains(want), "{want:?} not in:\n{err}");
+    }
+    // The same with p99 computed and the expressions fixed: valid, and printed back.
+    let out = check_text(
+        "[gateway]\nid = \"gw\"\n[groups.hvac]\naggregates = [\"p99\"]\n\
+         [[groups.hvac.conditions]]\nname = \"overheat\"\nwhen = \"temp.mean > 80 and temp.p99 > 85\"\n\
+         for_windows = 3\nclear = \"temp.mean < 75\"\n",
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("[[groups.hvac.conditions]]"), "{text}");
+    assert!(
+        text.contains("when = \"temp.mean > 80 and temp.p99 > 85\""),
+        "{text}"
+    );
+}

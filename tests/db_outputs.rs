@@ -14,11 +14,13 @@ use support::{
     wait_until,
 };
 
-/// 2 s windows, late readings taken for 10 min (revisions), devices offline after 5 s of silence.
+/// 2 s windows, late readings taken for 10 min (revisions), devices offline after 5 s of
+/// silence; a condition the late readings (temp 2, the others 1) raise and clear.
 const RULES: &str = "[time]\npolicy = \"device\"\n\
     [group_defaults]\nwindow = { kind = \"tumbling\", size_ms = 2000 }\n\
     out_of_orderness_ms = 0\nidle_timeout_ms = 1000\nheartbeat_timeout_ms = 5000\n\
-    allowed_lateness_ms = 600000\n";
+    allowed_lateness_ms = 600000\n\
+    [[group_defaults.conditions]]\nname = \"warm\"\nwhen = \"temp.max > 1.5\"\n";
 
 /// The tables as docs/reference.md gives them, made before the gateway starts so
 /// the audit trigger sees every write.
@@ -243,8 +245,56 @@ fn windows_and_alerts_land_once_at_their_highest_revision_through_kills_and_data
     );
     audit_clean(&pg);
     alerts_once(&up, &pg);
+    conditions_once(&up, &pg, &ix);
     dashboard_queries_run(&pg);
     let _ = gw.terminate();
+}
+
+/// Every condition record published is one row and one point, by its id.
+fn conditions_once(up: &Collector, pg: &Postgres, ix: &Influx) {
+    let published = || {
+        let mut ids: Vec<String> = up
+            .on("/conditions/")
+            .iter()
+            .map(|c| c.json()["id"].as_str().unwrap_or("").to_string())
+            .collect();
+        ids.sort();
+        ids.dedup();
+        ids
+    };
+    let stored = || {
+        let q = "SELECT id FROM tidemark_conditions ORDER BY 1";
+        let rows: Vec<String> = pg.psql("site", q).lines().map(str::to_string).collect();
+        rows
+    };
+    let points = || {
+        let v = ix.query("SELECT id FROM tidemark_conditions");
+        let mut ids: Vec<String> = v["results"][0]["series"][0]["values"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|r| r[1].as_str().map(str::to_string))
+            .collect();
+        ids.sort();
+        ids
+    };
+    wait_or_explain(
+        2 * MIN,
+        || {
+            let p = published();
+            // The late readings raise `warm` on three devices and the next window clears it.
+            p.len() == 6 && stored() == p && points() == p
+        },
+        || {
+            format!(
+                "published {:?}\nstored {:?}\npoints {:?}",
+                published(),
+                stored(),
+                points()
+            )
+        },
+    );
 }
 
 /// The audit trigger saw every key inserted once and no update that lowered or repeated a revision.

@@ -3,7 +3,7 @@
 
 use super::checks::Problems;
 use crate::engine::conditions::{Condition, ConditionDef, MAX_FOR_WINDOWS, valid_name};
-use crate::engine::expr::Ref;
+use crate::engine::expr::{Expr, Ref};
 use crate::time::extras::Extras;
 
 /// The group's conditions; problems added to `p`.
@@ -34,27 +34,46 @@ pub(super) fn conditions(
                 format!("{} must be 1..={MAX_FOR_WINDOWS}", def.for_windows),
             );
         }
-        match Condition::parse(def.clone()) {
-            Err((field, e)) => p.add(&format!("{k}.{field}"), format!("{e}")),
-            Ok(c) => {
-                for (field, src, r) in c.refs() {
-                    let Ref::Metric(_, agg) = r else { continue };
-                    if agg.always() || extras.has(agg.name()) {
-                        continue;
-                    }
-                    let text = r.to_string();
-                    let column = src.find(&text).map_or(1, |b| src[..b].chars().count() + 1);
-                    p.add(
-                        &format!("{k}.{field}"),
-                        format!(
-                            "at column {column}: {text} reads {}, which the group does not compute (add it to {key}.aggregates)",
-                            agg.name()
-                        ),
-                    );
+        let exprs = [("when", Some(&def.when)), ("clear", def.clear.as_ref())];
+        let mut ok = true;
+        for (field, src) in exprs {
+            let Some(src) = src else { continue };
+            match Expr::parse(src) {
+                Err(e) => {
+                    ok = false;
+                    p.add(&format!("{k}.{field}"), format!("{e} in {src:?}"));
                 }
-                out.push(c);
+                Ok(e) => unknown_aggregates(p, (&k, field, key), src, &e, extras),
             }
+        }
+        if ok && let Ok(c) = Condition::parse(def.clone()) {
+            out.push(c);
         }
     }
     out
+}
+
+/// A metric aggregate the group does not compute is an error, named with its column.
+fn unknown_aggregates(
+    p: &mut Problems,
+    (k, field, key): (&str, &str, &str),
+    src: &str,
+    e: &Expr,
+    extras: Extras,
+) {
+    for r in e.refs() {
+        let Ref::Metric(_, agg) = r else { continue };
+        if agg.always() || extras.has(agg.name()) {
+            continue;
+        }
+        let text = r.to_string();
+        let column = src.find(&text).map_or(1, |b| src[..b].chars().count() + 1);
+        p.add(
+            &format!("{k}.{field}"),
+            format!(
+                "at column {column}: {text} reads {}, which the group does not compute (add it to {key}.aggregates)",
+                agg.name()
+            ),
+        );
+    }
 }

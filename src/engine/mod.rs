@@ -478,6 +478,7 @@ impl Engine {
                     watermark: g.state.wm,
                     bound_ms: g.bound(),
                     lateness_ms: g.lateness_due(),
+                    conditions: g.state.conditions,
                     ..GroupStats::default()
                 };
                 for &di in &g.members {
@@ -485,6 +486,9 @@ impl Engine {
                     st.missing += d.missing;
                     st.timestamps_invalid += u64::from(d.timestamps_invalid);
                     st.open_windows += d.windows.len() as u64;
+                    if conditions::raised(&d.conditions).next().is_some() {
+                        st.conditions_raised += 1;
+                    }
                     if d.offline {
                         st.offline += 1;
                     } else if now.mono.saturating_sub(d.last_arrival) >= g.cfg.idle_timeout_ms {

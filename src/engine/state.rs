@@ -179,6 +179,10 @@ pub struct GroupStats {
     pub bound_ms: Millis,
     /// The allowed lateness in force (learned when "auto").
     pub lateness_ms: Millis,
+    /// Condition records: raised, cleared, retracted (docs/conditions.md).
+    pub conditions: [u64; 3],
+    /// Members with a condition raised now.
+    pub conditions_raised: u64,
 }
 
 /// The state changed since the last [`Engine::take_changes`], as values: the

@@ -340,6 +340,17 @@ fn header(t: &mut String, s: &Status) {
         c.readings_missing,
         c.windows_emitted
     );
+    let k = &c.conditions;
+    if k.raised + k.cleared + k.retracted > 0 || s.groups.iter().any(|g| g.conditions_raised > 0) {
+        let _ = writeln!(
+            t,
+            "conditions  raised now on {} devices  records: raised {} cleared {} retracted {}",
+            s.groups.iter().map(|g| g.conditions_raised).sum::<u64>(),
+            k.raised,
+            k.cleared,
+            k.retracted
+        );
+    }
 }
 
 fn groups(t: &mut String, s: &Status) {
@@ -377,7 +388,10 @@ fn devices(t: &mut String, devices: &[DeviceRow], o: &StatusOptions) {
     // Asked for nothing in particular: the devices that need a look.
     let filtered = o.group.is_some() || o.state.is_some();
     let attention = |d: &&DeviceRow| {
-        d.state != Liveness::Active || d.clock == ClockState::Distrusted || d.late > 0
+        d.state != Liveness::Active
+            || d.clock == ClockState::Distrusted
+            || d.late > 0
+            || !d.conditions.is_empty()
     };
     let shown: Vec<&DeviceRow> = if filtered {
         devices.iter().collect()
@@ -386,7 +400,7 @@ fn devices(t: &mut String, devices: &[DeviceRow], o: &StatusOptions) {
     };
     let _ = writeln!(
         t,
-        "\n{:<20} {:<24} {:<8} {:<12} {:>10} {:<20} {:>9} {:>6} {:>6} {:>8}",
+        "\n{:<20} {:<24} {:<8} {:<12} {:>10} {:<20} {:>9} {:>6} {:>6} {:>8}  {}",
         "GROUP",
         "DEVICE",
         "STATE",
@@ -396,12 +410,13 @@ fn devices(t: &mut String, devices: &[DeviceRow], o: &StatusOptions) {
         "ACCEPTED",
         "LATE",
         "DUPS",
-        "MISSING"
+        "MISSING",
+        "RAISED"
     );
     for d in &shown {
         let _ = writeln!(
             t,
-            "{:<20} {:<24} {:<8} {:<12} {:>10} {:<20} {:>9} {:>6} {:>6} {:>8}",
+            "{:<20} {:<24} {:<8} {:<12} {:>10} {:<20} {:>9} {:>6} {:>6} {:>8}  {}",
             d.group,
             d.device,
             word(&d.state),
@@ -411,13 +426,15 @@ fn devices(t: &mut String, devices: &[DeviceRow], o: &StatusOptions) {
             d.accepted,
             d.late,
             d.duplicates,
-            d.readings_missing
+            d.readings_missing,
+            d.conditions.join(",")
         );
     }
     if !filtered {
         let _ = writeln!(
             t,
-            "({} of {} devices need a look: idle, offline, distrusted clock or late readings; \
+            "({} of {} devices need a look: idle, offline, distrusted clock, late readings \
+             or a condition raised; \
              --state or --group lists others)",
             shown.len(),
             devices.len()

@@ -361,11 +361,17 @@ fn filter<'a>(param: &impl Fn(&str) -> Option<&'a str>) -> Result<DeviceFilter, 
                 .ok_or_else(|| format!("after {k:?}: want the `next` of the previous page"))?,
         ),
     };
+    let raised = match param("raised") {
+        None | Some("" | "0" | "false") => false,
+        Some("1" | "true") => true,
+        Some(v) => return Err(format!("raised {v:?}: want true or false")),
+    };
     Ok(DeviceFilter {
         group: param("group").filter(|g| !g.is_empty()).map(str::to_owned),
         state,
         limit: limit(param("limit"), api::PAGE_DEFAULT)?,
         after,
+        raised,
     })
 }
 

@@ -46,6 +46,8 @@ pub struct DeviceFilter {
     pub limit: usize,
     /// Start after this (group, device).
     pub after: Option<(String, String)>,
+    /// Only devices with a condition raised now.
+    pub raised: bool,
 }
 
 /// The core's answer.
@@ -173,6 +175,9 @@ pub struct GroupStatus {
     /// The allowed lateness in force (learned when "auto").
     #[serde(default)]
     pub lateness_ms: Millis,
+    /// Devices with a condition raised now (docs/conditions.md).
+    #[serde(default)]
+    pub conditions_raised: u64,
 }
 
 /// A device's clock as the status shows it.
@@ -212,6 +217,9 @@ pub struct DeviceRow {
     pub duplicates: u64,
     /// Readings a sequence gap says never arrived.
     pub readings_missing: u64,
+    /// Its conditions raised now (docs/conditions.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<String>,
 }
 
 /// `/api/v1/devices`.
@@ -298,6 +306,7 @@ fn status(engine: &Engine, now: Now, registry: &Registry, links: Links) -> Statu
             open_windows: g.open_windows,
             bound_ms: g.bound_ms,
             lateness_ms: g.lateness_ms,
+            conditions_raised: g.conditions_raised,
         })
         .collect();
     Status {
@@ -347,7 +356,13 @@ fn devices(engine: &Engine, f: &DeviceFilter, now: Now) -> DevicePage {
     let matching = engine
         .devices_after(start)
         .take_while(|d| f.group.as_ref().is_none_or(|g| d.group.as_str() == g))
-        .filter(|d| f.state.is_none_or(|s| engine.liveness(d, now) == s));
+        .filter(|d| f.state.is_none_or(|s| engine.liveness(d, now) == s))
+        .filter(|d| {
+            !f.raised
+                || crate::engine::conditions::raised(&d.conditions)
+                    .next()
+                    .is_some()
+        });
     for d in matching {
         if out.len() == limit {
             // One more exists: the page ends at the last one taken.
@@ -383,6 +398,9 @@ fn row(engine: &Engine, d: &Device, now: Now) -> DeviceRow {
         late: d.late,
         duplicates: d.duplicates,
         readings_missing: d.missing,
+        conditions: crate::engine::conditions::raised(&d.conditions)
+            .map(String::from)
+            .collect(),
     }
 }
 

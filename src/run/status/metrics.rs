@@ -25,6 +25,33 @@ pub(crate) struct Group {
     /// Live status only (not in `P/metrics`).
     #[serde(skip)]
     pub(crate) open_windows: u64,
+    /// Condition records by state (/metrics, the status API).
+    #[serde(skip)]
+    pub(crate) conditions: [u64; 3],
+    /// Members with a condition raised now.
+    #[serde(skip)]
+    pub(crate) conditions_raised: u64,
+}
+
+/// Condition records emitted (docs/conditions.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct ConditionCounts {
+    /// `raised` records.
+    pub raised: u64,
+    /// `cleared` records.
+    pub cleared: u64,
+    /// `retracted` records.
+    pub retracted: u64,
+}
+
+impl From<[u64; 3]> for ConditionCounts {
+    fn from([raised, cleared, retracted]: [u64; 3]) -> Self {
+        Self {
+            raised,
+            cleared,
+            retracted,
+        }
+    }
 }
 
 /// Counters since the gateway started (`P/metrics`, the status API).
@@ -48,6 +75,9 @@ pub struct Counters {
     pub windows_emitted: u64,
     /// Device alerts published.
     pub alerts: u64,
+    /// Condition records published, by state.
+    #[serde(default)]
+    pub conditions: ConditionCounts,
     /// Outputs waiting in the outbox.
     pub outbox_depth: u64,
     /// Outputs the outbox bound dropped.
@@ -188,6 +218,8 @@ pub fn gather(engine: &Engine, now: Now, shared: &Registry, source_up: bool) -> 
                     bound_ms: g.bound_ms,
                     lateness_ms: g.lateness_ms,
                     open_windows: g.open_windows,
+                    conditions: g.conditions,
+                    conditions_raised: g.conditions_raised,
                 },
             )
         })
@@ -215,6 +247,7 @@ pub fn gather(engine: &Engine, now: Now, shared: &Registry, source_up: bool) -> 
                 .collect(),
             windows_emitted: c.windows_emitted,
             alerts: c.alerts,
+            conditions: c.conditions.into(),
             outbox_depth: shared.outbox_depth.load(Ordering::Relaxed),
             outbox_dropped: shared.outbox_dropped.load(Ordering::Relaxed),
             sparkplug_other: c.sparkplug_other,

@@ -389,6 +389,31 @@ impl Metrics {
                 "tidemark_timestamps_invalid_total{{group=\"{g}\"}} {n}"
             ));
         }
+        p.head(
+            "conditions_total",
+            "counter",
+            "Condition records published, by state (docs/conditions.md).",
+        );
+        for (g, s) in &self.groups {
+            let g = label(g);
+            for (state, n) in crate::output::ConditionState::ALL.iter().zip(s.conditions) {
+                let state = state.as_str();
+                p.line(format_args!(
+                    "tidemark_conditions_total{{group=\"{g}\",state=\"{state}\"}} {n}"
+                ));
+            }
+        }
+        p.head(
+            "conditions_raised_devices",
+            "gauge",
+            "Devices of the group with a condition raised now.",
+        );
+        for (g, s) in &self.groups {
+            let (g, n) = (label(g), s.conditions_raised);
+            p.line(format_args!(
+                "tidemark_conditions_raised_devices{{group=\"{g}\"}} {n}"
+            ));
+        }
         p.head("group_devices", "gauge", "Devices of the group by state.");
         for (g, s) in &self.groups {
             for (state, n) in [

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 
-use super::rows::{AlertRow, Row, WindowRow};
+use super::rows::{AlertRow, ConditionRow, Row, WindowRow};
 use super::{Failed, Refusals};
 use crate::config::{Influx, InfluxApi};
 
@@ -110,6 +110,20 @@ fn alert_line(out: &mut String, gateway: &str, a: &AlertRow) {
     let _ = writeln!(out, " {}", a.at);
 }
 
+fn condition_line(out: &mut String, gateway: &str, c: &ConditionRow) {
+    out.push_str("tidemark_conditions");
+    tag(out, "device", &c.device);
+    tag(out, "gateway", gateway);
+    tag(out, "group", &c.group);
+    tag(out, "name", &c.name);
+    tag(out, "state", &c.state);
+    out.push_str(" id=");
+    string_field(out, &c.id);
+    let _ = write!(out, ",window_end={}i,at={}i,body=", c.end, c.at);
+    string_field(out, &c.body.to_string());
+    let _ = writeln!(out, " {}", c.start);
+}
+
 /// The line protocol of `rows`.
 pub fn lines(gateway: &str, rows: &[&Row]) -> String {
     let mut out = String::with_capacity(rows.len() * 256);
@@ -117,6 +131,7 @@ pub fn lines(gateway: &str, rows: &[&Row]) -> String {
         match r {
             Row::Window(w) => window_line(&mut out, gateway, w),
             Row::Alert(a) => alert_line(&mut out, gateway, a),
+            Row::Condition(c) => condition_line(&mut out, gateway, c),
         }
     }
     out

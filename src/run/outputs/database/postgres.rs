@@ -12,7 +12,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect, TlsStream};
 use tokio_postgres::{Client, NoTls, Socket, Statement};
 
-use super::rows::{AlertRow, Row, WindowRow};
+use super::rows::{AlertRow, ConditionRow, Row, WindowRow};
 use super::{Failed, Refusals};
 use crate::config::Postgres;
 
@@ -21,7 +21,11 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The tables (docs/reference.md#sinkpostgres-and-sinkinflux).
 pub fn ddl(cfg: &Postgres) -> String {
-    let (w, a) = (cfg.table("windows"), cfg.table("alerts"));
+    let (w, a, c) = (
+        cfg.table("windows"),
+        cfg.table("alerts"),
+        cfg.table("conditions"),
+    );
     format!(
         "CREATE TABLE IF NOT EXISTS {w} (
   result_id text NOT NULL, gateway text NOT NULL, group_id text NOT NULL, device text NOT NULL,
@@ -32,7 +36,12 @@ pub fn ddl(cfg: &Postgres) -> String {
 CREATE TABLE IF NOT EXISTS {a} (
   gateway text NOT NULL, group_id text NOT NULL, device text NOT NULL, type text NOT NULL,
   at timestamptz NOT NULL, body jsonb NOT NULL,
-  PRIMARY KEY (gateway, group_id, device, type, at));"
+  PRIMARY KEY (gateway, group_id, device, type, at));
+CREATE TABLE IF NOT EXISTS {c} (
+  id text NOT NULL, gateway text NOT NULL, group_id text NOT NULL, device text NOT NULL,
+  name text NOT NULL, state text NOT NULL, window_start timestamptz NOT NULL,
+  window_end timestamptz NOT NULL, at timestamptz NOT NULL, body jsonb NOT NULL,
+  PRIMARY KEY (gateway, id));"
     )
 }
 
@@ -64,11 +73,25 @@ ON CONFLICT DO NOTHING"
     )
 }
 
-/// A connection with its two statements prepared.
+/// A record again (the same transition after its retraction) replaces the older one.
+fn upsert_conditions(cfg: &Postgres) -> String {
+    let c = cfg.table("conditions");
+    format!(
+        "INSERT INTO {c} AS t (id, gateway, group_id, device, name, state, window_start, window_end, at, body)
+SELECT u.id, $1, u.g, u.d, u.n, u.st, {TS} u.s, {TS} u.e, {TS} u.at, u.b::jsonb
+FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int8[], $8::int8[], $9::int8[], $10::text[])
+  AS u(id, g, d, n, st, s, e, at, b)
+ON CONFLICT (gateway, id) DO UPDATE SET at = excluded.at, body = excluded.body
+WHERE excluded.at > t.at"
+    )
+}
+
+/// A connection with its statements prepared.
 struct Session {
     client: Client,
     windows: Statement,
     alerts: Statement,
+    conditions: Statement,
 }
 
 /// The PostgreSQL output.
@@ -157,20 +180,59 @@ impl AlertCols {
     }
 }
 
+/// Column arrays of some condition records.
+#[derive(Default)]
+struct ConditionCols {
+    id: Vec<String>,
+    g: Vec<String>,
+    d: Vec<String>,
+    n: Vec<String>,
+    st: Vec<String>,
+    s: Vec<i64>,
+    e: Vec<i64>,
+    at: Vec<i64>,
+    b: Vec<String>,
+}
+
+impl ConditionCols {
+    fn push(&mut self, c: &ConditionRow) {
+        self.id.push(c.id.clone());
+        self.g.push(c.group.clone());
+        self.d.push(c.device.clone());
+        self.n.push(c.name.clone());
+        self.st.push(c.state.clone());
+        self.s.push(c.start);
+        self.e.push(c.end);
+        self.at.push(c.at);
+        self.b.push(c.body.to_string());
+    }
+}
+
 /// Writes `rows` inside `tx` (the caller commits).
 async fn put(
     tx: &tokio_postgres::Transaction<'_>,
-    (windows, alerts): (&Statement, &Statement),
+    (windows, alerts, conditions): (&Statement, &Statement, &Statement),
     gateway: &str,
     rows: &[&Row],
 ) -> Result<(), tokio_postgres::Error> {
     let mut w = WindowCols::default();
     let mut a = AlertCols::default();
+    let mut c = ConditionCols::default();
     for r in rows {
         match r {
             Row::Window(x) => w.push(x),
             Row::Alert(x) => a.push(x),
+            Row::Condition(x) => c.push(x),
         }
+    }
+    if !c.id.is_empty() {
+        tx.execute(
+            conditions,
+            &[
+                &gateway, &c.id, &c.g, &c.d, &c.n, &c.st, &c.s, &c.e, &c.at, &c.b,
+            ],
+        )
+        .await?;
     }
     if !w.id.is_empty() {
         tx.execute(
@@ -239,11 +301,13 @@ impl Writer {
         }
         let windows = client.prepare(&upsert_windows(c)).await.map_err(lost)?;
         let alerts = client.prepare(&insert_alerts(c)).await.map_err(lost)?;
+        let conditions = client.prepare(&upsert_conditions(c)).await.map_err(lost)?;
         tracing::info!(host = %c.address.host, port = c.address.port, database = %c.dbname, "postgres output connected");
         Ok(Session {
             client,
             windows,
             alerts,
+            conditions,
         })
     }
 
@@ -278,7 +342,7 @@ impl Writer {
         let Some(s) = self.session.as_mut() else {
             return Err(outage("not connected"));
         };
-        let stmts = (&s.windows.clone(), &s.alerts.clone());
+        let stmts = (&s.windows.clone(), &s.alerts.clone(), &s.conditions.clone());
         let all: Vec<&Row> = keyed.iter().map(|(_, r)| r).collect();
         let tx = s.client.transaction().await.map_err(lost)?;
         match put(&tx, stmts, &gateway, &all).await {

@@ -1,4 +1,5 @@
-//! Outbox entries as database rows: window results and alerts; everything else
+//! Outbox entries as database rows: window results, alerts and condition
+//! records (docs/conditions.md); everything else
 //! (late, rejected, status) is not written (docs/reference.md#sinkpostgres-and-sinkinflux).
 
 use serde_json::Value;
@@ -41,6 +42,29 @@ pub struct AlertRow {
     pub body: Value,
 }
 
+/// A condition record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConditionRow {
+    /// `{group}/{device}/{name}/{window_start}/{state}`.
+    pub id: String,
+    /// Group.
+    pub group: String,
+    /// Device.
+    pub device: String,
+    /// The condition's name.
+    pub name: String,
+    /// raised, cleared or retracted.
+    pub state: String,
+    /// Start of the window that completed the run, ms.
+    pub start: i64,
+    /// Its end, ms.
+    pub end: i64,
+    /// Gateway time of the record, ms.
+    pub at: i64,
+    /// The record as published.
+    pub body: Value,
+}
+
 /// What an outbox entry is to a database.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Row {
@@ -48,6 +72,8 @@ pub enum Row {
     Window(WindowRow),
     /// `{p}alerts` / `tidemark_alerts`.
     Alert(AlertRow),
+    /// `{p}conditions` / `tidemark_conditions`.
+    Condition(ConditionRow),
 }
 
 impl Row {
@@ -56,6 +82,7 @@ impl Row {
         match self {
             Row::Window(w) => w.id.clone(),
             Row::Alert(a) => format!("{}/{}/{}/{}", a.group, a.device, a.kind, a.at),
+            Row::Condition(c) => c.id.clone(),
         }
     }
 
@@ -64,6 +91,7 @@ impl Row {
         let (g, d) = match self {
             Row::Window(w) => (&w.group, &w.device),
             Row::Alert(a) => (&a.group, &a.device),
+            Row::Condition(c) => (&c.group, &c.device),
         };
         (
             (!g.is_empty()).then(|| g.clone()),
@@ -118,12 +146,26 @@ pub fn row(prefix: &str, topic: &str, payload: &[u8]) -> Option<Row> {
                 body: v,
             }))
         }
+        "conditions" => {
+            let v = decode(payload)?;
+            Some(Row::Condition(ConditionRow {
+                id: text(&v, "id")?,
+                group: text(&v, "group")?,
+                device: text(&v, "device")?,
+                name: text(&v, "name")?,
+                state: text(&v, "state")?,
+                start: int(&v, "window_start")?,
+                end: int(&v, "window_end")?,
+                at: int(&v, "at")?,
+                body: v,
+            }))
+        }
         _ => None,
     }
 }
 
 /// Rows with the same key kept once: a window's highest revision (a batch may
-/// hold several), an alert's first. Order otherwise kept.
+/// hold several), an alert's first, a condition record's latest. Order otherwise kept.
 pub fn dedup(rows: &mut Vec<(usize, Row)>) {
     use std::collections::HashMap;
     let mut best: HashMap<(u8, String, String, String, i64), usize> = HashMap::new();
@@ -132,10 +174,15 @@ pub fn dedup(rows: &mut Vec<(usize, Row)>) {
         let key = match r {
             Row::Window(w) => (0, w.group.clone(), w.device.clone(), String::new(), w.start),
             Row::Alert(a) => (1, a.group.clone(), a.device.clone(), a.kind.clone(), a.at),
+            Row::Condition(c) => (2, c.id.clone(), String::new(), String::new(), 0),
         };
         match best.get(&key) {
             Some(&j) => {
-                let later_wins = matches!((r, &rows[j].1), (Row::Window(a), Row::Window(b)) if a.revision > b.revision);
+                let later_wins = match (r, &rows[j].1) {
+                    (Row::Window(a), Row::Window(b)) => a.revision > b.revision,
+                    (Row::Condition(a), Row::Condition(b)) => a.at >= b.at,
+                    _ => false,
+                };
                 if later_wins {
                     keep[j] = false;
                     best.insert(key, i);
