@@ -400,7 +400,7 @@ fn devices(t: &mut String, devices: &[DeviceRow], o: &StatusOptions) {
     };
     let _ = writeln!(
         t,
-        "\n{:<20} {:<24} {:<8} {:<12} {:>10} {:<20} {:>9} {:>6} {:>6} {:>8}  {}",
+        "\n{:<20} {:<24} {:<8} {:<12} {:>10} {:<20} {:>9} {:>6} {:>6} {:>8}  RAISED",
         "GROUP",
         "DEVICE",
         "STATE",
@@ -410,8 +410,7 @@ fn devices(t: &mut String, devices: &[DeviceRow], o: &StatusOptions) {
         "ACCEPTED",
         "LATE",
         "DUPS",
-        "MISSING",
-        "RAISED"
+        "MISSING"
     );
     for d in &shown {
         let _ = writeln!(

@@ -15,6 +15,7 @@ impl Metrics {
         self.prom_pair(&mut p);
         self.prom_outputs(&mut p);
         self.prom_groups(&mut p);
+        self.prom_conditions(&mut p);
         p.0
     }
 
@@ -318,6 +319,34 @@ impl Metrics {
         );
     }
 
+    fn prom_conditions(&self, p: &mut Prom) {
+        p.head(
+            "conditions_total",
+            "counter",
+            "Condition records published, by state (docs/conditions.md).",
+        );
+        for (g, s) in &self.groups {
+            let g = label(g);
+            for (state, n) in crate::output::ConditionState::ALL.iter().zip(s.conditions) {
+                let state = state.as_str();
+                p.line(format_args!(
+                    "tidemark_conditions_total{{group=\"{g}\",state=\"{state}\"}} {n}"
+                ));
+            }
+        }
+        p.head(
+            "conditions_raised_devices",
+            "gauge",
+            "Devices of the group with a condition raised now.",
+        );
+        for (g, s) in &self.groups {
+            let (g, n) = (label(g), s.conditions_raised);
+            p.line(format_args!(
+                "tidemark_conditions_raised_devices{{group=\"{g}\"}} {n}"
+            ));
+        }
+    }
+
     fn prom_groups(&self, p: &mut Prom) {
         p.head(
             "group_watermark_seconds",
@@ -387,31 +416,6 @@ impl Metrics {
             let (g, n) = (label(g), s.timestamps_invalid);
             p.line(format_args!(
                 "tidemark_timestamps_invalid_total{{group=\"{g}\"}} {n}"
-            ));
-        }
-        p.head(
-            "conditions_total",
-            "counter",
-            "Condition records published, by state (docs/conditions.md).",
-        );
-        for (g, s) in &self.groups {
-            let g = label(g);
-            for (state, n) in crate::output::ConditionState::ALL.iter().zip(s.conditions) {
-                let state = state.as_str();
-                p.line(format_args!(
-                    "tidemark_conditions_total{{group=\"{g}\",state=\"{state}\"}} {n}"
-                ));
-            }
-        }
-        p.head(
-            "conditions_raised_devices",
-            "gauge",
-            "Devices of the group with a condition raised now.",
-        );
-        for (g, s) in &self.groups {
-            let (g, n) = (label(g), s.conditions_raised);
-            p.line(format_args!(
-                "tidemark_conditions_raised_devices{{group=\"{g}\"}} {n}"
             ));
         }
         p.head("group_devices", "gauge", "Devices of the group by state.");
