@@ -115,7 +115,7 @@ fn parse(text: &str) -> (BTreeMap<String, String>, BTreeSet<String>) {
 
 #[test]
 fn kill_9_at_random_moments_loses_nothing_and_changes_no_result() {
-    crash_and_compare(&setup(60, 600), 20, true);
+    let _ = crash_and_compare(&setup(60, 600), 20, true);
 }
 
 /// The same with "auto" bound and lateness: what they learned is part of the
@@ -123,7 +123,7 @@ fn kill_9_at_random_moments_loses_nothing_and_changes_no_result() {
 #[test]
 fn kill_9_with_adaptive_watermarks_changes_no_result() {
     let dir = setup_with(60, 600, &format!("{CONFIG}{AUTO}"));
-    crash_and_compare(&dir, 8, false);
+    let _ = crash_and_compare(&dir, 8, false);
     let v = inspect_json(&dir.path().join("state"));
     let groups = v["groups"].as_array().unwrap();
     assert!(
@@ -142,10 +142,69 @@ fn kill_9_with_adaptive_watermarks_changes_no_result() {
     );
 }
 
+/// Two conditions on every group (docs/conditions.md), one reading a p99.
+const CONDITIONS: &str = "[group_defaults]\naggregates = [\"p99\"]\n\
+    [[group_defaults.conditions]]\nname = \"warm\"\nwhen = \"temp.mean > 25\"\nclear = \"temp.mean < 24.9\"\n\
+    [[group_defaults.conditions]]\nname = \"peaky\"\nwhen = \"temp.p99 > 29.8 and count > 30\"\nfor_windows = 2\n";
+
+/// Conditions through kill -9 during replay: the same records (same ids, same
+/// values) as an uncrashed run, and no condition raised twice without a clear
+/// or a retraction between.
+#[test]
+fn kill_9_with_conditions_gives_the_same_condition_ids_none_raised_twice() {
+    let dir = setup_with(60, 600, &format!("{CONFIG}{CONDITIONS}"));
+    let (reference, crashed) = crash_and_compare(&dir, 8, true);
+    let conditions = |set: &BTreeSet<String>| -> BTreeSet<String> {
+        set.iter()
+            .filter(|l| l.contains("/conditions/"))
+            .cloned()
+            .collect()
+    };
+    let (want, have) = (conditions(&reference), conditions(&crashed));
+    assert!(want.len() > 50, "too few condition records: {}", want.len());
+    assert_eq!(have, want, "condition records differ from the uncrashed run");
+    // In the order first delivered: per device and condition, raised and cleared
+    // alternate once retractions are applied.
+    let text = std::fs::read_to_string(dir.path().join("crashed.jsonl")).unwrap();
+    let mut seen = BTreeSet::new();
+    let mut standing: BTreeMap<String, Vec<(i64, String)>> = BTreeMap::new();
+    for line in text.lines().filter(|l| l.contains("/conditions/")) {
+        if !seen.insert(line.to_string()) {
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let c = &v["payload"];
+        let key = format!("{}/{}/{}", c["group"], c["device"], c["name"]);
+        let start = c["window_start"].as_i64().unwrap();
+        let list = standing.entry(key).or_default();
+        match c["state"].as_str().unwrap() {
+            "retracted" => {
+                let i = list.iter().position(|(s, _)| *s == start);
+                assert!(i.is_some(), "retracted, never standing: {line}");
+                list.remove(i.unwrap());
+            }
+            state => {
+                list.push((start, state.to_string()));
+                list.sort();
+            }
+        }
+    }
+    for (key, list) in &standing {
+        for pair in list.windows(2) {
+            assert_ne!(pair[0].1, pair[1].1, "{key}: {list:?}");
+        }
+        assert!(list.first().is_none_or(|f| f.1 == "raised"), "{key}: {list:?}");
+    }
+}
+
 // One gateway (or pair) through one scenario, phase by phase: each phase needs
 // the state the last one left; split into tests, each would start its own.
 #[allow(clippy::too_many_lines)]
-fn crash_and_compare(dir: &tempfile::TempDir, kills_wanted: usize, fixed: bool) {
+fn crash_and_compare(
+    dir: &tempfile::TempDir,
+    kills_wanted: usize,
+    fixed: bool,
+) -> (BTreeSet<String>, BTreeSet<String>) {
     let reference = dir.path().join("reference.jsonl");
     let r = tidemark()
         .args(replay_args(
@@ -269,6 +328,7 @@ fn crash_and_compare(dir: &tempfile::TempDir, kills_wanted: usize, fixed: bool) 
         missing.is_empty(),
         "missing outputs after crashes: {missing:?}"
     );
+    (ref_others, others)
 }
 
 #[test]
