@@ -162,7 +162,10 @@ fn kill_9_with_conditions_gives_the_same_condition_ids_none_raised_twice() {
     };
     let (want, have) = (conditions(&reference), conditions(&crashed));
     assert!(want.len() > 50, "too few condition records: {}", want.len());
-    assert_eq!(have, want, "condition records differ from the uncrashed run");
+    assert_eq!(
+        have, want,
+        "condition records differ from the uncrashed run"
+    );
     // In the order first delivered: per device and condition, raised and cleared
     // alternate once retractions are applied.
     let text = std::fs::read_to_string(dir.path().join("crashed.jsonl")).unwrap();
@@ -193,7 +196,10 @@ fn kill_9_with_conditions_gives_the_same_condition_ids_none_raised_twice() {
         for pair in list.windows(2) {
             assert_ne!(pair[0].1, pair[1].1, "{key}: {list:?}");
         }
-        assert!(list.first().is_none_or(|f| f.1 == "raised"), "{key}: {list:?}");
+        assert!(
+            list.first().is_none_or(|f| f.1 == "raised"),
+            "{key}: {list:?}"
+        );
     }
 }
 

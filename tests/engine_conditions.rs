@@ -228,3 +228,54 @@ fn a_late_reading_that_disproves_a_raise_retracts_it() {
         "tidemark/gw/conditions/g/d"
     );
 }
+
+/// A reload changes conditions from the next window: a changed one goes on from
+/// its raised state under the new expression, a new one starts, a removed one stops.
+#[test]
+fn a_reload_changes_conditions_from_the_next_window() {
+    let rules = |conds: &str| {
+        format!(
+            "[time]\npolicy = \"device\"\n[group_defaults]\nwindow = {}\n\
+             out_of_orderness_ms = 0\nidle_timeout_ms = 600000\nallowed_lateness_ms = 0\n{conds}",
+            KINDS[0]
+        )
+    };
+    let before = "[[group_defaults.conditions]]\nname = \"hot\"\nwhen = \"temp.mean > 50\"\n\
+                  [[group_defaults.conditions]]\nname = \"gone\"\nwhen = \"temp.mean > 0\"\n";
+    let after = "[[group_defaults.conditions]]\nname = \"hot\"\nwhen = \"temp.mean > 80\"\n\
+                 [[group_defaults.conditions]]\nname = \"new\"\nwhen = \"temp.mean > 55\"\n";
+    let mut sim = Sim::new(&rules(before), T0);
+    let read = |sim: &mut Sim, k: i64, v: f64| {
+        let ts = T0 + k * 10_000 + 1000;
+        sim.send(
+            ts,
+            "sensors/g/d/reading",
+            &format!(r#"{{"ts": {ts}, "temp": {v}}}"#),
+        );
+        sim.advance(ts + 500);
+    };
+    read(&mut sim, 0, 60.0);
+    read(&mut sim, 1, 60.0);
+    let names = |sim: &Sim| -> Vec<String> {
+        conditions(sim)
+            .iter()
+            .map(|c| format!("{}:{}", c.name, c.state.as_str()))
+            .collect()
+    };
+    assert_eq!(names(&sim), ["hot:raised", "gone:raised"]);
+    let text = format!("[gateway]\nid = \"gw\"\n{}", rules(after));
+    let cfg = tidemark::config::load_str(&text, &BTreeMap::new()).unwrap();
+    sim.engine_mut().reconfigure(&cfg.engine);
+    // Window 1 (mean 60) closes now, judged by the new rules: `hot` no longer
+    // holds (60 < 80) and clears; `new` holds and raises; `gone` says nothing.
+    read(&mut sim, 2, 60.0);
+    assert_eq!(
+        names(&sim),
+        ["hot:raised", "gone:raised", "hot:cleared", "new:raised"]
+    );
+    assert!(
+        conditions(&sim)
+            .iter()
+            .all(|c| c.window_start < T0 + 20_000)
+    );
+}

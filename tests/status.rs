@@ -133,6 +133,7 @@ fn api_status_cli_metrics_and_the_page_in_chromium_agree_on_a_fleet_with_offline
         http,
         "",
         "[group_defaults]\nidle_timeout_ms = 2000\nheartbeat_timeout_ms = 3000\n\
+         [[group_defaults.conditions]]\nname = \"heard\"\nwhen = \"count >= 1\"\n\
          [groups.lab]\nout_of_orderness_ms = \"auto\"\nallowed_lateness_ms = \"auto\"\n",
     );
     let up = Collector::start(broker.port, "tidemark/gw/#", "status-test-up");
@@ -332,12 +333,57 @@ fn api_status_cli_metrics_and_the_page_in_chromium_agree_on_a_fleet_with_offline
             && prom.contains("tidemark_group_allowed_lateness_seconds{group=\"hall\"} 30.000"),
         "{prom}"
     );
+    // Conditions (docs/conditions.md): every record published is counted, in
+    // the API and on /metrics; the devices with one raised are listed and filtered.
+    wait_or_explain(
+        Duration::from_secs(30),
+        || {
+            let c = &api(http, "/api/v1/status")["counters"]["conditions"];
+            let published = up.on("/conditions/").len() as u64;
+            let prom = support::metrics(http);
+            let raised: u64 = prom
+                .lines()
+                .filter(|l| {
+                    l.starts_with("tidemark_conditions_total{") && l.contains("state=\"raised\"")
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+                .sum();
+            published > 0 && c["raised"].as_u64() == Some(published) && raised == published
+        },
+        || {
+            format!(
+                "status {} published {}",
+                api(http, "/api/v1/status")["counters"]["conditions"],
+                up.on("/conditions/").len()
+            )
+        },
+    );
+    let raised = all_pages(http, "&raised=true", 3);
+    assert!(!raised.is_empty());
+    assert!(
+        raised
+            .iter()
+            .all(|d| d["conditions"] == serde_json::json!(["heard"]))
+    );
+    let every = all_pages(http, "", 1000);
+    let with: Vec<&Value> = every
+        .iter()
+        .filter(|d| d.get("conditions").is_some())
+        .collect();
+    assert_eq!(
+        names(&raised),
+        names(&with.into_iter().cloned().collect::<Vec<_>>())
+    );
     // The text view names what needs a look.
     let text = status_cli(&["--url", &url]);
     assert!(text.status.success());
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(
         text.contains("distrusted") && text.contains("offline") && text.contains("BOUND"),
+        "{text}"
+    );
+    assert!(
+        text.contains("conditions  raised now on") && text.contains(" heard"),
         "{text}"
     );
     // Filters: only the offline devices of lab, the same ones the API lists (states
@@ -374,6 +420,10 @@ fn api_status_cli_metrics_and_the_page_in_chromium_agree_on_a_fleet_with_offline
         );
     }
     assert!(dom.contains(">distrusted<") && dom.contains(">offline<"));
+    assert!(
+        dom.contains("conditions raised</th>") && dom.contains("<td class=\"bad\">heard</td>"),
+        "conditions column"
+    );
     assert!(
         dom.contains(">bound</th>") && dom.contains(">2000 ms</td>"),
         "bound column"
