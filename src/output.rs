@@ -68,7 +68,7 @@ pub enum Output {
     /// An entry a database refused, set aside (`P/rejected`, reason `output_refused`).
     Refused(Refused),
     /// A condition raised, cleared or retracted (`P/conditions/{group}/{device}`).
-    Condition(Box<ConditionOut>),
+    Condition(ConditionOut),
     /// Retained device status.
     Status {
         /// Group.
@@ -364,13 +364,11 @@ impl ConditionState {
     }
 }
 
-/// `P/conditions/{group}/{device}` payload.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// `P/conditions/{group}/{device}` payload; its `id` is made as it is written.
+#[derive(Debug, Clone, PartialEq)]
 pub struct ConditionOut {
-    /// `{group}/{device}/{name}/{window_start}/{state}`, deterministic.
-    pub id: String,
-    /// The condition's name.
-    pub name: String,
+    /// The condition's name (shared with the configuration).
+    pub name: std::sync::Arc<str>,
     /// Group.
     pub group: Id,
     /// Device.
@@ -382,19 +380,69 @@ pub struct ConditionOut {
     /// Its end.
     pub window_end: Millis,
     /// What the deciding expression read from that window (null: absent).
-    #[serde(serialize_with = "values_map")]
-    pub values: Vec<(String, Option<f64>)>,
+    pub values: Vec<(std::sync::Arc<str>, Option<f64>)>,
     /// Gateway time when emitted.
     pub at: Millis,
 }
 
-fn values_map<S: serde::Serializer>(v: &[(String, Option<f64>)], s: S) -> Result<S::Ok, S::Error> {
-    use serde::ser::SerializeMap;
-    let mut m = s.serialize_map(Some(v.len()))?;
-    for (k, x) in v {
-        m.serialize_entry(k, x)?;
+impl ConditionOut {
+    /// `{group}/{device}/{name}/{window_start}/{state}`, deterministic.
+    pub fn id(&self) -> String {
+        self.id_text().to_string()
     }
-    m.end()
+
+    fn id_text(&self) -> impl std::fmt::Display + '_ {
+        struct IdText<'a>(&'a ConditionOut);
+        impl std::fmt::Display for IdText<'_> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                let c = self.0;
+                write!(
+                    f,
+                    "{}/{}/{}/{}/{}",
+                    c.group,
+                    c.device,
+                    c.name,
+                    c.window_start,
+                    c.state.as_str()
+                )
+            }
+        }
+        IdText(self)
+    }
+}
+
+impl Serialize for ConditionOut {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        struct Values<'a>(&'a [(std::sync::Arc<str>, Option<f64>)]);
+        impl Serialize for Values<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                use serde::ser::SerializeMap;
+                let mut m = s.serialize_map(Some(self.0.len()))?;
+                for (k, x) in self.0 {
+                    m.serialize_entry(&**k, x)?;
+                }
+                m.end()
+            }
+        }
+        struct Text<T>(T);
+        impl<T: std::fmt::Display> Serialize for Text<T> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(&self.0)
+            }
+        }
+        let mut st = s.serialize_struct("ConditionOut", 9)?;
+        st.serialize_field("id", &Text(self.id_text()))?;
+        st.serialize_field("name", &*self.name)?;
+        st.serialize_field("group", &self.group)?;
+        st.serialize_field("device", &self.device)?;
+        st.serialize_field("state", &self.state)?;
+        st.serialize_field("window_start", &self.window_start)?;
+        st.serialize_field("window_end", &self.window_end)?;
+        st.serialize_field("values", &Values(&self.values))?;
+        st.serialize_field("at", &self.at)?;
+        st.end()
+    }
 }
 
 /// `P/alerts/{group}/{device}` payload.

@@ -39,7 +39,7 @@ fn conditions(sim: &Sim) -> Vec<&ConditionOut> {
     sim.out()
         .iter()
         .filter_map(|o| match o {
-            Output::Condition(c) => Some(&**c),
+            Output::Condition(c) => Some(c),
             _ => None,
         })
         .collect()
@@ -117,14 +117,14 @@ fn standing(records: &[&ConditionOut]) -> Result<BTreeSet<(i64, bool)>, TestCase
                 } else {
                     (c.window_start, false)
                 };
-                prop_assert!(set.remove(&k), "retracted, never standing: {}", c.id);
+                prop_assert!(set.remove(&k), "retracted, never standing: {}", c.id());
                 continue;
             }
         };
-        prop_assert!(set.insert(key), "emitted twice while standing: {}", c.id);
+        prop_assert!(set.insert(key), "emitted twice while standing: {}", c.id());
         prop_assert_eq!(
-            &c.id,
-            &format!("g/d/hot/{}/{}", c.window_start, c.state.as_str())
+            c.id(),
+            format!("g/d/hot/{}/{}", c.window_start, c.state.as_str())
         );
     }
     Ok(set)
@@ -170,7 +170,7 @@ proptest! {
         prop_assert_eq!(&have, &want, "finals {:?}", finals);
         // The values of a raise: what `when` read from the completing window.
         for c in records.iter().filter(|c| c.state == ConditionState::Raised) {
-            let names: Vec<&str> = c.values.iter().map(|(k, _)| k.as_str()).collect();
+            let names: Vec<&str> = c.values.iter().map(|(k, _)| &**k).collect();
             prop_assert_eq!(names, vec!["temp.mean", "count"]);
             prop_assert!(c.values[0].1.is_some_and(|m| m > 50.0), "{:?}", c.values);
         }
@@ -204,7 +204,7 @@ fn a_late_reading_that_disproves_a_raise_retracts_it() {
     sim.advance(T0 + 22_000);
     let c = conditions(&sim);
     assert_eq!(c.len(), 1, "{c:?}");
-    assert_eq!(c[0].id, format!("g/d/hot/{}/raised", T0 + 10_000));
+    assert_eq!(c[0].id(), format!("g/d/hot/{}/raised", T0 + 10_000));
     assert_eq!(c[0].window_end, T0 + 20_000);
     assert_eq!(c[0].values[0], ("temp.mean".into(), Some(60.0)));
     // Late, within lateness: window 10..20 s now has mean 35.
@@ -212,7 +212,7 @@ fn a_late_reading_that_disproves_a_raise_retracts_it() {
     sim.advance(T0 + 32_000);
     let c = conditions(&sim);
     assert_eq!(c.len(), 2, "{c:?}");
-    assert_eq!(c[1].id, format!("g/d/hot/{}/retracted", T0 + 10_000));
+    assert_eq!(c[1].id(), format!("g/d/hot/{}/retracted", T0 + 10_000));
     assert_eq!(c[1].state, ConditionState::Retracted);
     // The values that went out with the raise.
     assert_eq!(c[1].values[0], ("temp.mean".into(), Some(60.0)));

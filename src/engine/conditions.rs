@@ -2,6 +2,8 @@
 //! configured rules, each device's judges as durable state, and the
 //! `P/conditions/{group}/{device}` records they emit.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use super::expr::{Expr, ExprError, Ref};
@@ -41,6 +43,21 @@ pub struct Condition {
     clear: Option<Expr>,
     /// Fingerprint of the definition: a changed one starts judging anew.
     print: u64,
+    /// Fingerprint of the name: a device's judging is found by it.
+    key: u64,
+    /// The name, shared by every record.
+    shared: Arc<str>,
+    /// What each value read is called in records: `when`'s refs, then `clear`'s.
+    labels: Box<[Arc<str>]>,
+}
+
+/// FNV-1a: stable across builds and runs, unlike the std hasher.
+fn fnv(text: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in text.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h
 }
 
 impl PartialEq for Condition {
@@ -80,16 +97,20 @@ impl Condition {
             Some(c) => Some(Expr::parse(c).map_err(|e| ("clear", e))?),
             None => None,
         };
-        // FNV-1a: stable across builds, unlike the std hasher.
-        let mut print: u64 = 0xcbf2_9ce4_8422_2325;
-        let text = format!(
+        let print = fnv(&format!(
             "{}\0{}\0{:?}\0{}",
             def.name, def.when, def.clear, def.for_windows
-        );
-        for b in text.bytes() {
-            print = (print ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
+        ));
+        let labels = when
+            .refs()
+            .iter()
+            .chain(clear.iter().flat_map(|c| c.refs().iter()))
+            .map(|r| Arc::from(r.to_string()))
+            .collect();
         Ok(Self {
+            key: fnv(&def.name),
+            shared: Arc::from(def.name.as_str()),
+            labels,
             def,
             when,
             clear,
@@ -125,19 +146,26 @@ impl Condition {
 
     fn reads(&self, r: &WindowResult) -> Reads {
         let clear = self.clear.iter().flat_map(|c| c.refs().iter());
-        self.when
+        let mut it = self
+            .when
             .refs()
             .iter()
             .chain(clear)
-            .map(|x| value(r, x))
-            .collect()
+            .map(|x| value(r, x).unwrap_or(f64::NAN));
+        if self.labels.len() <= 2 {
+            let a = it.next().unwrap_or(f64::NAN);
+            Reads::Two([a, it.next().unwrap_or(f64::NAN)])
+        } else {
+            Reads::Many(it.collect())
+        }
     }
 
-    fn verdict(&self, r: &WindowResult, reads: &[Option<f64>]) -> Verdict {
+    fn verdict(&self, r: &WindowResult, reads: &[f64]) -> Verdict {
         let n = self.when.refs().len();
-        let when = self.when.eval(|i| reads[i]);
+        let at = |i: usize| reads.get(i).copied().filter(|v| !v.is_nan());
+        let when = self.when.eval(at);
         let clear = match &self.clear {
-            Some(c) => c.eval(|i| reads[n + i]),
+            Some(c) => c.eval(|i| at(n + i)),
             None => !when,
         };
         Verdict {
@@ -149,15 +177,17 @@ impl Condition {
     }
 
     /// The values a transition's deciding expression read.
-    fn values(&self, state: State, reads: &[Option<f64>]) -> Vec<(String, Option<f64>)> {
+    fn values(&self, state: State, reads: &[f64]) -> Vec<(Arc<str>, Option<f64>)> {
         let n = self.when.refs().len();
-        let (refs, at) = match (&self.clear, state) {
-            (Some(c), State::Cleared) => (c.refs(), n),
-            _ => (self.when.refs(), 0),
+        let range = match (&self.clear, state) {
+            (Some(_), State::Cleared) => n..self.labels.len(),
+            _ => 0..n,
         };
-        refs.iter()
-            .enumerate()
-            .map(|(i, r)| (r.to_string(), reads.get(at + i).copied().flatten()))
+        range
+            .map(|i| {
+                let v = reads.get(i).copied().filter(|v| !v.is_nan());
+                (Arc::clone(&self.labels[i]), v)
+            })
             .collect()
     }
 }
@@ -187,13 +217,30 @@ fn value(r: &WindowResult, x: &Ref) -> Option<f64> {
     }
 }
 
-/// What one window read for one condition (`when`'s refs, then `clear`'s).
-type Reads = Box<[Option<f64>]>;
+/// What one window read for one condition (`when`'s refs, then `clear`'s; NaN:
+/// absent), inline for the usual one or two (no allocation per window).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+enum Reads {
+    /// At most two values (NaN past the refs).
+    Two([f64; 2]),
+    /// More.
+    Many(Box<[f64]>),
+}
+
+impl Reads {
+    fn as_slice(&self) -> &[f64] {
+        match self {
+            Reads::Two(v) => v,
+            Reads::Many(v) => v,
+        }
+    }
+}
 
 /// One condition's judging of one device, in the device's durable record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CondState {
-    name: String,
+    /// The condition's name, by its fingerprint (no copy of the name per device).
+    key: u64,
     print: u64,
     judge: Judge<Reads>,
 }
@@ -201,13 +248,22 @@ pub struct CondState {
 /// A device's conditions, in the order of its group's.
 pub type DeviceConditions = Option<Box<Vec<CondState>>>;
 
-/// The names of the conditions raised now.
-pub fn raised(state: &DeviceConditions) -> impl Iterator<Item = &str> {
+/// Whether a condition is raised now.
+pub fn any_raised(state: &DeviceConditions) -> bool {
+    state.iter().flat_map(|v| v.iter()).any(|c| c.judge.raised())
+}
+
+/// The names of the conditions raised now, among `conds` (those still configured).
+pub fn raised<'a>(
+    state: &'a DeviceConditions,
+    conds: &'a [Condition],
+) -> impl Iterator<Item = &'a str> {
     state
         .iter()
         .flat_map(|v| v.iter())
         .filter(|c| c.judge.raised())
-        .map(|c| c.name.as_str())
+        .filter_map(|s| conds.iter().find(|c| c.key == s.key))
+        .map(|c| c.name())
 }
 
 /// `state` laid out as `conds`: a kept condition keeps its judging, a changed
@@ -217,7 +273,7 @@ fn align(conds: &[Condition], state: &mut DeviceConditions) {
         s.len() == conds.len()
             && s.iter()
                 .zip(conds)
-                .all(|(a, c)| a.print == c.print && a.name == c.def.name)
+                .all(|(a, c)| a.print == c.print && a.key == c.key)
     });
     if aligned {
         return;
@@ -225,7 +281,7 @@ fn align(conds: &[Condition], state: &mut DeviceConditions) {
     let mut old = state.take().map(|b| *b).unwrap_or_default();
     let mut new = Vec::with_capacity(conds.len());
     for c in conds {
-        let judge = match old.iter().position(|s| s.name == c.def.name) {
+        let judge = match old.iter().position(|s| s.key == c.key) {
             Some(i) if old[i].print == c.print => old.swap_remove(i).judge,
             Some(i) => {
                 let j = &old[i].judge;
@@ -238,7 +294,7 @@ fn align(conds: &[Condition], state: &mut DeviceConditions) {
             None => Judge::default(),
         };
         new.push(CondState {
-            name: c.def.name.clone(),
+            key: c.key,
             print: c.print,
             judge,
         });
@@ -249,14 +305,22 @@ fn align(conds: &[Condition], state: &mut DeviceConditions) {
 /// Counts of the records emitted, by [`ConditionState`] order.
 pub type Counts = [u64; 3];
 
-/// Judges one window result of a device; emits the records it makes.
+/// Reused between calls: no allocation per window for the events.
+#[derive(Default)]
+pub struct Scratch {
+    events: Vec<Event<Reads>>,
+    /// Records waiting for their window result to go out first.
+    pub said: Vec<Output>,
+}
+
+/// Judges one window result of a device; the records it makes go to `scratch.said`.
 pub fn judge(
     conds: &[Condition],
     step: Option<Millis>,
     state: &mut DeviceConditions,
     r: &WindowResult,
     at: Millis,
-    out: &mut dyn Emit,
+    scratch: &mut Scratch,
 ) -> Counts {
     let mut counts = [0; 3];
     if conds.is_empty() && state.is_none() {
@@ -266,15 +330,15 @@ pub fn judge(
     let Some(states) = state.as_mut() else {
         return counts;
     };
-    let mut events = Vec::new();
+    let Scratch { events, said } = scratch;
     for (c, s) in conds.iter().zip(states.iter_mut()) {
         let rule = Rule {
             for_windows: c.def.for_windows,
             step,
         };
         let reads = c.reads(r);
-        let v = c.verdict(r, &reads);
-        s.judge.window(rule, v, reads, &mut events);
+        let v = c.verdict(r, reads.as_slice());
+        s.judge.window(rule, v, reads, events);
         for e in events.drain(..) {
             let (t, reads, st) = match &e {
                 Event::Emit(t, reads) => (
@@ -288,24 +352,16 @@ pub fn judge(
                 Event::Retract(t, reads) => (t, reads, ConditionState::Retracted),
             };
             counts[st as usize] += 1;
-            out.emit(Output::Condition(Box::new(ConditionOut {
-                id: format!(
-                    "{}/{}/{}/{}/{}",
-                    r.group,
-                    r.device,
-                    c.def.name,
-                    t.start,
-                    st.as_str()
-                ),
-                name: c.def.name.clone(),
+            said.emit(Output::Condition(ConditionOut {
+                name: Arc::clone(&c.shared),
                 group: r.group.clone(),
                 device: r.device.clone(),
                 state: st,
                 window_start: t.start,
                 window_end: t.end,
-                values: c.values(t.state, reads),
+                values: c.values(t.state, reads.as_slice()),
                 at,
-            })));
+            }));
         }
     }
     counts

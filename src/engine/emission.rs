@@ -129,7 +129,7 @@ impl Engine {
         let extras = g.cfg.extras;
         let dev = &mut self.devices[di].state;
         let mut counts = [0; 3];
-        let mut said = Vec::new();
+        let said = &mut self.judging;
         for w in dev.windows.iter_mut().filter(|w| w.dirty && upto >= w.end) {
             let revision = w.emitted().map_or(0, |r| r + 1);
             w.set_emitted(Some(revision));
@@ -151,14 +151,14 @@ impl Engine {
                     &mut dev.conditions,
                     &r,
                     at,
-                    &mut said,
+                    said,
                 );
                 for (n, k) in counts.iter_mut().zip(c) {
                     *n += k;
                 }
             }
             out.emit(Output::Window(r));
-            for o in said.drain(..) {
+            for o in said.said.drain(..) {
                 out.emit(o);
             }
         }

@@ -5,8 +5,6 @@
 //! each transition the windows no longer support is retracted, each newly
 //! supported one emitted. Windows past lateness are folded into a base state.
 
-use std::collections::VecDeque;
-
 use serde::{Deserialize, Serialize};
 
 use crate::model::Millis;
@@ -79,8 +77,8 @@ pub struct Base {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Judge<V = ()> {
     base: Base,
-    /// Windows still revisable, by start.
-    log: VecDeque<(Verdict, V)>,
+    /// Windows still revisable, by start (a few: a Vec grown one at a time).
+    log: Vec<(Verdict, V)>,
     /// Transitions standing among them, with what went out with them.
     standing: Vec<(Transition, V)>,
 }
@@ -89,7 +87,7 @@ impl<V> Default for Judge<V> {
     fn default() -> Self {
         Self {
             base: Base::default(),
-            log: VecDeque::new(),
+            log: Vec::new(),
             standing: Vec::new(),
         }
     }
@@ -170,46 +168,62 @@ impl<V: Clone> Judge<V> {
         }
         match self.log.binary_search_by_key(&v.start, |(w, _)| w.start) {
             Ok(i) => self.log[i] = (v, read),
-            Err(i) => self.log.insert(i, (v, read)),
-        }
-        let now = transitions(rule, self.base, self.log.iter().map(|(w, _)| *w));
-        let mut standing = Vec::with_capacity(now.len());
-        for (t, read) in self.standing.drain(..) {
-            if now.contains(&t) {
-                standing.push((t, read));
-            } else {
-                out.push(Event::Retract(t, read));
+            Err(i) => {
+                self.log.reserve_exact(1);
+                self.log.insert(i, (v, read));
             }
         }
-        for t in now {
-            if standing.iter().any(|(s, _)| *s == t) {
+        // The transitions now and those standing, both by start (a window completes
+        // at most one): walked together, changed in place.
+        let mut b = self.base;
+        let mut i = 0;
+        for k in 0..self.log.len() {
+            let (next, t) = step(rule, b, &self.log[k].0);
+            b = next;
+            let Some(t) = t else { continue };
+            while i < self.standing.len() && self.standing[i].0.start < t.start {
+                let (old, r) = self.standing.remove(i);
+                out.push(Event::Retract(old, r));
+            }
+            if self.standing.get(i).is_some_and(|(s, _)| *s == t) {
+                i += 1;
                 continue;
             }
-            let read = self
-                .log
-                .iter()
-                .find(|(w, _)| w.start == t.start)
-                .map(|(_, r)| r.clone());
-            if let Some(read) = read {
-                out.push(Event::Emit(t, read.clone()));
-                standing.push((t, read));
+            if self.standing.get(i).is_some_and(|(s, _)| s.start == t.start) {
+                let (old, r) = self.standing.remove(i);
+                out.push(Event::Retract(old, r));
             }
+            let read = self.log[k].1.clone();
+            out.push(Event::Emit(t, read.clone()));
+            self.standing.reserve_exact(1);
+            self.standing.insert(i, (t, read));
+            i += 1;
         }
-        standing.sort_by_key(|(t, _)| t.start);
-        self.standing = standing;
+        while i < self.standing.len() {
+            let (old, r) = self.standing.remove(i);
+            out.push(Event::Retract(old, r));
+        }
     }
 
     /// Windows starting before `before` can no longer be revised: folded into the base.
     pub fn settle(&mut self, rule: Rule, before: Millis) {
-        while self.log.front().is_some_and(|(w, _)| w.start < before) {
-            let Some((v, _)) = self.log.pop_front() else {
-                break;
-            };
+        let n = self.log.partition_point(|(w, _)| w.start < before);
+        if n == 0 {
+            return;
+        }
+        for (v, _) in self.log.drain(..n) {
             let (b, t) = step(rule, self.base, &v);
             self.base = b;
             if let Some(t) = t {
                 self.standing.retain(|(s, _)| *s != t);
             }
+        }
+        // Room for one more window stays (the next one comes before this settles).
+        if self.log.capacity() > self.log.len() + 1 {
+            self.log.shrink_to(self.log.len() + 1);
+        }
+        if self.standing.capacity() > self.standing.len() + 1 {
+            self.standing.shrink_to(self.standing.len() + 1);
         }
     }
 
@@ -222,7 +236,7 @@ impl<V: Clone> Judge<V> {
 
     /// Start of the latest window judged (kept or folded in).
     pub fn latest(&self) -> Option<Millis> {
-        self.log.back().map(|(w, _)| w.start).or(self.base.last)
+        self.log.last().map(|(w, _)| w.start).or(self.base.last)
     }
 
     /// Windows kept (for the memory figures).

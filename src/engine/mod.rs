@@ -178,6 +178,8 @@ pub struct Engine {
     outputs: [crate::model::OutputMark; crate::model::OutputKind::ALL.len()],
     /// Gateway wall time of the latest tick (`at` of what a flush emits).
     wall: Millis,
+    /// Reused by the conditions' judging.
+    judging: conditions::Scratch,
 }
 
 impl Engine {
@@ -210,6 +212,7 @@ impl Engine {
             bd_seq: 0,
             outputs: Default::default(),
             wall: 0,
+            judging: conditions::Scratch::default(),
         }
     }
 
@@ -437,6 +440,15 @@ impl Engine {
         }
     }
 
+    /// The names of a device's conditions raised now (docs/conditions.md).
+    pub fn raised_conditions<'a>(&'a self, d: &'a Device) -> impl Iterator<Item = &'a str> {
+        let conds = self
+            .group_index
+            .get(d.group.as_str())
+            .map_or(&[][..], |&gi| &self.groups[gi as usize].cfg.conditions[..]);
+        conditions::raised(&d.conditions, conds)
+    }
+
     /// A device's state.
     pub fn device(&self, group: &str, device: &str) -> Option<&Device> {
         self.lookup(group, device).map(|i| &self.devices[i].state)
@@ -486,7 +498,7 @@ impl Engine {
                     st.missing += d.missing;
                     st.timestamps_invalid += u64::from(d.timestamps_invalid);
                     st.open_windows += d.windows.len() as u64;
-                    if conditions::raised(&d.conditions).next().is_some() {
+                    if conditions::any_raised(&d.conditions) {
                         st.conditions_raised += 1;
                     }
                     if d.offline {

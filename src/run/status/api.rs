@@ -357,12 +357,7 @@ fn devices(engine: &Engine, f: &DeviceFilter, now: Now) -> DevicePage {
         .devices_after(start)
         .take_while(|d| f.group.as_ref().is_none_or(|g| d.group.as_str() == g))
         .filter(|d| f.state.is_none_or(|s| engine.liveness(d, now) == s))
-        .filter(|d| {
-            !f.raised
-                || crate::engine::conditions::raised(&d.conditions)
-                    .next()
-                    .is_some()
-        });
+        .filter(|d| !f.raised || crate::engine::conditions::any_raised(&d.conditions));
     for d in matching {
         if out.len() == limit {
             // One more exists: the page ends at the last one taken.
@@ -398,9 +393,7 @@ fn row(engine: &Engine, d: &Device, now: Now) -> DeviceRow {
         late: d.late,
         duplicates: d.duplicates,
         readings_missing: d.missing,
-        conditions: crate::engine::conditions::raised(&d.conditions)
-            .map(String::from)
-            .collect(),
+        conditions: engine.raised_conditions(d).map(String::from).collect(),
     }
 }
 
