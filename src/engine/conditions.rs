@@ -42,20 +42,20 @@ pub struct Condition {
     when: Expr,
     clear: Option<Expr>,
     /// Fingerprint of the definition: a changed one starts judging anew.
-    print: u64,
+    print: u32,
     /// Fingerprint of the name: a device's judging is found by it.
-    key: u64,
+    key: u32,
     /// The name, shared by every record.
     shared: Arc<str>,
     /// What each value read is called in records: `when`'s refs, then `clear`'s.
     labels: Box<[Arc<str>]>,
 }
 
-/// FNV-1a: stable across builds and runs, unlike the std hasher.
-fn fnv(text: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+/// FNV-1a (32 bits): stable across builds and runs, unlike the std hasher.
+fn fnv(text: &str) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
     for b in text.bytes() {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
     }
     h
 }
@@ -240,8 +240,8 @@ impl Reads {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CondState {
     /// The condition's name, by its fingerprint (no copy of the name per device).
-    key: u64,
-    print: u64,
+    key: u32,
+    print: u32,
     judge: Judge<Reads>,
 }
 
@@ -250,7 +250,10 @@ pub type DeviceConditions = Option<Box<Vec<CondState>>>;
 
 /// Whether a condition is raised now.
 pub fn any_raised(state: &DeviceConditions) -> bool {
-    state.iter().flat_map(|v| v.iter()).any(|c| c.judge.raised())
+    state
+        .iter()
+        .flat_map(|v| v.iter())
+        .any(|c| c.judge.raised())
 }
 
 /// The names of the conditions raised now, among `conds` (those still configured).
@@ -288,7 +291,7 @@ fn align(conds: &[Condition], state: &mut DeviceConditions) {
                 Judge::from_base(super::judge::Base {
                     raised: j.raised(),
                     run: 0,
-                    last: j.latest(),
+                    last_start: j.latest().unwrap_or(Millis::MIN),
                 })
             }
             None => Judge::default(),

@@ -132,6 +132,11 @@ impl Engine {
         let said = &mut self.judging;
         for w in dev.windows.iter_mut().filter(|w| w.dirty && upto >= w.end) {
             let revision = w.emitted().map_or(0, |r| r + 1);
+            if revision == 0
+                && let Some(x) = w.extra.as_deref_mut()
+            {
+                crate::time::extras::shrink(x);
+            }
             w.set_emitted(Some(revision));
             w.dirty = false;
             emitted = true;

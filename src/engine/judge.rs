@@ -62,15 +62,81 @@ pub struct Rule {
     pub step: Option<Millis>,
 }
 
-/// Where the judging stands before the first window kept.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Where the judging stands before the first window kept (16 bytes: one per
+/// device and condition).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Base {
     /// Raised.
     pub raised: bool,
     /// Consecutive windows counted towards the next transition.
     pub run: u32,
+    /// Start of the last window folded in; `Millis::MIN`: none.
+    #[serde(rename = "last")]
+    pub last_start: Millis,
+}
+
+impl Default for Base {
+    fn default() -> Self {
+        Self {
+            raised: false,
+            run: 0,
+            last_start: Millis::MIN,
+        }
+    }
+}
+
+impl Base {
     /// Start of the last window folded in.
-    pub last: Option<Millis>,
+    pub fn last(&self) -> Option<Millis> {
+        (self.last_start != Millis::MIN).then_some(self.last_start)
+    }
+}
+
+/// Transitions standing, boxed: none stand for most devices most of the time,
+/// and an empty one is 8 bytes in every judge instead of a Vec's 24.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+#[allow(clippy::box_collection)]
+struct Standing<V>(Option<Box<Vec<(Transition, V)>>>);
+
+impl<V> Standing<V> {
+    fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |v| v.len())
+    }
+
+    fn get(&self, i: usize) -> Option<&(Transition, V)> {
+        self.0.as_ref()?.get(i)
+    }
+
+    fn last(&self) -> Option<&(Transition, V)> {
+        self.0.as_ref()?.last()
+    }
+
+    fn remove(&mut self, i: usize) -> (Transition, V) {
+        let v = self.0.as_mut().expect("a standing transition to remove");
+        let x = v.remove(i);
+        if v.is_empty() {
+            self.0 = None;
+        }
+        x
+    }
+
+    fn insert(&mut self, i: usize, x: (Transition, V)) {
+        let v = self
+            .0
+            .get_or_insert_with(|| Box::new(Vec::with_capacity(1)));
+        v.reserve_exact(1);
+        v.insert(i, x);
+    }
+
+    fn retain(&mut self, f: impl FnMut(&(Transition, V)) -> bool) {
+        if let Some(v) = self.0.as_mut() {
+            v.retain(f);
+            if v.is_empty() {
+                self.0 = None;
+            }
+        }
+    }
 }
 
 /// One condition of one device; `V`: what a window read, kept with its verdict.
@@ -80,7 +146,7 @@ pub struct Judge<V = ()> {
     /// Windows still revisable, by start (a few: a Vec grown one at a time).
     log: Vec<(Verdict, V)>,
     /// Transitions standing among them, with what went out with them.
-    standing: Vec<(Transition, V)>,
+    standing: Standing<V>,
 }
 
 impl<V> Default for Judge<V> {
@@ -88,21 +154,21 @@ impl<V> Default for Judge<V> {
         Self {
             base: Base::default(),
             log: Vec::new(),
-            standing: Vec::new(),
+            standing: Standing(None),
         }
     }
 }
 
 /// One step of the judging: the new base and the transition it makes, if any.
 fn step(rule: Rule, mut b: Base, v: &Verdict) -> (Base, Option<Transition>) {
-    let consecutive = match (b.last, rule.step) {
+    let consecutive = match (b.last(), rule.step) {
         (None, _) | (Some(_), None) => true,
         (Some(last), Some(s)) => v.start == last + s,
     };
     if !consecutive {
         b.run = 0;
     }
-    b.last = Some(v.start);
+    b.last_start = v.start;
     let holds = if b.raised { v.clear } else { v.when };
     b.run = if holds { b.run + 1 } else { 0 };
     if b.run < rule.for_windows.max(1) {
@@ -158,7 +224,7 @@ impl<V: Clone> Judge<V> {
     /// A window's result (first or revised) and what it read: what changes.
     /// Sessions: a window now covering others' starts merged them, and they go.
     pub fn window(&mut self, rule: Rule, v: Verdict, read: V, out: &mut Vec<Event<V>>) {
-        if self.base.last.is_some_and(|l| v.start <= l) {
+        if self.base.last().is_some_and(|l| v.start <= l) {
             // Settled already: past lateness, it moves nothing.
             return;
         }
@@ -181,7 +247,7 @@ impl<V: Clone> Judge<V> {
             let (next, t) = step(rule, b, &self.log[k].0);
             b = next;
             let Some(t) = t else { continue };
-            while i < self.standing.len() && self.standing[i].0.start < t.start {
+            while self.standing.get(i).is_some_and(|(s, _)| s.start < t.start) {
                 let (old, r) = self.standing.remove(i);
                 out.push(Event::Retract(old, r));
             }
@@ -189,13 +255,16 @@ impl<V: Clone> Judge<V> {
                 i += 1;
                 continue;
             }
-            if self.standing.get(i).is_some_and(|(s, _)| s.start == t.start) {
+            if self
+                .standing
+                .get(i)
+                .is_some_and(|(s, _)| s.start == t.start)
+            {
                 let (old, r) = self.standing.remove(i);
                 out.push(Event::Retract(old, r));
             }
             let read = self.log[k].1.clone();
             out.push(Event::Emit(t, read.clone()));
-            self.standing.reserve_exact(1);
             self.standing.insert(i, (t, read));
             i += 1;
         }
@@ -222,9 +291,6 @@ impl<V: Clone> Judge<V> {
         if self.log.capacity() > self.log.len() + 1 {
             self.log.shrink_to(self.log.len() + 1);
         }
-        if self.standing.capacity() > self.standing.len() + 1 {
-            self.standing.shrink_to(self.standing.len() + 1);
-        }
     }
 
     /// Raised after the windows known.
@@ -236,7 +302,7 @@ impl<V: Clone> Judge<V> {
 
     /// Start of the latest window judged (kept or folded in).
     pub fn latest(&self) -> Option<Millis> {
-        self.log.last().map(|(w, _)| w.start).or(self.base.last)
+        self.log.last().map(|(w, _)| w.start).or(self.base.last())
     }
 
     /// Windows kept (for the memory figures).

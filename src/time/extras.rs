@@ -129,6 +129,16 @@ pub fn add(list: &mut WindowExtras, extras: Extras, metrics: &[(MetricIdx, f64)]
     }
 }
 
+/// A fired window's state without spare room: it is kept for lateness, and
+/// late readings are few.
+pub fn shrink(list: &mut WindowExtras) {
+    for e in list.iter_mut() {
+        if let Some(s) = e.sketch.as_mut() {
+            s.shrink();
+        }
+    }
+}
+
 /// Folds `o` into `list` (merged sessions).
 pub fn merge(list: &mut WindowExtras, o: WindowExtras) {
     for e in o {

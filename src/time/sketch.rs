@@ -69,6 +69,12 @@ impl Sketch {
         }
     }
 
+    /// No room beyond its buckets (a fired window takes few readings more).
+    pub fn shrink(&mut self) {
+        self.pos.shrink_to_fit();
+        self.neg.shrink_to_fit();
+    }
+
     /// The relative error bound it was built with.
     pub fn alpha(&self) -> f64 {
         f64::from(self.alpha)
