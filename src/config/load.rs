@@ -347,10 +347,13 @@ fn provenance(out: &mut BTreeMap<String, String>, prefix: &str, table: &toml::Ta
 pub fn annotate_sources(effective: &str, sources: &BTreeMap<String, String>) -> String {
     let mut out = String::with_capacity(effective.len() * 2);
     let mut table = String::new();
+    // `[[a.b]]`: each key of an element comes from where the whole list did.
+    let mut list = false;
     for line in effective.lines() {
         let trimmed = line.trim_start();
         out.push_str(line);
         if let Some(h) = trimmed.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+            list = h.starts_with('[');
             table = h.trim_matches(['[', ']']).replace('"', "");
         } else if let Some((k, _)) = trimmed.split_once(" = ") {
             let key = if table.is_empty() {
@@ -363,7 +366,19 @@ pub fn annotate_sources(effective: &str, sources: &BTreeMap<String, String>) -> 
                 .strip_prefix("groups.")
                 .and_then(|rest| rest.split_once('.'))
                 .and_then(|(_, k)| sources.get(&format!("group_defaults.{k}")));
-            match (sources.get(&key), inherited) {
+            let own = sources
+                .get(&key)
+                .or_else(|| list.then(|| sources.get(&table)).flatten());
+            let inherited = inherited.or_else(|| {
+                list.then(|| {
+                    table
+                        .strip_prefix("groups.")
+                        .and_then(|rest| rest.split_once('.'))
+                        .and_then(|(_, k)| sources.get(&format!("group_defaults.{k}")))
+                })
+                .flatten()
+            });
+            match (own, inherited) {
                 (Some(o), _) => out.push_str(&format!("  # from {o}")),
                 (None, Some(o)) => out.push_str(&format!("  # from {o} (group_defaults)")),
                 (None, None) => out.push_str("  # default"),
