@@ -263,8 +263,9 @@ fn conditions_once(up: &Collector, pg: &Postgres, ix: &Influx) {
         ids
     };
     let stored = || {
-        let q = "SELECT id FROM tidemark_conditions ORDER BY 1";
-        let rows: Vec<String> = pg.psql("site", q).lines().map(str::to_string).collect();
+        let q = "SELECT id FROM tidemark_conditions";
+        let mut rows: Vec<String> = pg.psql("site", q).lines().map(str::to_string).collect();
+        rows.sort();
         rows
     };
     let points = || {
@@ -525,8 +526,10 @@ fn after_a_takeover_the_new_active_writes_from_the_replicated_cursor_no_duplicat
     let dir = tempfile::tempdir().expect("tempdir");
     let pg = Postgres::start(dir.path());
     pg.psql("site", AUDIT);
+    // A condition every window meets: raised once per device, never again after the takeover.
     let extra = format!(
-        "[sink.postgres]\nenabled = true\nurl = \"{}\"\nbatch_max = 100\n",
+        "[sink.postgres]\nenabled = true\nurl = \"{}\"\nbatch_max = 100\n\
+         [[group_defaults.conditions]]\nname = \"on\"\nwhen = \"temp.mean > 0.5\"\n",
         pg.url()
     );
     let mut boards = [
@@ -567,6 +570,28 @@ fn after_a_takeover_the_new_active_writes_from_the_replicated_cursor_no_duplicat
         "one row per window, no gap"
     );
     audit_clean(&pg);
+    let mut ids: Vec<String> = up
+        .on("/conditions/")
+        .iter()
+        .map(|c| c.json()["id"].as_str().unwrap_or("").to_string())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(
+        ids.len(),
+        20,
+        "one raise per device across the takeover: {ids:?}"
+    );
+    assert!(ids.iter().all(|i| i.ends_with("/raised")), "{ids:?}");
+    wait_until(MIN, "the raises in PostgreSQL", || {
+        let mut rows: Vec<String> = pg
+            .psql("site", "SELECT id FROM tidemark_conditions")
+            .lines()
+            .map(str::to_string)
+            .collect();
+        rows.sort();
+        rows == ids
+    });
     let written = pg.psql("site", "SELECT count(*) FROM audit WHERE tbl = 'windows'");
     eprintln!("{written} row writes for {} windows", pg_windows(&pg).len());
     for b in &mut boards {
