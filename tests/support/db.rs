@@ -468,3 +468,50 @@ fn dechunk(mut s: &str) -> String {
     }
     out
 }
+
+/// Every condition record published is one row and one point, by its id.
+pub fn conditions_once(up: &super::Collector, pg: &Postgres, ix: &Influx, want: usize) {
+    let published = || {
+        let mut ids: Vec<String> = up
+            .on("/conditions/")
+            .iter()
+            .map(|c| c.json()["id"].as_str().unwrap_or("").to_string())
+            .collect();
+        ids.sort();
+        ids.dedup();
+        ids
+    };
+    let stored = || {
+        let q = "SELECT id FROM tidemark_conditions";
+        let mut rows: Vec<String> = pg.psql("site", q).lines().map(str::to_string).collect();
+        rows.sort();
+        rows
+    };
+    let points = || {
+        let v = ix.query("SELECT id FROM tidemark_conditions");
+        let mut ids: Vec<String> = v["results"][0]["series"][0]["values"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|r| r[1].as_str().map(str::to_string))
+            .collect();
+        ids.sort();
+        ids
+    };
+    wait_or_explain(
+        Duration::from_secs(120),
+        || {
+            let p = published();
+            p.len() == want && stored() == p && points() == p
+        },
+        || {
+            format!(
+                "published {:?}\nstored {:?}\npoints {:?}",
+                published(),
+                stored(),
+                points()
+            )
+        },
+    );
+}
