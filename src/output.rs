@@ -9,7 +9,7 @@ use crate::model::{Id, Millis, Reason};
 use crate::time::window::Stats;
 
 mod condition;
-pub use condition::{ConditionOut, ConditionState};
+pub use condition::{ConditionOut, ConditionState, Values};
 
 /// Output encoding upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]

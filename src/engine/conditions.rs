@@ -177,7 +177,7 @@ impl Condition {
     }
 
     /// The values a transition's deciding expression read.
-    fn values(&self, state: State, reads: &[f64]) -> Vec<(Arc<str>, Option<f64>)> {
+    fn values(&self, state: State, reads: &[f64]) -> crate::output::Values {
         let n = self.when.refs().len();
         let range = match (&self.clear, state) {
             (Some(_), State::Cleared) => n..self.labels.len(),
@@ -245,8 +245,8 @@ pub struct CondState {
     judge: Judge<Reads>,
 }
 
-/// A device's conditions, in the order of its group's.
-pub type DeviceConditions = Option<Box<Vec<CondState>>>;
+/// A device's conditions, in the order of its group's: one allocation for up to two.
+pub type DeviceConditions = Option<Box<smallvec::SmallVec<[CondState; 2]>>>;
 
 /// Whether a condition is raised now.
 pub fn any_raised(state: &DeviceConditions) -> bool {
@@ -282,7 +282,7 @@ fn align(conds: &[Condition], state: &mut DeviceConditions) {
         return;
     }
     let mut old = state.take().map(|b| *b).unwrap_or_default();
-    let mut new = Vec::with_capacity(conds.len());
+    let mut new = smallvec::SmallVec::<[CondState; 2]>::with_capacity(conds.len());
     for c in conds {
         let judge = match old.iter().position(|s| s.key == c.key) {
             Some(i) if old[i].print == c.print => old.swap_remove(i).judge,

@@ -6,6 +6,7 @@
 //! supported one emitted. Windows past lateness are folded into a base state.
 
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 
 use crate::model::Millis;
 
@@ -97,7 +98,10 @@ impl Base {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(transparent)]
 #[allow(clippy::box_collection)]
-struct Standing<V>(Option<Box<Vec<(Transition, V)>>>);
+struct Standing<V>(Option<Box<StandingList<V>>>);
+
+/// One transition inline: one allocation while any stands.
+type StandingList<V> = SmallVec<[(Transition, V); 1]>;
 
 impl<V> Standing<V> {
     fn len(&self) -> usize {
@@ -122,16 +126,14 @@ impl<V> Standing<V> {
     }
 
     fn insert(&mut self, i: usize, x: (Transition, V)) {
-        let v = self
-            .0
-            .get_or_insert_with(|| Box::new(Vec::with_capacity(1)));
+        let v = self.0.get_or_insert_with(|| Box::new(SmallVec::new()));
         v.reserve_exact(1);
         v.insert(i, x);
     }
 
-    fn retain(&mut self, f: impl FnMut(&(Transition, V)) -> bool) {
+    fn retain(&mut self, mut f: impl FnMut(&(Transition, V)) -> bool) {
         if let Some(v) = self.0.as_mut() {
-            v.retain(f);
+            v.retain(|x| f(x));
             if v.is_empty() {
                 self.0 = None;
             }
@@ -143,8 +145,8 @@ impl<V> Standing<V> {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Judge<V = ()> {
     base: Base,
-    /// Windows still revisable, by start (a few: a Vec grown one at a time).
-    log: Vec<(Verdict, V)>,
+    /// Windows still revisable, by start: one inline (the usual), more on the heap.
+    log: SmallVec<[(Verdict, V); 1]>,
     /// Transitions standing among them, with what went out with them.
     standing: Standing<V>,
 }
@@ -153,7 +155,7 @@ impl<V> Default for Judge<V> {
     fn default() -> Self {
         Self {
             base: Base::default(),
-            log: Vec::new(),
+            log: SmallVec::new(),
             standing: Standing(None),
         }
     }
@@ -287,9 +289,9 @@ impl<V: Clone> Judge<V> {
                 self.standing.retain(|(s, _)| *s != t);
             }
         }
-        // Room for one more window stays (the next one comes before this settles).
-        if self.log.capacity() > self.log.len() + 1 {
-            self.log.shrink_to(self.log.len() + 1);
+        // Back inline once one window is left.
+        if self.log.spilled() && self.log.len() <= 1 {
+            self.log.shrink_to_fit();
         }
     }
 

@@ -30,6 +30,9 @@ impl ConditionState {
     }
 }
 
+/// What a record's deciding expression read: inline for the usual one or two.
+pub type Values = smallvec::SmallVec<[(std::sync::Arc<str>, Option<f64>); 2]>;
+
 /// `P/conditions/{group}/{device}` payload; its `id` is made as it is written.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConditionOut {
@@ -46,7 +49,7 @@ pub struct ConditionOut {
     /// Its end.
     pub window_end: Millis,
     /// What the deciding expression read from that window (null: absent).
-    pub values: Vec<(std::sync::Arc<str>, Option<f64>)>,
+    pub values: Values,
     /// Gateway time when emitted.
     pub at: Millis,
 }
