@@ -204,7 +204,7 @@ fn text(seen: &Seen<'_>) {
     println!();
     let c = &s.counters;
     println!(
-        "counters: received {} accepted {} late {} duplicates {} missing {} timestamps invalid {} rejected {} ({}) windows {} alerts {}",
+        "counters: received {} accepted {} late {} duplicates {} missing {} timestamps invalid {} rejected {} ({}) windows {} alerts {} conditions raised {} cleared {} retracted {}",
         c.received,
         c.accepted,
         c.late,
@@ -218,7 +218,10 @@ fn text(seen: &Seen<'_>) {
             .collect::<Vec<_>>()
             .join(", "),
         c.windows_emitted,
-        c.alerts
+        c.alerts,
+        c.conditions[0],
+        c.conditions[1],
+        c.conditions[2]
     );
     println!(
         "gateway clock: {}",
