@@ -302,12 +302,19 @@ fn a_rollout_reaches_twenty_gateways_in_stages_the_absent_converge_and_a_broken_
     }
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("stopping the rollout"), "{stderr}");
-    let answered: Vec<String> = results
-        .on("/config/result")
-        .iter()
-        .skip(before)
-        .map(|s| s.topic.clone())
-        .collect();
+    // The command saw both answers; the collector's copies may still be on their way.
+    let answered = || -> Vec<String> {
+        results
+            .on("/config/result")
+            .iter()
+            .skip(before)
+            .map(|s| s.topic.clone())
+            .collect()
+    };
+    wait_until(Duration::from_secs(30), "the canaries' answers", || {
+        answered().len() >= 2
+    });
+    let answered = answered();
     assert_eq!(answered.len(), 2, "{answered:?}");
     assert!(
         answered
