@@ -498,6 +498,17 @@ fn a_bad_condition_names_its_key_and_the_column() {
     ] {
         assert!(err.contains(want), "{want:?} not in:\n{err}");
     }
+    // More conditions than a group may have.
+    let many: String = (0..65)
+        .map(|i| format!("[[groups.hvac.conditions]]\nname = \"c{i}\"\nwhen = \"count > {i}\"\n"))
+        .collect();
+    let out = check_text(&format!("[gateway]\nid = \"gw\"\n{many}"));
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("groups.hvac.conditions: 65 conditions: at most 64 a group"),
+        "{err}"
+    );
     // The same with p99 computed and the expressions fixed: valid, and printed back.
     let out = check_text(
         "[gateway]\nid = \"gw\"\n[groups.hvac]\naggregates = [\"p99\"]\n\

@@ -523,13 +523,7 @@ fn after_a_takeover_the_new_active_writes_from_the_replicated_cursor_no_duplicat
         "one row per window, no gap"
     );
     audit_clean(&pg);
-    let mut ids: Vec<String> = up
-        .on("/conditions/")
-        .iter()
-        .map(|c| c.json()["id"].as_str().unwrap_or("").to_string())
-        .collect();
-    ids.sort();
-    ids.dedup();
+    let ids = support::db::condition_ids(&up);
     assert_eq!(
         ids.len(),
         20,

@@ -133,6 +133,7 @@ fn api_status_cli_metrics_and_the_page_in_chromium_agree_on_a_fleet_with_offline
         http,
         "",
         "[group_defaults]\nidle_timeout_ms = 2000\nheartbeat_timeout_ms = 3000\n\
+         window = { kind = \"tumbling\", size_ms = 2000 }\n\
          [[group_defaults.conditions]]\nname = \"heard\"\nwhen = \"count >= 1\"\n\
          [groups.lab]\nout_of_orderness_ms = \"auto\"\nallowed_lateness_ms = \"auto\"\n",
     );

@@ -2,7 +2,9 @@
 //! expressions checked once, each problem naming its key and the column.
 
 use super::checks::Problems;
-use crate::engine::conditions::{Condition, ConditionDef, MAX_FOR_WINDOWS, valid_name};
+use crate::engine::conditions::{
+    Condition, ConditionDef, MAX_FOR_WINDOWS, MAX_PER_GROUP, valid_name,
+};
 use crate::engine::expr::{Expr, Ref};
 use crate::time::extras::Extras;
 
@@ -13,7 +15,16 @@ pub(super) fn conditions(
     defs: &[ConditionDef],
     extras: Extras,
 ) -> Vec<Condition> {
-    let mut out: Vec<Condition> = Vec::with_capacity(defs.len());
+    if defs.len() > MAX_PER_GROUP {
+        p.add(
+            &format!("{key}.conditions"),
+            format!(
+                "{} conditions: at most {MAX_PER_GROUP} a group (each device keeps a judge for each)",
+                defs.len()
+            ),
+        );
+    }
+    let mut out: Vec<Condition> = Vec::with_capacity(defs.len().min(MAX_PER_GROUP));
     for (i, def) in defs.iter().enumerate() {
         let k = format!("{key}.conditions[{i}]");
         if !valid_name(&def.name) {

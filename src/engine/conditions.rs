@@ -14,6 +14,9 @@ use crate::output::{ConditionOut, ConditionState, Emit, Output, WindowResult};
 /// Longest run a condition may ask for.
 pub const MAX_FOR_WINDOWS: u32 = 1000;
 
+/// Conditions a group may have: each device of the group carries a judge for each.
+pub const MAX_PER_GROUP: usize = 64;
+
 /// A condition as written in the configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -247,14 +250,6 @@ pub struct CondState {
 
 /// A device's conditions, in the order of its group's: one allocation for up to two.
 pub type DeviceConditions = Option<Box<smallvec::SmallVec<[CondState; 2]>>>;
-
-/// Whether a condition is raised now.
-pub fn any_raised(state: &DeviceConditions) -> bool {
-    state
-        .iter()
-        .flat_map(|v| v.iter())
-        .any(|c| c.judge.raised())
-}
 
 /// The names of the conditions raised now, among `conds` (those still configured).
 pub fn raised<'a>(

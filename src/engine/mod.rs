@@ -498,7 +498,10 @@ impl Engine {
                     st.missing += d.missing;
                     st.timestamps_invalid += u64::from(d.timestamps_invalid);
                     st.open_windows += d.windows.len() as u64;
-                    if conditions::any_raised(&d.conditions) {
+                    if conditions::raised(&d.conditions, &g.cfg.conditions)
+                        .next()
+                        .is_some()
+                    {
                         st.conditions_raised += 1;
                     }
                     if d.offline {

@@ -469,18 +469,21 @@ fn dechunk(mut s: &str) -> String {
     out
 }
 
+/// The ids of the condition records published upstream, each once, sorted.
+pub fn condition_ids(up: &super::Collector) -> Vec<String> {
+    let mut ids: Vec<String> = up
+        .on("/conditions/")
+        .iter()
+        .map(|c| c.json()["id"].as_str().unwrap_or("").to_string())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
 /// Every condition record published is one row and one point, by its id.
 pub fn conditions_once(up: &super::Collector, pg: &Postgres, ix: &Influx, want: usize) {
-    let published = || {
-        let mut ids: Vec<String> = up
-            .on("/conditions/")
-            .iter()
-            .map(|c| c.json()["id"].as_str().unwrap_or("").to_string())
-            .collect();
-        ids.sort();
-        ids.dedup();
-        ids
-    };
+    let published = || condition_ids(up);
     let stored = || {
         let q = "SELECT id FROM tidemark_conditions";
         let mut rows: Vec<String> = pg.psql("site", q).lines().map(str::to_string).collect();

@@ -357,7 +357,7 @@ fn devices(engine: &Engine, f: &DeviceFilter, now: Now) -> DevicePage {
         .devices_after(start)
         .take_while(|d| f.group.as_ref().is_none_or(|g| d.group.as_str() == g))
         .filter(|d| f.state.is_none_or(|s| engine.liveness(d, now) == s))
-        .filter(|d| !f.raised || crate::engine::conditions::any_raised(&d.conditions));
+        .filter(|d| !f.raised || engine.raised_conditions(d).next().is_some());
     for d in matching {
         if out.len() == limit {
             // One more exists: the page ends at the last one taken.
