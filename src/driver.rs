@@ -242,18 +242,58 @@ impl Driver {
                 mono: tick,
                 synced: now.synced,
             };
-            let before = self.emitted();
+            self.next_tick = Some(tick.saturating_add(self.tick_ms));
+            if !self.slice(at) {
+                // The rest goes out through [`Driver::continue_backlog`]; ticks missed
+                // meanwhile collapse into the next one (see [`crate::journal`]).
+                self.next_tick = Some(now.mono.saturating_add(self.tick_ms));
+                return;
+            }
+        }
+    }
+
+    /// One tick at `at`: with the journal (`run`) a slice of at most
+    /// [`crate::engine::TICK_SLICE`] changed devices, else whole. False while a
+    /// backlog is left: the caller cuts a batch before the next slice.
+    fn slice(&mut self, at: Now) -> bool {
+        let before = self.emitted();
+        let backlog_before = self.engine.backlog();
+        let sliced = matches!(self.mode, Mode::Run { .. });
+        let backlog = if sliced {
+            self.emitting(|e, out| e.tick_slice(at, out))
+        } else {
             self.emitting(|e, out| e.on_tick(at, out));
-            let held = self.engine.clock_held();
-            if let Some(j) = self.journal_mut()
-                && !held
-            {
+            false
+        };
+        let held = self.engine.clock_held();
+        if let Some(j) = self.journal_mut()
+            && !held
+        {
+            if backlog || backlog_before {
+                j.tick_slice(at);
+            } else {
                 j.tick(at);
             }
-            if self.emitted() > before {
-                self.durable(at.mono);
-            }
-            self.next_tick = Some(tick.saturating_add(self.tick_ms));
+        }
+        if self.emitted() > before {
+            self.durable(at.mono);
+        }
+        !backlog
+    }
+
+    /// A tick stopped at its budget: the rest of its burst waits for the next slice.
+    pub fn backlog(&self) -> bool {
+        self.engine.backlog()
+    }
+
+    /// The next slice of a burst ([`Driver::backlog`]), at `now`; `run` calls it after
+    /// each cut instead of [`Driver::ticks_until`] while a backlog is left.
+    pub fn continue_backlog(&mut self, now: Now) {
+        if self.engine.backlog() {
+            self.slice(now);
+            self.next_tick = self
+                .next_tick
+                .map(|t| t.max(now.mono.saturating_add(self.tick_ms)));
         }
     }
 

@@ -44,6 +44,7 @@ enum OpRef<'a> {
     F(u64),
     B(u64),
     P(u8, u64, u64, u64),
+    K(Millis, Millis),
 }
 
 #[derive(Deserialize)]
@@ -68,6 +69,7 @@ enum Op {
     F(u64),
     B(u64),
     P(u8, u64, u64, u64),
+    K(Millis, Millis),
 }
 
 /// State outside the windows that must survive a crash and reach a standby.
@@ -126,6 +128,13 @@ impl Journal {
         let o = self.buf.len();
         self.push(&OpRef::T(at.wall, at.mono));
         self.tick_at = Some(o);
+    }
+
+    /// One slice of a tick ([`Engine::tick_slice`]) that started or ended with a
+    /// backlog: replayed as that slice, never collapsed with another tick.
+    pub fn tick_slice(&mut self, at: Now) {
+        self.push(&OpRef::K(at.wall, at.mono));
+        self.tick_at = None;
     }
 
     /// A message handed to the engine at `now`.
@@ -204,6 +213,9 @@ pub fn apply(engine: &mut Engine, mut ops: &[u8]) -> Result<Option<Vec<u8>>, Rep
         match op {
             Op::S(wall, mono) => engine.restart_idleness(now(wall, mono, true)),
             Op::T(wall, mono) => engine.on_tick(now(wall, mono, true), &mut Discard),
+            Op::K(wall, mono) => {
+                engine.tick_slice(now(wall, mono, true), &mut Discard);
+            }
             Op::M(wall, mono, topic, payload) => {
                 engine.on_message(&topic, &payload, now(wall, mono, true), &mut Discard);
             }

@@ -21,6 +21,8 @@ pub struct RawGateway {
     pub commit_interval_ms: u64,
     /// Processing-time tick: idleness, watermarks, firing.
     pub tick_interval_ms: u64,
+    /// Memory the gateway stays under, MiB; 0: its cgroup's `memory.max` (docs/reference.md#memory).
+    pub memory_max_mb: u64,
 }
 
 impl Default for RawGateway {
@@ -30,6 +32,7 @@ impl Default for RawGateway {
             state_dir: "/var/lib/tidemark".into(),
             commit_interval_ms: 1000,
             tick_interval_ms: 200,
+            memory_max_mb: 0,
         }
     }
 }
@@ -112,6 +115,11 @@ pub enum LogFormat {
     Json,
 }
 
+/// The smallest `memory_max_mb`: below it the binary and its links alone would hold input.
+const MEMORY_MIN_MB: u64 = 16;
+/// The largest (1 TiB).
+const MEMORY_MAX_MB: u64 = 1 << 20;
+
 /// `[gateway]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Gateway {
@@ -123,6 +131,8 @@ pub struct Gateway {
     pub commit_interval_ms: u64,
     /// Processing-time tick period.
     pub tick_interval_ms: u64,
+    /// `memory_max_mb` in bytes; 0: the cgroup's limit, if any.
+    pub memory_max_bytes: u64,
 }
 
 impl Gateway {
@@ -153,11 +163,21 @@ impl Gateway {
         p.positive("gateway.tick_interval_ms", raw.tick_interval_ms);
         ms(p, "gateway.commit_interval_ms", raw.commit_interval_ms);
         ms(p, "gateway.tick_interval_ms", raw.tick_interval_ms);
+        if raw.memory_max_mb != 0 && !(MEMORY_MIN_MB..=MEMORY_MAX_MB).contains(&raw.memory_max_mb) {
+            p.add(
+                "gateway.memory_max_mb",
+                format!(
+                    "{} must be 0 (the cgroup's memory.max) or {MEMORY_MIN_MB}..={MEMORY_MAX_MB}",
+                    raw.memory_max_mb
+                ),
+            );
+        }
         Self {
             id,
             state_dir: raw.state_dir.clone(),
             commit_interval_ms: raw.commit_interval_ms,
             tick_interval_ms: raw.tick_interval_ms,
+            memory_max_bytes: raw.memory_max_mb.min(MEMORY_MAX_MB) << 20,
         }
     }
 

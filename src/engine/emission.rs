@@ -10,9 +10,39 @@ use crate::time::window::{Window, WindowSpec};
 
 use super::conditions;
 
+/// Devices one [`Engine::tick_slice`] may change: ~1.5 MB of window results.
+pub const TICK_SLICE: usize = 4096;
+
 impl Engine {
     /// Advances processing time: watermarks, firing, purge, liveness.
     pub fn on_tick(&mut self, now: Now, out: &mut dyn Emit) {
+        self.tick_pass(now, out, usize::MAX);
+    }
+
+    /// [`Engine::on_tick`] that changes at most [`TICK_SLICE`] devices: a window-close
+    /// burst leaves the rest for the next slice ([`Engine::backlog`]), so `run` hands the
+    /// burst to the store a slice at a time. Slices at one instant until the backlog is
+    /// gone leave the state and outputs of one [`Engine::on_tick`]. Returns the backlog.
+    pub fn tick_slice(&mut self, now: Now, out: &mut dyn Emit) -> bool {
+        self.tick_pass(now, out, self.slice);
+        self.backlog
+    }
+
+    /// Tests: slices of `n` devices (a journal is replayed with the slices it was made with).
+    #[doc(hidden)]
+    #[must_use]
+    pub fn with_tick_slice(mut self, n: usize) -> Self {
+        self.slice = n.max(1);
+        self
+    }
+
+    /// The last tick stopped at its budget (docs/reference.md#memory).
+    pub fn backlog(&self) -> bool {
+        self.backlog
+    }
+
+    fn tick_pass(&mut self, now: Now, out: &mut dyn Emit, mut budget: usize) {
+        self.backlog = false;
         let now = Now {
             wall: self.clock.tick_wall(now.wall, now.mono),
             ..now
@@ -27,6 +57,11 @@ impl Engine {
         }
         let mut visit = std::mem::take(&mut self.visit);
         for oi in 0..self.group_order.len() {
+            if budget == 0 {
+                // Later groups are looked at by the next slice.
+                self.backlog = true;
+                break;
+            }
             let gi = self.group_order[oi] as usize;
             let prev = self.groups[gi].state.wm;
             self.refresh_adaptive(gi);
@@ -67,13 +102,29 @@ impl Engine {
                     .cmp(&devices[b as usize].state.id)
             });
             visit.dedup();
-            for &di in &visit {
-                self.close_device(gi, di as usize, wm, now, out);
+            let mut left = visit.len();
+            for (k, &di) in visit.iter().enumerate() {
+                if budget == 0 {
+                    left = k;
+                    break;
+                }
+                // Only changes count: a visit that changes nothing (every device after a
+                // restore is visited once) costs no budget, so the slices a journal replays
+                // are the slices `run` made.
+                if self.close_device(gi, di as usize, wm, now, out) {
+                    budget -= 1;
+                }
                 self.schedule(gi, di);
+            }
+            for &di in &visit[left..] {
+                self.mark_pending(di as usize);
+            }
+            if left < visit.len() {
+                self.backlog = true;
             }
             // "auto" lateness purges by the frontier, not exactly at the deadlines.
             #[cfg(debug_assertions)]
-            if !self.groups[gi].auto_lateness() {
+            if !self.groups[gi].auto_lateness() && left == visit.len() {
                 let g = &self.groups[gi];
                 for &di in &g.members {
                     let d = &self.devices[di as usize];
@@ -211,7 +262,7 @@ impl Engine {
         wm: Millis,
         now: Now,
         out: &mut dyn Emit,
-    ) {
+    ) -> bool {
         let g = &self.groups[gi];
         let (lateness, hb, auto) = (
             g.lateness_due(),
@@ -255,6 +306,7 @@ impl Engine {
         if changed {
             self.mark_device(di);
         }
+        changed
     }
 
     pub(super) fn alert(

@@ -33,6 +33,7 @@ mod state;
 
 pub use config::{EngineConfig, GroupConfig, GroupRules};
 pub use state::{Changes, Counters, Device, DeviceRecords, Group, GroupStats, RuleEpoch};
+pub use emission::TICK_SLICE;
 
 /// A device's liveness (docs/reference.md#group_defaults-and-groupsname).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -180,6 +181,10 @@ pub struct Engine {
     wall: Millis,
     /// Reused by the conditions' judging.
     judging: conditions::Scratch,
+    /// The last tick stopped at its budget: devices due wait in their groups' `pending`.
+    backlog: bool,
+    /// Devices a [`Engine::tick_slice`] may change ([`TICK_SLICE`]).
+    slice: usize,
 }
 
 impl Engine {
@@ -213,6 +218,8 @@ impl Engine {
             outputs: Default::default(),
             wall: 0,
             judging: conditions::Scratch::default(),
+            backlog: false,
+            slice: TICK_SLICE,
         }
     }
 

@@ -14,6 +14,7 @@ use crate::driver::Driver;
 use crate::engine::Engine;
 use crate::model::Millis;
 use crate::output::{AlertType, GatewayAlert, Output};
+use crate::run::ceiling::{Ceiling, OUTPUT_BYTES};
 use crate::run::durable::plan::{self, Cadence, Commit, Pending};
 use crate::run::events::{
     Control, Current, Inbound, OutboxBounds, StoreEvent, StoreJob, StoreState,
@@ -38,6 +39,8 @@ pub struct CoreConfig {
     pub prometheus: bool,
     /// The source probes its path: processing time runs only up to the last proof (docs/reference.md#group_defaults-and-groupsname).
     pub probing: bool,
+    /// `gateway.memory_max_mb` in bytes, 0: the cgroup's (docs/reference.md#memory).
+    pub memory_max: u64,
 }
 
 impl CoreConfig {
@@ -48,6 +51,7 @@ impl CoreConfig {
             cadence: Cadence::of(cfg.source.v5),
             prometheus: cfg.metrics.listen.is_some(),
             probing: cfg.source.probe.is_some(),
+            memory_max: cfg.gateway.memory_max_bytes,
         }
     }
 }
@@ -113,6 +117,12 @@ struct Loop {
     last_commit_at: Option<Millis>,
     /// A standby waits for a snapshot: the next checkpoint is read for it.
     snapshot: bool,
+    /// The memory ceiling (docs/reference.md#memory).
+    ceiling: Ceiling,
+    /// A close burst's next slice waits for its results in flight to go out.
+    paced: bool,
+    /// Monotonic time of the last checkpoint cut.
+    last_checkpoint: Millis,
 }
 
 impl Core {
@@ -146,15 +156,26 @@ impl Core {
             source_since: self.clock.now().wall,
             last_commit_at: None,
             snapshot: false,
+            ceiling: Ceiling::new(self.cfg.memory_max, &self.links.registry.memory),
+            paced: false,
+            last_checkpoint: mono,
         };
         let mut report = Report::new(mono);
         // Counters are totals since the state was created: rates start from the restored ones.
         report.rates(self.driver.engine(), mono);
         while !st.stopping {
-            let Some(first) = self.links.rx.blocking_recv() else {
-                break;
+            // A window-close burst goes on slice by slice without waiting for input.
+            let mut next = if self.driver.backlog() && st.source_up {
+                if st.paced {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                self.links.rx.try_recv().ok()
+            } else {
+                let Some(first) = self.links.rx.blocking_recv() else {
+                    break;
+                };
+                Some(first)
             };
-            let mut next = Some(first);
             let mut taken = 0;
             while let Some(msg) = next.take() {
                 self.take(msg, &mut st);
@@ -230,7 +251,11 @@ impl Core {
             Inbound::Control(Control::Reload(cfg)) => {
                 let now = self.clock.now();
                 driver.reconfigure(now, &cfg);
+                let before = self.cfg.memory_max;
                 self.cfg = CoreConfig::of(&cfg);
+                if self.cfg.memory_max != before {
+                    st.ceiling.configure(self.cfg.memory_max, &registry.memory);
+                }
                 st.next_metrics = now.mono.saturating_add(self.cfg.metrics_every_ms);
                 st.bounds = Some(cfg.sink.outbox);
                 tracing::debug!("reload applied to the engine");
@@ -240,6 +265,23 @@ impl Core {
             Inbound::Proven => st.proven = self.clock.mono(),
             Inbound::Wake => {}
             Inbound::Control(Control::Stop) => st.stopping = true,
+        }
+    }
+
+    /// The memory ceiling's look, and whether a close burst's next slice waits: its
+    /// results in memory and on their way out are bounded by [`OUTPUT_BYTES`]; with
+    /// the uplink down a checkpoint moves them into the outbox table.
+    fn pace(&self, st: &mut Loop, mono: Millis) {
+        let registry = &self.links.registry;
+        let outputs = registry.memory.outputs_bytes.load(Ordering::Relaxed);
+        let sink_up = registry.sink_up.load(Ordering::Relaxed);
+        let backlog = self.driver.backlog();
+        let in_flight = backlog || (outputs > 0 && sink_up) || st.want_checkpoint;
+        st.ceiling.look(mono, &registry.memory, in_flight);
+        st.paced = backlog && outputs > OUTPUT_BYTES;
+        let holding = st.paced || st.ceiling.held_since().is_some();
+        if holding && !sink_up && outputs > OUTPUT_BYTES && mono - st.last_checkpoint >= 1000 {
+            st.want_checkpoint = true;
         }
     }
 
@@ -260,16 +302,26 @@ impl Core {
                 }
             }
         }
+        self.pace(st, now.mono);
         let driver = &mut self.driver;
-        if st.source_up {
-            // Processing time is credited only up to the last proof of the path (docs/reference.md#group_defaults-and-groupsname).
-            let credited = if self.cfg.probing {
-                credited(now, st.proven)
+        if st.source_up && !st.paced {
+            // Processing time is credited only up to the last proof of the path (docs/reference.md#group_defaults-and-groupsname),
+            // and stands while input is held (docs/reference.md#memory).
+            let mut proven = if self.cfg.probing {
+                st.proven
             } else {
-                now
+                now.mono
             };
+            if let Some(h) = st.ceiling.held_since() {
+                proven = proven.min(h);
+            }
+            let credited = credited(now, proven);
             driver.skip_missed_ticks(credited);
-            driver.ticks_until(credited);
+            if driver.backlog() {
+                driver.continue_backlog(credited);
+            } else {
+                driver.ticks_until(credited);
+            }
         }
         report.clock(driver.engine(), now.wall);
         if now.mono >= st.next_metrics {
@@ -317,6 +369,7 @@ impl Core {
             journal_len: st.journal_len,
             dirty_devices: u64::try_from(driver.engine().dirty_devices()).unwrap_or(u64::MAX),
             want_checkpoint: st.want_checkpoint,
+            backlog: driver.backlog(),
         };
         let mut snapshot = false;
         let batch = match plan::plan(&pending, &self.cfg.cadence) {
@@ -324,6 +377,7 @@ impl Core {
             Commit::Journal => driver.take_journal(now),
             Commit::Checkpoint => {
                 st.want_checkpoint = false;
+                st.last_checkpoint = now.mono;
                 snapshot = std::mem::take(&mut st.snapshot);
                 driver.take_checkpoint(now)
             }

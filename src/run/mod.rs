@@ -14,6 +14,7 @@
 //! disconnects → the sink drains for a few seconds, publishes `offline`, exits.
 
 mod alarm;
+pub mod ceiling;
 mod control;
 mod core;
 mod durable;

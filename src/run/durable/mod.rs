@@ -413,6 +413,10 @@ fn shown(durable: &Durable, registry: &Registry, links: &Links, w: &Written, del
         .outbox_end
         .store(durable.store.next_seq(), Ordering::Relaxed);
     links.committed.send_replace(durable.store.next_seq());
+    registry
+        .memory
+        .outputs_bytes
+        .store(durable.unfolded_bytes, Ordering::Relaxed);
     let bytes = durable
         .store
         .outbox_bytes()

@@ -66,6 +66,8 @@ pub struct Pending {
     pub dirty_devices: u64,
     /// The store asked for a checkpoint (the outbox is over its bound).
     pub want_checkpoint: bool,
+    /// A tick stopped at its budget: its slice goes to the store before the next one.
+    pub backlog: bool,
 }
 
 /// The core's next step.
@@ -82,6 +84,7 @@ pub enum Commit {
 /// The one commit rule of `run`.
 pub fn plan(p: &Pending, c: &Cadence) -> Commit {
     let urgent = p.held >= c.hold_limit
+        || p.backlog
         || p.batch_bytes >= BATCH_BYTES
         || c.quiet_ms.is_some_and(|q| p.held > 0 && p.quiet_for >= q);
     let due = p.durable && (urgent || p.interval_elapsed);
@@ -167,6 +170,25 @@ mod tests {
             ..p
         };
         assert_eq!(plan(&p, &Cadence::of(true)), Commit::Wait);
+    }
+
+    #[test]
+    fn a_slice_of_a_window_close_burst_is_cut_at_once() {
+        let p = Pending {
+            backlog: true,
+            ..pending()
+        };
+        assert_eq!(plan(&p, &Cadence::of(true)), Commit::Journal);
+        assert_eq!(
+            plan(
+                &Pending {
+                    backlog: false,
+                    ..p
+                },
+                &Cadence::of(true)
+            ),
+            Commit::Wait
+        );
     }
 
     #[test]

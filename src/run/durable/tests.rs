@@ -41,7 +41,8 @@ fn cfg() -> crate::config::Config {
 
 fn open(dir: &std::path::Path, cfg: &crate::config::Config) -> (Durable, Driver, usize) {
     let (store, snap) = Store::open(dir, 1000).unwrap();
-    let mut e = Engine::new(&cfg.engine);
+    // Slices of two devices: bursts go out in slices, and a crash may come between two.
+    let mut e = Engine::new(&cfg.engine).with_tick_slice(2);
     e.restore(snap.groups, snap.devices, snap.metric_names, snap.counters);
     e.restore_clock(snap.gateway_clock);
     e.restore_sparkplug(snap.sparkplug);

@@ -148,7 +148,11 @@ impl Source {
             {
                 return;
             }
-            if paused {
+            // Memory near its limit (docs/reference.md#memory): nothing is read until what is
+            // in flight has gone out; the link stays up.
+            let held = self.ctx.registry.memory.held.load(std::sync::atomic::Ordering::Relaxed)
+                && !self.stopping;
+            if paused || held {
                 // Nothing is polled: silence proves nothing, and is no fault of the path.
                 self.proof.proven();
             }
@@ -171,7 +175,7 @@ impl Source {
                     }
                 }
                 c = self.links.control.recv(), if !self.stopping => self.told(c),
-                ev = self.lp.poll(), if !paused => {
+                ev = self.lp.poll(), if !paused && !held => {
                     if !self.on_event(ev).await {
                         return;
                     }

@@ -105,6 +105,9 @@ pub struct Status {
     /// Each output over the outbox (docs/reference.md#sinkpostgres-and-sinkinflux).
     #[serde(default)]
     pub outputs: Vec<crate::run::status::registry::OutputStatus>,
+    /// The memory ceiling (docs/reference.md#memory).
+    #[serde(default)]
+    pub memory: Option<crate::run::ceiling::MemoryStatus>,
 }
 
 /// The source link.
@@ -339,6 +342,7 @@ fn status(engine: &Engine, now: Now, registry: &Registry, links: Links) -> Statu
         groups,
         pair: m.pair.clone(),
         outputs: m.outputs.clone(),
+        memory: Some(m.memory.clone()),
     }
 }
 

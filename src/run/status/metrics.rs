@@ -147,6 +147,8 @@ pub struct Metrics {
     clock_held: bool,
     pub(crate) gateway_clock: GatewayClockOut,
     store: StoreIo,
+    /// The memory ceiling (docs/reference.md#memory).
+    pub(crate) memory: crate::run::ceiling::MemoryStatus,
     /// The standby pair (docs/reference.md#standby--two-boards-one-gateway); absent without one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) pair: Option<crate::pair::Status>,
@@ -275,6 +277,7 @@ pub fn gather(engine: &Engine, now: Now, shared: &Registry, source_up: bool) -> 
             disk_write_bytes: None,
             ok: shared.store_ok.load(Ordering::Relaxed),
         },
+        memory: shared.memory.status(),
         pair: shared.pair(),
         pair_bytes: shared.pair_bytes.load(Ordering::Relaxed),
         ack_delay: shared.ack_delay.snapshot(),

@@ -16,7 +16,50 @@ impl Metrics {
         self.prom_outputs(&mut p);
         self.prom_groups(&mut p);
         self.prom_conditions(&mut p);
+        self.prom_memory(&mut p);
         p.0
+    }
+
+    fn prom_memory(&self, p: &mut Prom) {
+        let m = &self.memory;
+        p.one(
+            "memory_rss_bytes",
+            "gauge",
+            "Resident set of the gateway (docs/reference.md#memory).",
+            m.rss_bytes,
+        );
+        if let Some(l) = m.limit_bytes {
+            p.one(
+                "memory_limit_bytes",
+                "gauge",
+                "The limit the gateway stays under: gateway.memory_max_mb or its cgroup's memory.max.",
+                l,
+            );
+        }
+        p.one(
+            "memory_held",
+            "gauge",
+            "1 while input is held because memory is near its limit (the broker queues).",
+            u8::from(m.held),
+        );
+        p.one(
+            "memory_holds_total",
+            "counter",
+            "Times input was held for memory since the gateway started.",
+            m.holds,
+        );
+        p.one(
+            "memory_held_seconds_total",
+            "counter",
+            "Time input was held for memory since the gateway started.",
+            seconds(Millis::try_from(m.held_ms).unwrap_or(Millis::MAX)),
+        );
+        p.one(
+            "memory_outputs_bytes",
+            "gauge",
+            "Results in memory on their way upstream (a close burst's next slice waits above 8 MiB).",
+            m.outputs_bytes,
+        );
     }
 
     fn prom_outputs(&self, p: &mut Prom) {

@@ -84,6 +84,8 @@ pub struct Registry {
     pub outbox_end: AtomicU64,
     /// Each output's figures, by [`crate::model::OutputKind`] (each output).
     pub outputs: [OutputStat; crate::model::OutputKind::ALL.len()],
+    /// The memory ceiling (core; undelivered output bytes: store).
+    pub memory: crate::run::ceiling::MemoryStat,
 }
 
 /// One output's figures (docs/reference.md#sinkpostgres-and-sinkinflux).
@@ -191,6 +193,7 @@ impl Registry {
             rebirths_refused: AtomicU64::new(0),
             pair: Mutex::new(None),
             pair_bytes: AtomicU64::new(0),
+            memory: crate::run::ceiling::MemoryStat::default(),
         }
     }
 
