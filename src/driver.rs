@@ -424,8 +424,17 @@ impl Driver {
     /// Cuts a checkpoint batch: the whole changed state; the journal so far is
     /// covered by it.
     pub fn take_checkpoint(&mut self, now: Now) -> Batch {
+        self.take_checkpoint_upto(now, usize::MAX)
+    }
+
+    /// [`Driver::take_checkpoint`] with at most `devices` device records; the rest
+    /// follow with [`Driver::take_device_slice`] before anything else reaches the engine.
+    pub fn take_checkpoint_upto(&mut self, now: Now, devices: usize) -> Batch {
         let covered = self.journal_mut().map(Journal::cut).unwrap_or_default();
-        let mut batch = self.take_batch(now);
+        let mut batch = Batch {
+            changes: self.engine.take_changes_upto(devices),
+            ..self.cut(now)
+        };
         batch.covered = covered;
         if let Some(rules) = &self.rules {
             batch
@@ -461,6 +470,11 @@ impl Driver {
             outputs,
             ..Batch::default()
         }
+    }
+
+    /// The next `n` device records of a streamed checkpoint; empty once all are taken.
+    pub fn take_device_slice(&mut self, n: usize) -> crate::engine::DeviceRecords {
+        self.engine.take_device_slice(n)
     }
 
     /// What the engine produced since the last take (or batch): every output,

@@ -188,7 +188,11 @@ fn records(e: &Engine) -> Vec<Vec<u8>> {
 fn a_close_burst_goes_out_in_slices_that_the_journal_replays_exactly() {
     let cfg = fleet_config();
     let slice = crate::engine::TICK_SLICE;
-    for (devices, interleave) in [(2 * slice + 808, false), (2 * slice + 808, true), (slice, true)] {
+    for (devices, interleave) in [
+        (2 * slice + 808, false),
+        (2 * slice + 808, true),
+        (slice, true),
+    ] {
         let mut run = Driver::new(
             Engine::new(&cfg.engine),
             &cfg.gateway,
@@ -251,7 +255,11 @@ fn a_close_burst_goes_out_in_slices_that_the_journal_replays_exactly() {
         for o in &ops {
             crate::journal::apply(&mut fresh, o).unwrap();
         }
-        assert_eq!(records(&fresh), records(run.engine()), "{devices} devices, interleave {interleave}");
+        assert_eq!(
+            records(&fresh),
+            records(run.engine()),
+            "{devices} devices, interleave {interleave}"
+        );
         if !interleave {
             whole.ticks_until(Now::at(T0 + 5_000));
             b.extend(whole.take_batch(Now::at(T0 + 5_000)).outputs);

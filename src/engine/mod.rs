@@ -32,8 +32,8 @@ mod sparkplug;
 mod state;
 
 pub use config::{EngineConfig, GroupConfig, GroupRules};
-pub use state::{Changes, Counters, Device, DeviceRecords, Group, GroupStats, RuleEpoch};
 pub use emission::TICK_SLICE;
+pub use state::{Changes, Counters, Device, DeviceRecords, Group, GroupStats, RuleEpoch};
 
 /// A device's liveness (docs/reference.md#group_defaults-and-groupsname).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -526,6 +526,12 @@ impl Engine {
 
     /// State changed since the last call, for the store.
     pub fn take_changes(&mut self) -> Changes {
+        self.take_changes_upto(usize::MAX)
+    }
+
+    /// [`Engine::take_changes`] with at most `devices` device records: the rest stay
+    /// marked for [`Engine::take_device_slice`] (a checkpoint streamed to the store).
+    pub fn take_changes_upto(&mut self, devices: usize) -> Changes {
         let mut c = Changes {
             groups: Vec::with_capacity(self.dirty_groups.len()),
             devices: DeviceRecords::with_capacity(self.dirty_devices.len()),
@@ -542,11 +548,7 @@ impl Engine {
             slot.dirty = false;
             c.groups.push(slot.state.clone());
         }
-        for d in self.dirty_devices.drain(..) {
-            let slot = &mut self.devices[d as usize];
-            slot.dirty = false;
-            c.devices.push(&slot.state);
-        }
+        c.devices = self.take_device_slice(devices);
         for (i, n) in self
             .metric_names
             .iter()
@@ -558,5 +560,32 @@ impl Engine {
         }
         self.persisted_names = self.metric_names.len();
         c
+    }
+
+    /// The records of up to `n` changed devices not yet taken, in the order they changed.
+    pub fn take_device_slice(&mut self, n: usize) -> DeviceRecords {
+        let n = n.min(self.dirty_devices.len());
+        let mut records = DeviceRecords::with_capacity(n);
+        for d in self.dirty_devices.drain(..n) {
+            let slot = &mut self.devices[d as usize];
+            slot.dirty = false;
+            records.push(&slot.state);
+        }
+        records
+    }
+
+    /// Marks all state changed: the next checkpoint writes all of it (a streamed
+    /// checkpoint failed after its records were taken).
+    pub fn mark_all_changed(&mut self) {
+        for di in 0..self.devices.len() {
+            self.mark_device(di);
+        }
+        for gi in 0..self.groups.len() {
+            self.mark_group(gi);
+        }
+        self.persisted_names = 0;
+        for (_, dirty) in &mut self.sparkplug.nodes {
+            *dirty = true;
+        }
     }
 }

@@ -18,7 +18,7 @@ pub(super) struct State {
     group_ids: Vec<String>,
     rebirth: bool,
     max_nodes: usize,
-    nodes: Vec<(EdgeNode, bool)>,
+    pub(super) nodes: Vec<(EdgeNode, bool)>,
     index: HashMap<(Id, Id), usize>,
     commands: Vec<(String, Vec<u8>)>,
 }

@@ -3,7 +3,7 @@
 //! the broker queues) until what is in flight has gone out, instead of growing
 //! into the kernel's OOM killer.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 
 use crate::model::Millis;
 use crate::sys::memory;
@@ -212,7 +212,10 @@ impl Ceiling {
                 stat.held.store(true, Ordering::Relaxed);
                 stat.holds.fetch_add(1, Ordering::Relaxed);
                 self.unreported += 1;
-                if self.last_line.is_none_or(|t| mono.saturating_sub(t) >= REPORT_MS) {
+                if self
+                    .last_line
+                    .is_none_or(|t| mono.saturating_sub(t) >= REPORT_MS)
+                {
                     self.last_line = Some(mono);
                     tracing::warn!(
                         rss_mib = rss >> 20,

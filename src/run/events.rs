@@ -118,6 +118,8 @@ pub enum StoreEvent {
         journal_len: u64,
         /// The outbox is over its bound: the next batch should be a checkpoint (it applies it).
         over_bound: bool,
+        /// Streamed checkpoints that failed so far: each one higher asks for a checkpoint of all state.
+        redo: u64,
     },
 }
 

@@ -24,6 +24,7 @@ mod fence;
 pub mod http;
 mod outputs;
 mod pair;
+mod report;
 mod source;
 pub mod status;
 mod wiring;

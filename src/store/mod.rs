@@ -136,6 +136,11 @@ pub struct Batch {
     pub journal: Option<Vec<u8>>,
     /// A checkpoint: the engine input it covers (a standby follows it as a record).
     pub covered: Vec<u8>,
+    /// A checkpoint's further device records, streamed in slices into its one
+    /// transaction (the core sends them while the store writes; docs/reference.md#memory).
+    pub rest: Option<std::sync::mpsc::Receiver<crate::engine::DeviceRecords>>,
+    /// A checkpoint of every device (after a streamed one failed: see [`Batch::rest`]).
+    pub full: bool,
 }
 
 /// Outputs in the journal and not yet in the outbox table, oldest first,
@@ -499,6 +504,14 @@ impl Store {
             let mut devices = txn.open_table(DEVICES)?;
             ch.devices
                 .for_each(|group, id, record| devices.insert((group, id), record).map(drop))?;
+            if let Some(rest) = &batch.rest {
+                for slice in rest {
+                    stats.devices += slice.len();
+                    slice.for_each(|group, id, record| {
+                        devices.insert((group, id), record).map(drop)
+                    })?;
+                }
+            }
             let mut groups = txn.open_table(GROUPS)?;
             for g in &ch.groups {
                 cbor(g, &mut self.buf);

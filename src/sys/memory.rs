@@ -109,7 +109,11 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let r = root.path();
         std::fs::create_dir_all(r.join("system.slice/tidemark.service")).unwrap();
-        std::fs::write(r.join("system.slice/tidemark.service/memory.max"), "268435456\n").unwrap();
+        std::fs::write(
+            r.join("system.slice/tidemark.service/memory.max"),
+            "268435456\n",
+        )
+        .unwrap();
         std::fs::write(r.join("system.slice/memory.max"), "max\n").unwrap();
         let own = "0::/system.slice/tidemark.service\n";
         assert_eq!(cgroup_limit_in(own, r), Some(256 << 20));
@@ -120,7 +124,11 @@ mod tests {
         assert_eq!(cgroup_limit_in(own, r), None);
         // cgroup v1: the memory controller's hierarchy; "no limit" is a huge number.
         std::fs::create_dir_all(r.join("memory/tm")).unwrap();
-        std::fs::write(r.join("memory/tm/memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
+        std::fs::write(
+            r.join("memory/tm/memory.limit_in_bytes"),
+            "9223372036854771712\n",
+        )
+        .unwrap();
         let v1 = "4:cpu,cpuacct:/tm\n3:memory:/tm\n";
         assert_eq!(cgroup_limit_in(v1, r), None);
         std::fs::write(r.join("memory/tm/memory.limit_in_bytes"), "67108864\n").unwrap();

@@ -47,6 +47,22 @@ pub struct Durable {
     replicate: bool,
     /// The last write's record body (with `replicate`).
     last_body: Vec<u8>,
+    /// A streamed checkpoint failed after its records were taken: checkpoints go to
+    /// the journal until one of all the state comes ([`Batch::full`]).
+    need_full: bool,
+    /// Streamed checkpoints that failed.
+    redo: u64,
+}
+
+/// A checkpoint batch as the journal record of the input it covers; streamed
+/// records still coming are read and dropped (the core waits on them).
+fn as_journal(batch: &mut Batch) {
+    if let Some(rest) = batch.rest.take() {
+        for _ in rest.iter() {}
+    }
+    batch.journal = Some(std::mem::take(&mut batch.covered));
+    batch.changes.devices = crate::engine::DeviceRecords::default();
+    batch.full = false;
 }
 
 /// About the bytes `e` takes in the outbox table (CBOR of topic, payload, flags).
@@ -106,6 +122,8 @@ impl Durable {
             unfolded_bytes: 0,
             replicate: false,
             last_body: Vec::new(),
+            need_full: false,
+            redo: 0,
         };
         if replayed > 0 || generation == 0 {
             batch.changes = engine.take_changes();
@@ -213,8 +231,27 @@ impl Durable {
         delivered: u64,
     ) -> Result<(Vec<(u64, OutboxEntry)>, Written), StoreError> {
         batch.delivered = delivered.checked_sub(1);
+        if batch.journal.is_none() && self.need_full && !batch.full {
+            as_journal(batch);
+        }
         let Some(ops) = batch.journal.as_ref() else {
-            let stats = self.checkpoint(batch)?;
+            let stats = match self.checkpoint(batch) {
+                Ok(stats) => stats,
+                Err(e) => {
+                    if batch.rest.is_some() {
+                        // Its streamed records are gone with the transaction: the batch is
+                        // retried as what it covers, a journal record, and the core marks
+                        // all state changed for a checkpoint of all of it.
+                        as_journal(batch);
+                        self.need_full = true;
+                        self.redo += 1;
+                    }
+                    return Err(e);
+                }
+            };
+            if batch.full {
+                self.need_full = false;
+            }
             let numbered: Vec<(u64, OutboxEntry)> = (stats.first_seq..)
                 .zip(std::mem::take(&mut batch.outputs))
                 .collect();
@@ -426,6 +463,7 @@ fn shown(durable: &Durable, registry: &Registry, links: &Links, w: &Written, del
     let _ = links.events.send(StoreEvent::Committed {
         journal_len: durable.wal.len(),
         over_bound,
+        redo: durable.redo,
     });
 }
 

@@ -386,3 +386,125 @@ fn the_last_remote_id_and_the_bd_seq_survive_a_crash_a_checkpoint_and_reach_a_st
         "after a checkpoint"
     );
 }
+
+/// A tmpfs for one test, unmounted when dropped.
+struct Tmpfs(std::path::PathBuf);
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// Writes into `path` until the file system refuses.
+fn fill(path: &std::path::Path) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).unwrap();
+    let block = vec![0u8; 16 * 1024];
+    while f.write_all(&block).is_ok() && f.sync_data().is_ok() {}
+    while f.write_all(&[0u8; 512]).is_ok() && f.sync_data().is_ok() {}
+}
+
+/// A checkpoint's records streamed in slices, on a disk that fills up under it: the
+/// failed transaction takes the slices it read with it, so the batch is written
+/// again as the journal record of what it covers, checkpoints go to the journal until
+/// one of all the state comes, and a restart restores exactly the engine's state.
+#[test]
+fn a_streamed_checkpoint_that_fails_is_journaled_and_a_full_one_follows() {
+    let dir = tempfile::tempdir().unwrap();
+    let at_dir = dir.path().join("fs");
+    std::fs::create_dir_all(&at_dir).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=6m", "tmpfs"])
+        .arg(&at_dir)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        mounted,
+        "mounting a tmpfs needs root (scripts/test.sh runs as root)"
+    );
+    let _fs = Tmpfs(at_dir.clone());
+    let state_dir = at_dir.join("state");
+    std::fs::create_dir_all(&state_dir).unwrap();
+    let cfg = cfg();
+    let (mut d, mut drv, _) = open(&state_dir, &cfg);
+    let mut at = T0;
+    drv.start(Now::at(at));
+    let readings = |drv: &mut Driver, at: &mut i64, n: usize| {
+        for i in 0..n {
+            *at += 10;
+            let p = format!(r#"{{"ts": {}, "v": {i}}}"#, *at);
+            drv.message(
+                Now::at(*at),
+                &format!("sensors/g0/d{i}/reading"),
+                p.as_bytes(),
+            );
+        }
+    };
+    readings(&mut drv, &mut at, 40);
+    let mut b = drv.take_checkpoint(Now::at(at));
+    d.write(&mut b, 0).unwrap();
+    readings(&mut drv, &mut at, 40);
+    let streamed = |drv: &mut Driver, at: i64, full: bool| {
+        let mut b = drv.take_checkpoint_upto(Now::at(at), 4);
+        let (tx, rx) = std::sync::mpsc::sync_channel(64);
+        loop {
+            let s = drv.take_device_slice(4);
+            if s.is_empty() {
+                break;
+            }
+            tx.send(s).unwrap();
+        }
+        b.rest = Some(rx);
+        b.full = full;
+        b
+    };
+    let filler = at_dir.join("filler");
+    fill(&filler);
+    let mut b = streamed(&mut drv, at, false);
+    assert!(
+        d.write(&mut b, 0).is_err(),
+        "a full disk fails the checkpoint"
+    );
+    assert!(
+        b.journal.is_some() && b.rest.is_none(),
+        "retried as a journal record"
+    );
+    std::fs::remove_file(&filler).unwrap();
+    // As the store thread's outage wait does: redb refuses every call until reopened.
+    d.store().reopen().unwrap();
+    d.write(&mut b, 0).unwrap();
+    // A checkpoint cut before the core heard of it is journaled too.
+    readings(&mut drv, &mut at, 3);
+    let mut b = streamed(&mut drv, at, false);
+    d.write(&mut b, 0).unwrap();
+    assert!(d.need_full);
+    // A crash here restores the state so far.
+    let live = state(drv.engine());
+    drop(d);
+    let (mut d, mut drv, _) = {
+        let (d2, drv2, n) = open(&state_dir, &cfg);
+        assert_eq!(
+            state(drv2.engine()),
+            live,
+            "restored after the journaled checkpoints"
+        );
+        drop((d2, drv2, n));
+        // The original goes on: its store reopened as it was, still waiting for a full one.
+        let (mut d, _, _) = open(&state_dir, &cfg);
+        d.need_full = true;
+        (d, drv, ())
+    };
+    drv.engine_mut().mark_all_changed();
+    let mut b = streamed(&mut drv, at, true);
+    d.write(&mut b, 0).unwrap();
+    assert!(!d.need_full);
+    let live = state(drv.engine());
+    drop(d);
+    drop(drv);
+    let (_, drv2, _) = open(&state_dir, &cfg);
+    assert_eq!(state(drv2.engine()), live);
+}

@@ -150,7 +150,12 @@ impl Source {
             }
             // Memory near its limit (docs/reference.md#memory): nothing is read until what is
             // in flight has gone out; the link stays up.
-            let held = self.ctx.registry.memory.held.load(std::sync::atomic::Ordering::Relaxed)
+            let held = self
+                .ctx
+                .registry
+                .memory
+                .held
+                .load(std::sync::atomic::Ordering::Relaxed)
                 && !self.stopping;
             if paused || held {
                 // Nothing is polled: silence proves nothing, and is no fault of the path.
