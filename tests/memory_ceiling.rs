@@ -80,38 +80,10 @@ fn peak_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-#[test]
-fn a_gateway_in_a_small_cgroup_holds_input_through_a_100k_device_close_burst_and_loses_nothing() {
-    let source = Mosquitto::start(false);
-    let mut sink = Mosquitto::start(true);
-    // The state file on disk, not tmpfs: a cgroup is charged for tmpfs pages it cannot reclaim.
-    let work =
-        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("ceiling-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work).unwrap();
-    let state = work.join("state");
-    let http = support::free_port();
-    let limit = LIMIT_MB << 20;
-    let group = cgroup(limit);
-    let mut cfg = GatewayConfig::new("gw", &state, &source, &sink)
-        .http(http)
-        .merge(
-            "group_defaults",
-            "window = { kind = \"tumbling\", size_ms = 2000 }\nidle_timeout_ms = 3000\n\
-             allowed_lateness_ms = 0\nheartbeat_timeout_ms = 3600000",
-        );
-    if group.is_none() {
-        // No cgroup to be had here: the same ceiling from the config, and the peak checked below.
-        eprintln!(
-            "no memory cgroup can be created here: gateway.memory_max_mb = {LIMIT_MB} instead"
-        );
-        cfg = cfg.set("gateway", &format!("memory_max_mb = {LIMIT_MB}"));
-    }
-    let config = cfg.write(&work.join("gateway.toml"));
-    let log = work.join("gw.log");
-    let collector = Collector::start(sink.port, "tidemark/gw/windows/#", "ceiling-collector");
-    let mut cmd = match &group {
-        Some((_, procs, _)) => {
+/// `tidemark run`, in the cgroup whose process list is `procs` if there is one.
+fn spawn(procs: Option<&Path>, config: &Path, log: &Path) -> Gateway {
+    let mut cmd = match procs {
+        Some(procs) => {
             let mut c = Command::new("sh");
             c.arg("-c")
                 .arg(format!(
@@ -125,13 +97,98 @@ fn a_gateway_in_a_small_cgroup_holds_input_through_a_100k_device_close_burst_and
     };
     let child = cmd
         .args(["run", "--config"])
-        .arg(&config)
+        .arg(config)
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::File::create(log).unwrap())
         .spawn()
         .expect("start tidemark");
-    let gw = Gateway::adopt(child, &log);
+    Gateway::adopt(child, log)
+}
+
+/// Every window delivered, distinct by id, each with its one reading.
+fn exactly_once(collector: &Collector) {
+    let mut ids = std::collections::BTreeMap::new();
+    for s in collector.on("/windows/") {
+        let w = s.json();
+        ids.insert(
+            w["id"].as_str().unwrap().to_owned(),
+            w["count"].as_u64().unwrap(),
+        );
+    }
+    assert_eq!(ids.len() as u64, DEVICES, "distinct results");
+    assert_eq!(
+        ids.values().sum::<u64>(),
+        DEVICES,
+        "readings in the results"
+    );
+}
+
+/// Two-second windows closing together once the fleet goes quiet; `memory_max_mb` where
+/// no cgroup can be had.
+fn config(
+    work: &Path,
+    (source, sink): (&Mosquitto, &Mosquitto),
+    http: u16,
+    own_limit: bool,
+) -> PathBuf {
+    let state = work.join("state");
+    let mut cfg = GatewayConfig::new("gw", &state, source, sink)
+        .http(http)
+        .merge(
+            "group_defaults",
+            "window = { kind = \"tumbling\", size_ms = 2000 }\nidle_timeout_ms = 3000\n\
+             allowed_lateness_ms = 0\nheartbeat_timeout_ms = 3600000",
+        );
+    if own_limit {
+        // No cgroup to be had here: the same ceiling from the config, and the peak checked below.
+        eprintln!(
+            "no memory cgroup can be created here: gateway.memory_max_mb = {LIMIT_MB} instead"
+        );
+        cfg = cfg.set("gateway", &format!("memory_max_mb = {LIMIT_MB}"));
+    }
+    cfg.write(&work.join("gateway.toml"))
+}
+
+/// The gateway held input rather than growing, and says so; returns where its limit came from.
+fn held_and_said(http: u16, gw: &Gateway, cgroup: bool) -> &'static str {
+    let metric = |name: &str| support::total(&support::metrics(http), name);
+    let limit = LIMIT_MB << 20;
+    // It held input rather than growing, and says so.
+    let m = support::metrics(http);
+    assert!(metric("tidemark_memory_holds_total") >= 1, "no hold:\n{m}");
+    assert_eq!(support::total(&m, "tidemark_memory_limit_bytes"), limit);
+    let (_, status) = support::http_get(http, "/api/v1/status");
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let from = if cgroup {
+        "cgroup memory.max"
+    } else {
+        "gateway.memory_max_mb"
+    };
+    assert_eq!(status["memory"]["limit_from"], from, "{status}");
+    assert!(
+        gw.log_text().contains("input held"),
+        "no log line about the hold"
+    );
+    from
+}
+
+#[test]
+fn a_gateway_in_a_small_cgroup_holds_input_through_a_100k_device_close_burst_and_loses_nothing() {
+    let source = Mosquitto::start(false);
+    let mut sink = Mosquitto::start(true);
+    // The state file on disk, not tmpfs: a cgroup is charged for tmpfs pages it cannot reclaim.
+    let work =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("ceiling-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).unwrap();
+    let http = support::free_port();
+    let limit = LIMIT_MB << 20;
+    let group = cgroup(limit);
+    let config = config(&work, (&source, &sink), http, group.is_none());
+    let log = work.join("gw.log");
+    let collector = Collector::start(sink.port, "tidemark/gw/windows/#", "ceiling-collector");
+    let gw = spawn(group.as_ref().map(|g| g.1.as_path()), &config, &log);
     let pid = gw.child.id();
     let metric = |name: &str| support::total(&support::metrics(http), name);
     // The uplink goes down: the burst's results have nowhere to go but the outbox.
@@ -197,42 +254,11 @@ fn a_gateway_in_a_small_cgroup_holds_input_through_a_100k_device_close_burst_and
         peak < LIMIT_MB,
         "peak {peak} MiB above the {LIMIT_MB} MiB limit"
     );
-    // It held input rather than growing, and says so.
-    let m = support::metrics(http);
-    assert!(
-        metric("tidemark_memory_holds_total") >= 1,
-        "no hold at a {peak} MiB peak:\n{m}"
-    );
-    assert_eq!(support::total(&m, "tidemark_memory_limit_bytes"), limit);
-    let (_, status) = support::http_get(http, "/api/v1/status");
-    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
-    let from = if group.is_some() {
-        "cgroup memory.max"
-    } else {
-        "gateway.memory_max_mb"
-    };
-    assert_eq!(status["memory"]["limit_from"], from, "{status}");
-    assert!(
-        gw.log_text().contains("input held"),
-        "no log line about the hold"
-    );
+    let from = held_and_said(http, &gw, group.is_some());
     // Nothing lost: every reading taken once, every window delivered, each with its reading.
     assert_eq!(metric("tidemark_received_total"), DEVICES);
     assert_eq!(metric("tidemark_duplicates_total"), 0);
-    let mut ids = std::collections::BTreeMap::new();
-    for s in collector.on("/windows/") {
-        let w = s.json();
-        ids.insert(
-            w["id"].as_str().unwrap().to_owned(),
-            w["count"].as_u64().unwrap(),
-        );
-    }
-    assert_eq!(ids.len() as u64, DEVICES, "distinct results");
-    assert_eq!(
-        ids.values().sum::<u64>(),
-        DEVICES,
-        "readings in the results"
-    );
+    exactly_once(&collector);
     eprintln!(
         "peak {peak} MiB under a {LIMIT_MB} MiB limit ({from}), {} holds",
         metric("tidemark_memory_holds_total")
