@@ -135,6 +135,7 @@ fn broken_configs_exit_2_naming_the_key() {
         (ex.replace("host_id = \"\"                      #", "host_id = \"h#1\" #"), "sparkplug.host_id:"),
         (format!("{ex}\n[sparkplug.extra]\n"), "sparkplug.extra: unknown key"),
         (ex.replace("commit_interval_ms = 1000", "commit_interval_ms = 0"), "gateway.commit_interval_ms: must be > 0"),
+        (ex.replace("memory_max_mb = 0 ", "memory_max_mb = 8 "), "gateway.memory_max_mb: 8 must be 0 (the cgroup's memory.max) or 16..=1048576"),
         (ex.replace("commit_interval_ms = 1000", "commit_interval_ms = -5"), "gateway.commit_interval_ms: invalid value"),
         (ex.replace("topic_pattern = \"sensors/{group}/{device}/{kind}\"", "topic_pattern = \"sensors/{group}/{kind}\""), "source.topic_pattern:"),
         (ex.replace("topics = [\"sensors/+/+/+\"]", "topics = [\"sensors/#/x\"]"), "source.topics[0]:"),
