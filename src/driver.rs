@@ -81,6 +81,8 @@ pub struct Driver {
     last_commit: Option<Millis>,
     /// The engine settings in force (an [`EngineConfig::record`]), recorded with each checkpoint.
     rules: Option<Vec<u8>>,
+    /// The instant of the tick whose burst goes out in slices.
+    backlog_at: Option<Now>,
 }
 
 fn ms(v: u64) -> Millis {
@@ -110,6 +112,7 @@ impl Driver {
             first_durable: None,
             last_commit: None,
             rules: None,
+            backlog_at: None,
         }
     }
 
@@ -260,7 +263,10 @@ impl Driver {
         let backlog_before = self.engine.backlog();
         let sliced = matches!(self.mode, Mode::Run { .. });
         let backlog = if sliced {
-            self.emitting(|e, out| e.tick_slice(at, out))
+            let left = self.emitting(|e, out| e.tick_slice(at, out));
+            // The latest instant: a later tick (a message's) may have moved watermarks on.
+            self.backlog_at = Some(at);
+            left
         } else {
             self.emitting(|e, out| e.on_tick(at, out));
             false
@@ -283,17 +289,16 @@ impl Driver {
 
     /// A tick stopped at its budget: the rest of its burst waits for the next slice.
     pub fn backlog(&self) -> bool {
-        self.engine.backlog()
+        // An engine restored mid-burst (a journal's last slice) goes on with its next tick.
+        self.engine.backlog() && self.backlog_at.is_some()
     }
 
-    /// The next slice of a burst ([`Driver::backlog`]), at `now`; `run` calls it after
+    /// The next slice of a burst ([`Driver::backlog`]), at the instant of the tick that
+    /// began it (its watermarks: nothing new becomes due meanwhile); `run` calls it after
     /// each cut instead of [`Driver::ticks_until`] while a backlog is left.
-    pub fn continue_backlog(&mut self, now: Now) {
-        if self.engine.backlog() {
-            self.slice(now);
-            self.next_tick = self
-                .next_tick
-                .map(|t| t.max(now.mono.saturating_add(self.tick_ms)));
+    pub fn continue_backlog(&mut self) {
+        if let Some(at) = self.backlog_at.filter(|_| self.engine.backlog()) {
+            self.slice(at);
         }
     }
 

@@ -227,7 +227,7 @@ fn a_close_burst_goes_out_in_slices_that_the_journal_replays_exactly() {
         let mut slices = 0;
         loop {
             if run.backlog() {
-                run.continue_backlog(Now::at(at));
+                run.continue_backlog();
             } else {
                 run.ticks_until(Now::at(at));
             }

@@ -175,7 +175,7 @@ impl Core {
         report.rates(self.driver.engine(), mono);
         while !st.stopping {
             // A window-close burst goes on slice by slice without waiting for input.
-            let mut next = if self.driver.backlog() && st.source_up {
+            let mut next = if self.driver.backlog() {
                 if st.paced {
                     std::thread::sleep(Duration::from_millis(5));
                 }
@@ -321,7 +321,12 @@ impl Core {
         }
         self.pace(st, now.mono);
         let driver = &mut self.driver;
-        if st.source_up && !st.paced {
+        if driver.backlog() {
+            // Closures already decided go on at their own instant, whatever the links do.
+            if !st.paced {
+                driver.continue_backlog();
+            }
+        } else if st.source_up {
             // Processing time is credited only up to the last proof of the path (docs/reference.md#group_defaults-and-groupsname),
             // and stands while input is held (docs/reference.md#memory).
             let mut proven = if self.cfg.probing {
@@ -334,11 +339,7 @@ impl Core {
             }
             let credited = credited(now, proven);
             driver.skip_missed_ticks(credited);
-            if driver.backlog() {
-                driver.continue_backlog(credited);
-            } else {
-                driver.ticks_until(credited);
-            }
+            driver.ticks_until(credited);
         }
         report.clock(driver.engine(), now.wall);
         if now.mono >= st.next_metrics {
