@@ -270,3 +270,89 @@ fn a_gateway_in_a_small_cgroup_holds_input_through_a_100k_device_close_burst_and
     }
     let _ = std::fs::remove_dir_all(&work);
 }
+
+/// A kill -9 while a close burst goes out in slices (the uplink down, so each slice
+/// waits for the outbox): the restarted gateway finishes the burst, and every result
+/// arrives once by id with its reading, every reading counted once.
+#[test]
+fn a_kill_in_the_middle_of_a_sliced_close_burst_loses_and_repeats_nothing() {
+    // Past 8 MiB of results the burst waits for a checkpoint to fold them into the outbox.
+    const N: u64 = 40_000;
+    let source = Mosquitto::start(false);
+    let mut sink = Mosquitto::start(true);
+    let work =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("burst-kill-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).unwrap();
+    let http = support::free_port();
+    let config = config(&work, (&source, &sink), http, false);
+    let log = work.join("gw.log");
+    let collector = Collector::start(sink.port, "tidemark/gw/windows/#", "burst-kill-collector");
+    let gw = Gateway::start(&config, &log);
+    let metric = |name: &str| support::total(&support::metrics(http), name);
+    sink.stop();
+    let out = support::tidemark()
+        .args(["simulate", "--url", &source.url(), "--quiet", "--seed", "5"])
+        .args(["--devices", &N.to_string(), "--count", &N.to_string()])
+        .args(["--groups", "g0,g1,g2,g3,g4", "--rate", "0", "--qos", "1"])
+        .output()
+        .expect("simulate");
+    assert!(
+        out.status.success(),
+        "simulate: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The first results of the burst (the status API counts them as they are emitted):
+    // kill it there, with later slices still to come.
+    let emitted = || {
+        let (_, body) = support::http_get(http, "/api/v1/status");
+        serde_json::from_str::<serde_json::Value>(&body).ok()?["counters"]["windows_emitted"]
+            .as_u64()
+    };
+    wait_or_explain(
+        Duration::from_secs(300),
+        || {
+            std::thread::sleep(Duration::from_millis(5));
+            emitted().is_some_and(|n| n > 0)
+        },
+        || gw.log_text(),
+    );
+    let at = emitted().unwrap_or(0);
+    gw.kill9();
+    assert!(at < N, "the burst was over before the kill: {at} results");
+    eprintln!("killed with {at} of {N} results emitted");
+    let gw = Gateway::start(&config, &log);
+    sink.restart();
+    wait_or_explain(
+        Duration::from_secs(300),
+        || {
+            let ids: std::collections::BTreeSet<String> = collector
+                .on("/windows/")
+                .iter()
+                .map(|s| s.json()["id"].as_str().unwrap().to_owned())
+                .collect();
+            ids.len() as u64 >= N && metric("tidemark_outbox_depth") == 0
+        },
+        || {
+            format!(
+                "results: {}\n{}",
+                collector.on("/windows/").len(),
+                gw.log_text()
+            )
+        },
+    );
+    assert_eq!(metric("tidemark_accepted_total"), N);
+    let mut ids = std::collections::BTreeMap::new();
+    for s in collector.on("/windows/") {
+        let w = s.json();
+        let count = w["count"].as_u64().unwrap();
+        // A result published before the kill and again after it is the same result.
+        let before = ids.insert(w["id"].as_str().unwrap().to_owned(), count);
+        assert!(before.is_none_or(|c| c == count), "{w}");
+    }
+    assert_eq!(ids.len() as u64, N);
+    assert_eq!(ids.values().sum::<u64>(), N);
+    let (code, _) = gw.terminate();
+    assert_eq!(code, Some(0));
+    let _ = std::fs::remove_dir_all(&work);
+}
