@@ -182,7 +182,7 @@ impl Ceiling {
         };
         let resume = limit / 100 * RESUME_PCT;
         let hold = (limit / 100 * HOLD_PCT).max(self.floor.map_or(0, |f| f + limit / 20));
-        if rss >= resume {
+        if rss >= hold || self.held_since.is_some() {
             // Heap freed by a burst that went out is not growth: hand it back first.
             memory::give_back();
             rss = memory::rss().unwrap_or(rss);
