@@ -30,6 +30,10 @@ fn cgroup(limit: u64) -> Option<(PathBuf, PathBuf, PathBuf)> {
         let rel = path.trim_start_matches('/');
         let (dir, max_file, events) = if controllers.is_empty() {
             let base = Path::new("/sys/fs/cgroup").join(rel);
+            // Only a cgroup2 mount (a hybrid system's /sys/fs/cgroup may be a tmpfs).
+            if !base.join("cgroup.controllers").exists() {
+                continue;
+            }
             let _ = std::fs::write(base.join("cgroup.subtree_control"), "+memory");
             (base.join(&name), "memory.max", "memory.events")
         } else if controllers.split(',').any(|c| c == "memory") {
@@ -45,7 +49,10 @@ fn cgroup(limit: u64) -> Option<(PathBuf, PathBuf, PathBuf)> {
         if std::fs::create_dir(&dir).is_err() {
             continue;
         }
-        if std::fs::write(dir.join(max_file), limit.to_string()).is_ok() {
+        // The kernel makes the file when the controller is on for the new cgroup.
+        if dir.join(max_file).exists()
+            && std::fs::write(dir.join(max_file), limit.to_string()).is_ok()
+        {
             return Some((dir.clone(), dir.join("cgroup.procs"), dir.join(events)));
         }
         let _ = std::fs::remove_dir(&dir);
