@@ -169,11 +169,23 @@ impl Ceiling {
     /// Reads the resident set (at most every [`LOOK_MS`]) and holds or releases input;
     /// `in_flight`: results or a burst are still going out (what a hold waits for).
     pub fn look(&mut self, mono: Millis, stat: &MemoryStat, in_flight: bool) {
+        self.look_with(mono, stat, in_flight, &mut memory::rss);
+    }
+
+    /// [`Ceiling::look`] with the resident set read by `rss` (called again after freed
+    /// heap is handed back).
+    fn look_with(
+        &mut self,
+        mono: Millis,
+        stat: &MemoryStat,
+        in_flight: bool,
+        rss_now: &mut dyn FnMut() -> Option<u64>,
+    ) {
         if mono < self.next_look {
             return;
         }
         self.next_look = mono.saturating_add(LOOK_MS);
-        let Some(mut rss) = memory::rss() else {
+        let Some(mut rss) = rss_now() else {
             return;
         };
         let Some(limit) = self.limit else {
@@ -185,7 +197,7 @@ impl Ceiling {
         if rss >= hold || self.held_since.is_some() {
             // Heap freed by a burst that went out is not growth: hand it back first.
             memory::give_back();
-            rss = memory::rss().unwrap_or(rss);
+            rss = rss_now().unwrap_or(rss);
         }
         stat.rss.store(rss, Ordering::Relaxed);
         if rss < resume {
@@ -239,5 +251,76 @@ impl Ceiling {
         if self.unreported == 0 {
             tracing::info!(held_ms = ms, rss_mib = rss >> 20, "input resumed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// A ceiling of 100 MiB fed resident sets in turn, one look every 100 ms.
+    fn run(rss: &[(u64, bool)]) -> (Ceiling, MemoryStat, Vec<bool>) {
+        let stat = MemoryStat::default();
+        let mut c = Ceiling::new(100 * MIB, &stat);
+        let mut held = Vec::new();
+        for (i, &(mib, in_flight)) in rss.iter().enumerate() {
+            let mono = Millis::try_from(i).unwrap() * LOOK_MS;
+            c.look_with(mono, &stat, in_flight, &mut || Some(mib * MIB));
+            held.push(stat.held.load(Ordering::Relaxed));
+        }
+        (c, stat, held)
+    }
+
+    #[test]
+    fn input_is_held_at_85_percent_and_taken_again_below_80() {
+        let (_, stat, held) = run(&[
+            (70, true),
+            (84, true),
+            (86, true),
+            (83, true),
+            (81, true),
+            (79, true),
+            (90, true),
+        ]);
+        assert_eq!(held, [false, false, true, true, true, false, true]);
+        assert_eq!(stat.holds.load(Ordering::Relaxed), 2);
+        assert_eq!(stat.held_ms.load(Ordering::Relaxed), 300);
+        assert_eq!(stat.status().limit_from, "gateway.memory_max_mb");
+    }
+
+    #[test]
+    fn with_nothing_in_flight_a_hold_ends_and_the_next_waits_for_growth() {
+        // Nothing in flight: the state itself is 86 MiB; holding would only stop the gateway.
+        let (c, _, held) = run(&[
+            (86, true),
+            (86, false),
+            (86, false),
+            (90, false),
+            (91, false),
+            (91, false),
+            (79, false),
+            (86, true),
+        ]);
+        assert_eq!(held, [true, false, false, false, true, false, false, true]);
+        assert!(c.floor.is_none(), "below 80 % the floor is forgotten");
+    }
+
+    #[test]
+    fn without_a_limit_nothing_is_held() {
+        let stat = MemoryStat::default();
+        let mut c = Ceiling {
+            limit: None,
+            from: From::None,
+            held_since: None,
+            next_look: 0,
+            unreported: 0,
+            last_line: None,
+            floor: None,
+        };
+        c.look_with(0, &stat, true, &mut || Some(u64::MAX / 2));
+        assert!(!stat.held.load(Ordering::Relaxed));
+        assert_eq!(stat.status().limit_bytes, None);
     }
 }
