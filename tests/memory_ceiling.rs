@@ -177,6 +177,15 @@ fn held_and_said(http: u16, gw: &Gateway, cgroup: bool) -> &'static str {
         gw.log_text().contains("input held"),
         "no log line about the hold"
     );
+    let text = support::tidemark()
+        .args(["status", "--url", &format!("http://127.0.0.1:{http}")])
+        .output()
+        .expect("tidemark status");
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains(&format!("of {LIMIT_MB} MiB ({from})")) && text.contains("input held"),
+        "{text}"
+    );
     from
 }
 

@@ -227,6 +227,22 @@ fn dur(ms: Option<Millis>) -> String {
     }
 }
 
+/// Resident set against the limit, and the holds (docs/reference.md#memory).
+fn memory_line(m: &crate::run::ceiling::MemoryStatus) -> String {
+    let mib = |b: u64| b >> 20;
+    let limit = m.limit_bytes.map_or_else(
+        || "no limit".to_owned(),
+        |l| format!("of {} MiB ({})", mib(l), m.limit_from),
+    );
+    let now = if m.held { "  INPUT HELD now" } else { "" };
+    format!(
+        "memory  {} MiB {limit}  input held {} times, {} in all{now}",
+        mib(m.rss_bytes),
+        m.holds,
+        dur(Some(Millis::try_from(m.held_ms).unwrap_or(Millis::MAX)))
+    )
+}
+
 /// One line for the standby pair (docs/reference.md#standby--two-boards-one-gateway).
 fn pair_line(p: &crate::pair::Status) -> String {
     use crate::pair::{PeerStateName, Role};
@@ -294,6 +310,9 @@ fn header(t: &mut String, s: &Status) {
         },
         utc(s.store.last_commit_at)
     );
+    if let Some(m) = &s.memory {
+        let _ = writeln!(t, "{}", memory_line(m));
+    }
     if let Some(p) = &s.pair {
         let _ = writeln!(t, "{}", pair_line(p));
     }
