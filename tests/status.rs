@@ -429,6 +429,10 @@ fn api_status_cli_metrics_and_the_page_in_chromium_agree_on_a_fleet_with_offline
         dom.contains(">bound</th>") && dom.contains(">2000 ms</td>"),
         "bound column"
     );
+    assert!(
+        dom.contains("<div class=\"k\">memory</div><div class=\"v \">") && dom.contains(" MiB"),
+        "memory card"
+    );
     let received = api(http, "/api/v1/status")["counters"]["received"].to_string();
     assert!(
         dom.contains(&format!("<div class=\"v \">{received}</div>")),
