@@ -13,7 +13,7 @@ use crate::config::Config;
 use crate::driver::Driver;
 use crate::model::Millis;
 use crate::run::ceiling::{Ceiling, OUTPUT_BYTES};
-use crate::run::durable::plan::{self, Cadence, Commit, Pending};
+use crate::run::durable::plan::{self, Cadence, Commit, Pending, STREAM_SLICE};
 use crate::run::events::{
     Control, Current, Inbound, OutboxBounds, StoreEvent, StoreJob, StoreState,
 };
@@ -54,11 +54,6 @@ impl CoreConfig {
         }
     }
 }
-
-/// Device records per slice of a streamed checkpoint (~2 MB at 100 000 devices with 10 s
-/// windows); debug builds stream every checkpoint of more than a few devices, so the
-/// tests (a full disk among them) take the streamed path.
-const STREAM_SLICE: usize = if cfg!(debug_assertions) { 4 } else { 4096 };
 
 /// Messages taken per wake-up before ticks and commits are looked at.
 const BURST: usize = 4096;

@@ -391,13 +391,38 @@ impl Durable {
             self.forget_delivered(d + 1);
         }
         if self.wal.len() >= crate::run::durable::plan::CHECKPOINT_BYTES {
+            let slice = plan::STREAM_SLICE;
             let mut batch = Batch {
-                changes: engine.take_changes(),
+                changes: engine.take_changes_upto(slice),
                 meta: vec![(K_RULES, in_force.clone())],
                 delivered: r.delivered,
                 ..Batch::default()
             };
-            self.checkpoint(&mut batch)?;
+            // The rest of the records streamed into the one transaction, as `run` does.
+            let done = std::thread::scope(|s| {
+                let (tx, rx) = std::sync::mpsc::sync_channel(1);
+                batch.rest = Some(rx);
+                let engine = &mut *engine;
+                s.spawn(move || {
+                    // Owned here: its end closes the stream.
+                    let tx = tx;
+                    loop {
+                        let records = engine.take_device_slice(slice);
+                        if records.is_empty() || tx.send(records).is_err() {
+                            break;
+                        }
+                    }
+                });
+                let done = self.checkpoint(&mut batch);
+                // The records not read (a failed write) are dropped: the producer then ends.
+                batch.rest = None;
+                done
+            });
+            if let Err(e) = done {
+                // The journal still covers everything; the next checkpoint writes all state.
+                engine.mark_all_changed();
+                return Err(e);
+            }
         }
         Ok(())
     }

@@ -508,3 +508,52 @@ fn a_streamed_checkpoint_that_fails_is_journaled_and_a_full_one_follows() {
     let (_, drv2, _) = open(&state_dir, &cfg);
     assert_eq!(state(drv2.engine()), live);
 }
+
+/// A standby's own checkpoints stream their records too: following the active's records
+/// past the journal bound, the standby's state file restores the active's state.
+#[test]
+fn a_standby_checkpoint_streams_its_records_and_restores_the_active_state() {
+    let cfg = cfg();
+    let (active_dir, standby_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (d, mut drv, _) = open(active_dir.path(), &cfg);
+    let mut d = d.replicating();
+    let (mut sd, mut sdrv, _) = open(standby_dir.path(), &cfg);
+    let mut in_force = cfg.engine.record();
+    let mut at = T0;
+    drv.start(Now::at(at));
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut checkpoints = 0;
+    let mut journal = sd.wal.len();
+    while checkpoints < 2 {
+        for i in 0..400 {
+            at += 5;
+            // Values that do not compress, so the journal fills.
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let p = format!(
+                r#"{{"ts": {at}, "v": {}, "w": {}}}"#,
+                x % 1_000_003,
+                x >> 40
+            );
+            drv.message(
+                Now::at(at),
+                &format!("sensors/g0/d{}/reading", i % 60),
+                p.as_bytes(),
+            );
+        }
+        let mut b = drv.take_journal(Now::at(at));
+        d.write(&mut b, 0).unwrap();
+        sd.follow(sdrv.engine_mut(), &d.take_body(), &mut in_force)
+            .unwrap();
+        if sd.wal.len() < journal {
+            checkpoints += 1;
+        }
+        journal = sd.wal.len();
+    }
+    let live = state(drv.engine());
+    assert_eq!(state(sdrv.engine()), live);
+    drop((sd, sdrv));
+    let (_, restored, _) = open(standby_dir.path(), &cfg);
+    assert_eq!(state(restored.engine()), live);
+}
