@@ -87,6 +87,31 @@ fn peak_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// One reading from each of `devices` devices in `groups`, flat out at QoS 1 (`tidemark simulate`).
+fn one_reading_each(source: &Mosquitto, devices: u64, groups: &str) {
+    let n = devices.to_string();
+    let out = support::tidemark()
+        .args(["simulate", "--url", &source.url(), "--quiet", "--seed", "3"])
+        .args(["--devices", &n, "--count", &n, "--groups", groups])
+        .args(["--rate", "0", "--qos", "1", "--connections", "2"])
+        .output()
+        .expect("simulate");
+    assert!(
+        out.status.success(),
+        "simulate: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A fresh directory on disk for one test's state and logs.
+fn work_dir(name: &str) -> PathBuf {
+    let work =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).unwrap();
+    work
+}
+
 /// `tidemark run`, in the cgroup whose process list is `procs` if there is one.
 fn spawn(procs: Option<&Path>, config: &Path, log: &Path) -> Gateway {
     let mut cmd = match procs {
@@ -194,10 +219,7 @@ fn a_gateway_in_a_small_cgroup_holds_input_through_a_100k_device_close_burst_and
     let source = Mosquitto::start(false);
     let mut sink = Mosquitto::start(true);
     // The state file on disk, not tmpfs: a cgroup is charged for tmpfs pages it cannot reclaim.
-    let work =
-        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("ceiling-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work).unwrap();
+    let work = work_dir("ceiling");
     let http = support::free_port();
     let limit = LIMIT_MB << 20;
     let group = cgroup(limit);
@@ -209,23 +231,7 @@ fn a_gateway_in_a_small_cgroup_holds_input_through_a_100k_device_close_burst_and
     let metric = |name: &str| support::total(&support::metrics(http), name);
     // The uplink goes down: the burst's results have nowhere to go but the outbox.
     sink.stop();
-    let out = support::tidemark()
-        .args(["simulate", "--url", &source.url(), "--quiet", "--seed", "3"])
-        .args([
-            "--devices",
-            &DEVICES.to_string(),
-            "--count",
-            &DEVICES.to_string(),
-        ])
-        .args(["--groups", "g0,g1,g2,g3,g4,g5,g6,g7,g8,g9"])
-        .args(["--rate", "0", "--qos", "1", "--connections", "2"])
-        .output()
-        .expect("simulate");
-    assert!(
-        out.status.success(),
-        "simulate: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    one_reading_each(&source, DEVICES, "g0,g1,g2,g3,g4,g5,g6,g7,g8,g9");
     wait_or_explain(
         Duration::from_secs(600),
         || {
@@ -296,10 +302,7 @@ fn a_kill_in_the_middle_of_a_sliced_close_burst_loses_and_repeats_nothing() {
     const N: u64 = 40_000;
     let source = Mosquitto::start(false);
     let mut sink = Mosquitto::start(true);
-    let work =
-        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("burst-kill-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work).unwrap();
+    let work = work_dir("burst-kill");
     let http = support::free_port();
     let config = config(&work, (&source, &sink), http, false);
     let log = work.join("gw.log");
@@ -307,17 +310,7 @@ fn a_kill_in_the_middle_of_a_sliced_close_burst_loses_and_repeats_nothing() {
     let gw = Gateway::start(&config, &log);
     let metric = |name: &str| support::total(&support::metrics(http), name);
     sink.stop();
-    let out = support::tidemark()
-        .args(["simulate", "--url", &source.url(), "--quiet", "--seed", "5"])
-        .args(["--devices", &N.to_string(), "--count", &N.to_string()])
-        .args(["--groups", "g0,g1,g2,g3,g4", "--rate", "0", "--qos", "1"])
-        .output()
-        .expect("simulate");
-    assert!(
-        out.status.success(),
-        "simulate: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    one_reading_each(&source, N, "g0,g1,g2,g3,g4");
     // The first results of the burst (the status API counts them as they are emitted):
     // kill it there, with later slices still to come.
     let emitted = || {

@@ -126,7 +126,14 @@ pub struct Ceiling {
 impl Ceiling {
     /// `configured` bytes (0: the cgroup's limit, if any).
     pub fn new(configured: u64, stat: &MemoryStat) -> Self {
-        let mut c = Self {
+        let mut c = Self::unlimited();
+        c.configure(configured, stat);
+        c
+    }
+
+    /// No limit yet: nothing is held.
+    fn unlimited() -> Self {
+        Self {
             limit: None,
             from: From::None,
             held_since: None,
@@ -134,9 +141,7 @@ impl Ceiling {
             unreported: 0,
             last_line: None,
             floor: None,
-        };
-        c.configure(configured, stat);
-        c
+        }
     }
 
     /// A reload's `memory_max_mb` (bytes).
@@ -310,15 +315,7 @@ mod tests {
     #[test]
     fn without_a_limit_nothing_is_held() {
         let stat = MemoryStat::default();
-        let mut c = Ceiling {
-            limit: None,
-            from: From::None,
-            held_since: None,
-            next_look: 0,
-            unreported: 0,
-            last_line: None,
-            floor: None,
-        };
+        let mut c = Ceiling::unlimited();
         c.look_with(0, &stat, true, &mut || Some(u64::MAX / 2));
         assert!(!stat.held.load(Ordering::Relaxed));
         assert_eq!(stat.status().limit_bytes, None);
