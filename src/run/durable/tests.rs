@@ -203,10 +203,9 @@ proptest! {
         let (mut d2, mut drv2, _) = open(dir.path(), &cfg);
         prop_assert_eq!(&state(drv2.engine()), &committed);
         // The original goes on with the same driver clock as the restored one.
+        let dir1 = tempfile::tempdir().unwrap();
         let (mut d1, mut drv1) = {
-            let dir1 = tempfile::tempdir().unwrap();
             let (d1, _, _) = open(dir1.path(), &cfg);
-            std::mem::forget(dir1);
             (d1, drv)
         };
         drv2.start(Now::at(at));
