@@ -70,7 +70,20 @@ fn state(e: &Engine) -> String {
     s
 }
 
+/// A standby following the active's records: its store, its driver, the rules in force.
+type Follower = (Durable, Driver, Vec<u8>);
+
 fn run_steps(d: &mut Durable, drv: &mut Driver, steps: &[Step], at: &mut i64) -> Vec<String> {
+    run_followed(d, drv, steps, at, None)
+}
+
+fn run_followed(
+    d: &mut Durable,
+    drv: &mut Driver,
+    steps: &[Step],
+    at: &mut i64,
+    mut standby: Option<&mut Follower>,
+) -> Vec<String> {
     let mut out = Vec::new();
     for s in steps {
         match s {
@@ -97,6 +110,10 @@ fn run_steps(d: &mut Durable, drv: &mut Driver, steps: &[Step], at: &mut i64) ->
                         .map(|o| format!("{} {:?}", o.topic, o.payload)),
                 );
                 d.write(&mut b, 0).unwrap();
+                if let Some((sd, sdrv, in_force)) = standby.as_deref_mut() {
+                    sd.follow(sdrv.engine_mut(), &d.take_body(), in_force)
+                        .unwrap();
+                }
             }
         }
     }
@@ -181,9 +198,10 @@ fn a_journal_left_beside_a_new_state_file_is_not_replayed() {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
-    /// A crash right after any commit: checkpoint + journal rebuild exactly the
-    /// committed engine state, and the restored gateway goes on exactly as the
-    /// original would.
+    /// A crash right after any commit (between two slices of a burst, too):
+    /// checkpoint + journal rebuild exactly the committed engine state, and the
+    /// restored gateway goes on exactly as the original would. A standby that
+    /// followed every record holds the same state and, taking over, goes on the same.
     #[test]
     fn journal_replay_after_a_crash_rebuilds_the_committed_state(
         before in prop::collection::vec(step(), 1..120),
@@ -191,17 +209,24 @@ proptest! {
     ) {
         let cfg = cfg();
         let dir = tempfile::tempdir().unwrap();
-        let (mut d, mut drv, _) = open(dir.path(), &cfg);
+        let (d, mut drv, _) = open(dir.path(), &cfg);
+        let mut d = d.replicating();
+        let standby_dir = tempfile::tempdir().unwrap();
+        let (sd, sdrv, _) = open(standby_dir.path(), &cfg);
+        let mut standby = (sd, sdrv, cfg.engine.record());
         let mut at = T0;
         drv.start(Now::at(at));
-        run_steps(&mut d, &mut drv, &before, &mut at);
+        run_followed(&mut d, &mut drv, &before, &mut at, Some(&mut standby));
         // Whatever is not committed yet is lost in the crash (its acks were never sent).
         let mut b = drv.take_journal(Now::at(at));
         d.write(&mut b, 0).unwrap();
+        standby.0.follow(standby.1.engine_mut(), &d.take_body(), &mut standby.2).unwrap();
         let committed = state(drv.engine());
         drop(d);
         let (mut d2, mut drv2, _) = open(dir.path(), &cfg);
         prop_assert_eq!(&state(drv2.engine()), &committed);
+        let (mut sd, mut sdrv, _) = standby;
+        prop_assert_eq!(&state(sdrv.engine()), &committed);
         // The original goes on with the same driver clock as the restored one.
         let dir1 = tempfile::tempdir().unwrap();
         let (mut d1, mut drv1) = {
@@ -212,9 +237,14 @@ proptest! {
         drv1.start(Now::at(at));
         let mut at1 = at;
         let o1 = run_steps(&mut d1, &mut drv1, &after, &mut at1);
+        sdrv.start(Now::at(at));
+        let mut at3 = at;
+        let o3 = run_steps(&mut sd, &mut sdrv, &after, &mut at3);
         let o2 = run_steps(&mut d2, &mut drv2, &after, &mut at);
-        prop_assert_eq!(o1, o2);
+        prop_assert_eq!(&o1, &o2);
+        prop_assert_eq!(&o1, &o3, "the standby taking over");
         prop_assert_eq!(state(drv1.engine()), state(drv2.engine()));
+        prop_assert_eq!(state(drv1.engine()), state(sdrv.engine()));
     }
 }
 
