@@ -369,7 +369,7 @@ fn window_result(
             .iter()
             .filter_map(|s| {
                 names.get(s.metric as usize).map(|n| {
-                    let mut m = MetricOut::from(s);
+                    let mut m = MetricOut::from(&s);
                     m.extra = crate::time::extras::out(extras, state(s.metric), s.delta());
                     (n.clone(), m)
                 })

@@ -5,6 +5,7 @@ pub mod adaptive;
 mod buckets;
 pub mod extras;
 pub mod gateway;
+pub mod metrics;
 pub mod moments;
 pub mod seq;
 pub mod sketch;

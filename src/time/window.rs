@@ -29,84 +29,7 @@ pub enum WindowSpec {
 /// Index of an interned metric name.
 pub type MetricIdx = u16;
 
-/// Aggregate of one metric in one window: 64 bytes with its metric's index (a
-/// short window with lateness keeps several per device; see BENCHMARKS 4b).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Stats {
-    /// Sum of values.
-    pub sum: f64,
-    /// Smallest value.
-    pub min: f64,
-    /// Largest value.
-    pub max: f64,
-    /// Value of the earliest event (ties: earliest arrival).
-    pub first: f64,
-    /// Value of the latest event (ties: latest arrival).
-    pub last: f64,
-    first_t: Millis,
-    last_t: Millis,
-    /// Readings carrying the metric (saturating).
-    pub count: u32,
-    /// The metric (index of its interned name).
-    pub metric: MetricIdx,
-}
-
-impl Stats {
-    fn new(metric: MetricIdx, t: Millis, v: f64) -> Self {
-        Self {
-            sum: v,
-            min: v,
-            max: v,
-            first: v,
-            last: v,
-            first_t: t,
-            last_t: t,
-            count: 1,
-            metric,
-        }
-    }
-
-    /// Adds a value; arrivals come in arrival order, which settles ties.
-    fn add(&mut self, t: Millis, v: f64) {
-        self.count = self.count.saturating_add(1);
-        self.sum += v;
-        self.min = self.min.min(v);
-        self.max = self.max.max(v);
-        if t < self.first_t {
-            self.first_t = t;
-            self.first = v;
-        }
-        if t >= self.last_t {
-            self.last_t = t;
-            self.last = v;
-        }
-    }
-
-    fn merge(&mut self, o: &Stats) {
-        self.count = self.count.saturating_add(o.count);
-        self.sum += o.sum;
-        self.min = self.min.min(o.min);
-        self.max = self.max.max(o.max);
-        if o.first_t < self.first_t {
-            self.first_t = o.first_t;
-            self.first = o.first;
-        }
-        if o.last_t >= self.last_t {
-            self.last_t = o.last_t;
-            self.last = o.last;
-        }
-    }
-
-    /// Arithmetic mean.
-    pub fn mean(&self) -> f64 {
-        self.sum / f64::from(self.count)
-    }
-
-    /// `last − first`, and the event time between them (ms).
-    pub fn delta(&self) -> (f64, Millis) {
-        (self.last - self.first, self.last_t - self.first_t)
-    }
-}
+pub use super::metrics::{Metrics, Stats};
 
 /// A window's metrics as stored: `(index, {count, sum, min, max, first, last,
 /// first_t, last_t})` pairs, the shape of the records written before the
@@ -139,11 +62,17 @@ impl From<&Stats> for StatsRecord {
     }
 }
 
-struct MetricsView<'a>(&'a [Stats]);
+struct MetricsView<'a>(&'a Metrics);
 
 impl Serialize for MetricsView<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter().map(|m| (m.metric, StatsRecord::from(m))))
+        use serde::ser::SerializeSeq;
+        // A definite length, as the records written from a slice have.
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        for m in self.0.iter() {
+            seq.serialize_element(&(m.metric, StatsRecord::from(&m)))?;
+        }
+        seq.end()
     }
 }
 
@@ -156,15 +85,7 @@ fn insert_tight<T>(v: &mut Vec<T>, i: usize, x: T) {
     v.insert(i, x);
 }
 
-/// Inserts into an exactly sized block (a window's few metrics; one more is rare).
-fn insert_exact(b: &mut Box<[Stats]>, i: usize, x: Stats) {
-    let mut v = std::mem::take(b).into_vec();
-    v.reserve_exact(1);
-    v.insert(i, x);
-    *b = v.into_boxed_slice();
-}
-
-/// One open window of one device: 56 bytes and its metrics' block (several per
+/// One open window of one device: 56 bytes and its metrics' block ([`Metrics`]; several per
 /// device with short windows and lateness; BENCHMARKS 4b).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(from = "WindowRecord")]
@@ -176,7 +97,7 @@ pub struct Window {
     /// Session windows: the latest event time (end = last + gap).
     pub last_event: Millis,
     /// Per-metric aggregates, sorted by metric index.
-    pub metrics: Box<[Stats]>,
+    pub metrics: Metrics,
     /// Readings (saturating).
     pub count: u32,
     /// Heartbeats (saturating).
@@ -267,7 +188,7 @@ impl Window {
             start,
             end,
             last_event: start,
-            metrics: Box::default(),
+            metrics: Metrics::default(),
             count: 0,
             heartbeats: 0,
             emitted: 0,
@@ -296,10 +217,7 @@ impl Window {
         }
         self.count = self.count.saturating_add(1);
         for &(m, v) in metrics {
-            match self.metrics.binary_search_by_key(&m, |s| s.metric) {
-                Ok(i) => self.metrics[i].add(t, v),
-                Err(i) => insert_exact(&mut self.metrics, i, Stats::new(m, t, v)),
-            }
+            self.metrics.add(m, t, v);
         }
     }
 
@@ -325,11 +243,8 @@ impl Window {
         self.dirty = true;
         self.count = self.count.saturating_add(o.count);
         self.heartbeats = self.heartbeats.saturating_add(o.heartbeats);
-        for s in o.metrics.iter().copied() {
-            match self.metrics.binary_search_by_key(&s.metric, |k| k.metric) {
-                Ok(i) => self.metrics[i].merge(&s),
-                Err(i) => insert_exact(&mut self.metrics, i, s),
-            }
+        for s in o.metrics.iter() {
+            self.metrics.merge(&s);
         }
     }
 }

@@ -111,8 +111,8 @@ fn sessions_merge_events_closer_than_the_gap() {
         &[]
     ));
     assert_eq!(ws.len(), 2);
-    assert_eq!(ws[0].metrics[0].first, 1.0);
-    assert_eq!(ws[0].metrics[0].last, 2.0);
+    let s = ws[0].metrics.iter().next().unwrap();
+    assert_eq!((s.first, s.last), (1.0, 2.0));
 }
 
 #[test]
@@ -123,7 +123,7 @@ fn first_and_last_follow_event_time_with_arrival_breaking_ties() {
     w.add(10, false, &[(0, 2.0)]);
     w.add(90, false, &[(0, 9.0)]);
     w.add(90, false, &[(0, 8.0)]);
-    let s = w.metrics[0];
+    let s = w.metrics.iter().next().unwrap();
     assert_eq!(
         (s.first, s.last, s.min, s.max, s.count, s.sum),
         (1.0, 8.0, 1.0, 9.0, 5, 25.0)
@@ -190,7 +190,7 @@ proptest::proptest! {
                 dirty: w.dirty,
                 count: u64::from(w.count),
                 heartbeats: u64::from(w.heartbeats),
-                metrics: w.metrics.iter().map(|s| (s.metric, StatsRecord::from(s))).collect(),
+                metrics: w.metrics.iter().map(|s| (s.metric, StatsRecord::from(&s))).collect(),
                 last_event: w.last_event,
                 extra: None,
             };

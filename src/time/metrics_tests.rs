@@ -1,0 +1,89 @@
+use super::*;
+use proptest::prelude::Just;
+
+/// The plain form the block replaces: aggregates in a list sorted by metric.
+fn plain_add(v: &mut Vec<Stats>, m: MetricIdx, t: Millis, x: f64) {
+    match v.binary_search_by_key(&m, |s| s.metric) {
+        Ok(i) => v[i].add(t, x),
+        Err(i) => v.insert(i, Stats::new(m, t, x)),
+    }
+}
+
+fn plain_merge(v: &mut Vec<Stats>, o: &Stats) {
+    match v.binary_search_by_key(&o.metric, |s| s.metric) {
+        Ok(i) => v[i].merge(o),
+        Err(i) => v.insert(i, *o),
+    }
+}
+
+fn bits(v: &[Stats]) -> Vec<(u16, u32, [u64; 5], i64, i64)> {
+    v.iter()
+        .map(|s| {
+            let f = [s.sum, s.min, s.max, s.first, s.last].map(f64::to_bits);
+            (s.metric, s.count, f, s.first_t, s.last_t)
+        })
+        .collect()
+}
+
+proptest::proptest! {
+    /// Readings and merges give the block exactly the aggregates (bit for bit)
+    /// the plain list gets; a block rebuilt from its aggregates is the same block.
+    #[test]
+    fn the_block_holds_what_the_plain_list_holds(
+        readings in proptest::collection::vec(
+            (0u16..6, -5_000i64..5_000, proptest::prop_oneof![
+                Just(0.0f64), Just(-0.0f64), -1e12f64..1e12,
+            ]),
+            0..40),
+        other in proptest::collection::vec((0u16..6, -5_000i64..5_000, -1e6f64..1e6), 0..10),
+    ) {
+        let (mut b, mut p) = (Metrics::default(), Vec::new());
+        for &(m, t, x) in &readings {
+            b.add(m, t, x);
+            plain_add(&mut p, m, t, x);
+            proptest::prop_assert_eq!(bits(&b.iter().collect::<Vec<_>>()), bits(&p));
+        }
+        let (mut ob, mut op) = (Metrics::default(), Vec::new());
+        for &(m, t, x) in &other {
+            ob.add(m, t, x);
+            plain_add(&mut op, m, t, x);
+        }
+        for s in ob.iter() {
+            b.merge(&s);
+        }
+        for s in &op {
+            plain_merge(&mut p, s);
+        }
+        proptest::prop_assert_eq!(bits(&b.iter().collect::<Vec<_>>()), bits(&p));
+        proptest::prop_assert_eq!(b.len(), p.len());
+        let rebuilt: Metrics = b.iter().collect();
+        proptest::prop_assert_eq!(&rebuilt, &b);
+    }
+}
+
+#[test]
+fn one_reading_a_metric_takes_19_bytes_and_a_second_the_whole_aggregate() {
+    let mut b = Metrics::default();
+    b.add(3, 10, 1.5);
+    b.add(1, 20, -2.0);
+    assert_eq!(b.bytes(), 2 * ONE);
+    b.add(3, 5, 4.0);
+    assert_eq!(b.bytes(), ONE + FULL);
+    let s: Vec<Stats> = b.iter().collect();
+    assert_eq!(s.iter().map(|s| s.metric).collect::<Vec<_>>(), [1, 3]);
+    assert_eq!(
+        (s[1].count, s[1].first, s[1].last, s[1].sum),
+        (2, 4.0, 1.5, 5.5)
+    );
+    assert_eq!(s[1].delta(), (-2.5, 5));
+}
+
+#[test]
+fn an_aggregate_of_one_reading_that_is_not_one_readings_is_kept_whole() {
+    // A record from elsewhere: count 1 whose fields disagree.
+    let mut odd = Stats::new(0, 10, 1.0);
+    odd.max = 7.0;
+    let b: Metrics = [odd].into_iter().collect();
+    assert_eq!(b.bytes(), FULL);
+    assert_eq!(b.iter().next(), Some(odd));
+}
