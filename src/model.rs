@@ -3,6 +3,72 @@
 /// A group, device or gateway id: at most 64 bytes, kept inline (no heap).
 pub type Id = heapless::String<64>;
 
+/// An optional time in 8 bytes where `Option<Millis>` takes 16 (held per device,
+/// several times): `Millis::MIN` stands for none, and a time that far back (some
+/// 292 million years) is kept as one millisecond later. Prints, serializes and
+/// reads as the `Option`, so stored records are unchanged.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct OptMillis(Millis);
+
+impl OptMillis {
+    /// None.
+    pub const NONE: Self = Self(Millis::MIN);
+
+    /// The time, if any.
+    pub const fn get(self) -> Option<Millis> {
+        if self.0 == Millis::MIN {
+            None
+        } else {
+            Some(self.0)
+        }
+    }
+
+    /// `Some(t)`.
+    pub const fn some(t: Millis) -> Self {
+        Self(if t == Millis::MIN { Millis::MIN + 1 } else { t })
+    }
+
+    /// No time.
+    pub const fn is_none(self) -> bool {
+        self.0 == Millis::MIN
+    }
+
+    /// A time.
+    pub const fn is_some(self) -> bool {
+        !self.is_none()
+    }
+}
+
+impl Default for OptMillis {
+    fn default() -> Self {
+        Self::NONE
+    }
+}
+
+impl From<Option<Millis>> for OptMillis {
+    fn from(v: Option<Millis>) -> Self {
+        v.map_or(Self::NONE, Self::some)
+    }
+}
+
+impl std::fmt::Debug for OptMillis {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.get().fmt(f)
+    }
+}
+
+impl serde::Serialize for OptMillis {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.get().serialize(s)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for OptMillis {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Option::<Millis>::deserialize(d).map(Self::from)
+    }
+}
+
 /// An id held once and shared: a device's group (one copy a group instead of a
 /// 72-byte copy in every device). Reads, prints and serializes as the [`Id`].
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]

@@ -478,5 +478,5 @@ fn once_a_device_agrees_with_an_unsynchronized_gateway_a_skewed_one_is_distruste
         .collect();
     assert_eq!(alerts, [AlertType::ClockSkew]);
     let slow = driver.engine().device("g", "slow").unwrap();
-    assert_eq!(slow.max_event, Some(T0 + 100));
+    assert_eq!(slow.max_event.get(), Some(T0 + 100));
 }

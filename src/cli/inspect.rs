@@ -123,7 +123,7 @@ fn json_doc(seen: &Seen<'_>) {
                     "clock_offset_ms": seen.offset(d),
                     "clock_distrusted": d.distrusted,
                     "last_seen": d.max_event,
-                    "last_seen_utc": utc_opt(d.max_event),
+                    "last_seen_utc": utc_opt(d.max_event.get()),
                     "status": if d.offline { "offline" } else { "online" },
                     "readings_missing": d.missing,
                     "open_windows": d.windows.iter().map(|w| json!({
@@ -195,7 +195,7 @@ fn text(seen: &Seen<'_>) {
             d.group,
             d.id,
             offset,
-            when(d.max_event),
+            when(d.max_event.get()),
             if d.offline { "offline" } else { "online" },
             d.windows.len(),
             d.missing

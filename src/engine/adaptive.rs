@@ -119,8 +119,11 @@ impl Engine {
                 st.lateness.observe(behind, t, &a);
             }
         } else if a.bound {
-            let own = d.max_event.map_or(0, |m| m.saturating_sub(event).max(0));
-            let seen = d.max_event.map_or(0, |m| {
+            let own = d
+                .max_event
+                .get()
+                .map_or(0, |m| m.saturating_sub(event).max(0));
+            let seen = d.max_event.get().map_or(0, |m| {
                 let front = slowest.map_or(m, |s| s.min(m));
                 front.saturating_sub(event).max(0)
             });

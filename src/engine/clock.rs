@@ -150,7 +150,7 @@ impl Engine {
         let dev = &mut self.devices[di].state;
         if skewed != dev.distrusted {
             dev.distrusted = skewed;
-            let last_seen = dev.max_event;
+            let last_seen = dev.max_event.get();
             let kind = if skewed {
                 AlertType::ClockSkew
             } else {

@@ -4,7 +4,7 @@ use std::cmp::Reverse;
 
 use super::{Engine, Now};
 use crate::codec::MetricName;
-use crate::model::{Id, Millis};
+use crate::model::{Id, Millis, OptMillis};
 use crate::output::{Alert, AlertType, Emit, MetricOut, Output, WindowResult};
 use crate::time::window::{Window, WindowSpec};
 
@@ -88,8 +88,8 @@ impl Engine {
             {
                 g.deadlines.pop();
                 let d = &mut self.devices[di as usize];
-                if d.deadline == Some(at) {
-                    d.deadline = None;
+                if d.deadline.get() == Some(at) {
+                    d.deadline = OptMillis::NONE;
                     visit.push(di);
                 }
             }
@@ -134,7 +134,11 @@ impl Engine {
                         g.cfg.heartbeat_timeout_ms,
                     );
                     debug_assert!(next.is_none_or(|t| t > wm), "device left behind by a tick");
-                    debug_assert!(d.deadline.is_none_or(|t| next.is_some_and(|n| t <= n)));
+                    debug_assert!(
+                        d.deadline
+                            .get()
+                            .is_none_or(|t| next.is_some_and(|n| t <= n))
+                    );
                 }
             }
             let g = &mut self.groups[gi];
@@ -143,7 +147,12 @@ impl Engine {
                 g.deadlines = g
                     .members
                     .iter()
-                    .filter_map(|&di| devices[di as usize].deadline.map(|t| Reverse((t, di))))
+                    .filter_map(|&di| {
+                        devices[di as usize]
+                            .deadline
+                            .get()
+                            .map(|t| Reverse((t, di)))
+                    })
                     .collect();
             }
         }
@@ -290,11 +299,11 @@ impl Engine {
         changed |= dev.windows.len() != before;
         changed |= self.settle_conditions(gi, di, wm, lateness);
         let dev = &mut self.devices[di].state;
-        let offline_now = !dev.offline && dev.max_event.is_some_and(|seen| wm >= seen + hb);
+        let offline_now = !dev.offline && dev.max_event.get().is_some_and(|seen| wm >= seen + hb);
         if offline_now {
             dev.offline = true;
             changed = true;
-            let last_seen = dev.max_event;
+            let last_seen = dev.max_event.get();
             let (group, device) = (Id::clone(&dev.group), dev.id.clone());
             self.alert(out, di, AlertType::Offline, last_seen, None, now);
             out.emit(Output::Status {

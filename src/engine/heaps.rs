@@ -4,7 +4,7 @@
 use std::cmp::Reverse;
 
 use super::{Device, Engine, Now};
-use crate::model::Millis;
+use crate::model::{Millis, OptMillis};
 use crate::time::watermark;
 
 impl Engine {
@@ -16,8 +16,8 @@ impl Engine {
         );
         let d = &mut self.devices[di as usize];
         let next = deadline(&d.state, lateness, hb);
-        if next != d.deadline {
-            d.deadline = next;
+        if next != d.deadline.get() {
+            d.deadline = next.into();
             if let Some(t) = next {
                 self.groups[gi].deadlines.push(Reverse((t, di)));
             }
@@ -38,18 +38,18 @@ impl Engine {
             for &di in &g.members {
                 let d = &mut devices[di as usize];
                 d.wm_key = d.state.max_event;
-                if let Some(m) = d.wm_key {
+                if let Some(m) = d.wm_key.get() {
                     g.maxima.push(Reverse((m, di)));
                 }
             }
         }
         while let Some(&Reverse((m, di))) = g.maxima.peek() {
             let d = &mut devices[di as usize];
-            if d.wm_key != Some(m) {
+            if d.wm_key.get() != Some(m) {
                 g.maxima.pop();
             } else if now.mono.saturating_sub(d.state.last_arrival) >= g.cfg.idle_timeout_ms {
                 g.maxima.pop();
-                d.wm_key = None;
+                d.wm_key = OptMillis::NONE;
             } else {
                 return Some(m);
             }
@@ -73,7 +73,7 @@ impl Engine {
                 g.members.iter().map(|&d| {
                     let d = &self.devices[d as usize].state;
                     watermark::Member {
-                        max_event: d.max_event,
+                        max_event: d.max_event.get(),
                         last_arrival: d.last_arrival,
                     }
                 }),
@@ -95,6 +95,7 @@ pub(super) fn deadline(d: &Device, lateness: Millis, heartbeat_timeout: Millis) 
     });
     let offline = d
         .max_event
+        .get()
         .filter(|_| !d.offline)
         .map(|m| m.saturating_add(heartbeat_timeout));
     windows.chain(offline).min()
@@ -142,7 +143,7 @@ mod tests {
             e.groups[0].pending.is_empty(),
             "nothing due: no visit queued"
         );
-        assert_eq!(e.devices[0].deadline, Some(T0 + 10_000));
+        assert_eq!(e.devices[0].deadline.get(), Some(T0 + 10_000));
         e.on_tick(Now::at(T0 + 12_100), &mut out);
         assert_eq!(revisions(&out), vec![(0, 0)]);
         assert_eq!(e.watermark("g"), Some(T0 + 12_000));

@@ -4,7 +4,7 @@ use std::cmp::Reverse;
 
 use super::{Engine, MAX_METRIC_NAMES, Now};
 use crate::codec::{DecodeError, Decoded, Decoder, MetricName};
-use crate::model::{Id, Kind, Millis, Reason};
+use crate::model::{Id, Kind, Millis, OptMillis, Reason};
 use crate::output::{AlertType, Emit, Late, Output, Rejected, decoded_fields};
 use crate::time::gateway as gwclock;
 use crate::time::seq::Seen;
@@ -342,18 +342,18 @@ impl Engine {
         // A reading timed while the gateway clock is in doubt does not move the
         // watermark: its time may be either clock's error.
         if !provisional {
-            dev.max_event = Some(dev.max_event.map_or(event, |m| m.max(event)));
+            dev.max_event = OptMillis::some(dev.max_event.get().map_or(event, |m| m.max(event)));
         }
         dev.last_arrival = now.mono;
         let (was_offline, announced) = (dev.offline, dev.announced);
         dev.offline = false;
         dev.announced = true;
-        let last_seen = dev.max_event;
+        let last_seen = dev.max_event.get();
         let slot = &mut self.devices[di];
-        if slot.wm_key != last_seen
+        if slot.wm_key.get() != last_seen
             && let Some(max) = last_seen
         {
-            slot.wm_key = last_seen;
+            slot.wm_key = OptMillis::some(max);
             self.groups[gi]
                 .maxima
                 .push(Reverse((max, u32::try_from(di).unwrap_or(u32::MAX))));
@@ -376,6 +376,7 @@ impl Engine {
             self.schedule(gi, d);
             if self.devices[di]
                 .deadline
+                .get()
                 .is_some_and(|t| wm.is_none_or(|w| t <= w))
             {
                 self.mark_pending(di);

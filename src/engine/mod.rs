@@ -10,7 +10,7 @@ use std::collections::{BinaryHeap, HashMap};
 use foldhash::fast::RandomState;
 
 use crate::codec::{Decoded, Decoder, MetricName};
-use crate::model::{Id, Millis, SharedId};
+use crate::model::{Id, Millis, OptMillis, SharedId};
 use crate::output::Output;
 use crate::time::TimeConfig;
 use crate::time::gateway::GatewayClock;
@@ -131,9 +131,9 @@ struct DeviceSlot {
     /// In the group's `pending` list.
     pending: bool,
     /// Value of this device's current entry in the group's `maxima`.
-    wm_key: Option<Millis>,
+    wm_key: OptMillis,
     /// Value of this device's current entry in the group's `deadlines`.
-    deadline: Option<Millis>,
+    deadline: OptMillis,
 }
 
 /// The engine.

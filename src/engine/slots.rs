@@ -5,7 +5,7 @@ use std::hash::BuildHasher;
 
 use super::{Device, Group};
 use super::{DeviceSlot, Engine, GroupSlot, MAX_DEVICES};
-use crate::model::{Id, Millis, SharedId};
+use crate::model::{Id, Millis, OptMillis, SharedId};
 use crate::time::seq::SeqWindow;
 use crate::time::skew::SkewEstimator;
 
@@ -111,7 +111,7 @@ impl Engine {
                 id: device.clone(),
                 skew: SkewEstimator::default(),
                 distrusted: false,
-                max_event: None,
+                max_event: OptMillis::NONE,
                 last_arrival: 0,
                 offline: false,
                 announced: false,
@@ -129,8 +129,8 @@ impl Engine {
             group: u32::try_from(gi).unwrap_or(u32::MAX),
             dirty: false,
             pending: false,
-            wm_key: None,
-            deadline: None,
+            wm_key: OptMillis::NONE,
+            deadline: OptMillis::NONE,
         });
         let (devices, hasher) = (&self.devices, &self.hasher);
         self.groups[gi]

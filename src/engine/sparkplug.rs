@@ -378,7 +378,7 @@ impl Engine {
         dev.offline = false;
         dev.announced = true;
         dev.last_arrival = now.mono;
-        let last_seen = dev.max_event;
+        let last_seen = dev.max_event.get();
         self.mark_device(di);
         let gi = self.devices[di].group as usize;
         self.groups[gi].rebuild = true;
@@ -403,7 +403,8 @@ impl Engine {
         dev.last_arrival = now.mono.saturating_sub(idle).saturating_sub(1);
         let newly = !dev.offline;
         dev.offline = true;
-        let (last_seen, group, device) = (dev.max_event, Id::clone(&dev.group), dev.id.clone());
+        let (last_seen, group, device) =
+            (dev.max_event.get(), Id::clone(&dev.group), dev.id.clone());
         self.mark_device(di);
         // The all-idle watermark runs from the last arrival of any member still alive.
         let members = self.groups[gi].members.clone();

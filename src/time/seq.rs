@@ -10,7 +10,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::Millis;
+use crate::model::{Millis, OptMillis};
 
 /// Numbers remembered below the highest one.
 pub const SEQ_WINDOW: u64 = 1024;
@@ -50,7 +50,7 @@ pub struct SeqWindow {
     /// `None` in state written before missing readings were counted.
     lo: Option<u64>,
     /// Latest device timestamp seen since the window (re)started (None: none).
-    max_ts: Option<Millis>,
+    max_ts: OptMillis,
 }
 
 /// The stored form: the bitmap always written out, as before it was elided.
@@ -77,7 +77,7 @@ impl<'de> Deserialize<'de> for SeqWindow {
             hi: r.hi,
             bits: Some(Box::new(r.bits)),
             lo: r.lo,
-            max_ts: r.max_ts,
+            max_ts: r.max_ts.into(),
         };
         w.settle();
         Ok(w)
@@ -150,7 +150,7 @@ impl SeqWindow {
         }
         if self.get(d) {
             // Seen, but stamped after everything seen: not a redelivery.
-            if matches!((ts, self.max_ts), (Some(t), Some(m)) if t > m) {
+            if matches!((ts, self.max_ts.get()), (Some(t), Some(m)) if t > m) {
                 self.restart(seq, ts);
                 return Seen::New { missing: 0 };
             }
@@ -165,13 +165,13 @@ impl SeqWindow {
 
     fn note_ts(&mut self, ts: Option<Millis>) {
         if let Some(t) = ts {
-            self.max_ts = Some(self.max_ts.map_or(t, |m| m.max(t)));
+            self.max_ts = OptMillis::some(self.max_ts.get().map_or(t, |m| m.max(t)));
         }
     }
 
     fn restart(&mut self, seq: u64, ts: Option<Millis>) {
         self.hi = Some(seq);
-        self.max_ts = ts;
+        self.max_ts = ts.into();
         self.lo = Some(seq);
         self.bits = None;
     }
@@ -209,7 +209,7 @@ impl SeqWindow {
             hi: self.hi,
             bits: self.words(),
             lo: self.lo,
-            max_ts: self.max_ts,
+            max_ts: self.max_ts.get(),
         }
     }
 

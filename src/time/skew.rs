@@ -36,7 +36,7 @@ use super::buckets::{Bucket, Buckets, NONE};
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::Millis;
+use crate::model::{Millis, OptMillis};
 
 /// Floor of the divergence threshold.
 pub const MIN_THRESHOLD_MS: i64 = 1_000;
@@ -174,9 +174,9 @@ pub struct SkewEstimator {
     /// Step candidate. Boxed: rare, and 56 bytes inline in every device.
     step: Option<Box<Candidate>>,
     /// Minimum over `buckets`, kept with them (read on every message).
-    est: Option<Millis>,
+    est: OptMillis,
     /// Largest ordinary sample over `buckets`.
-    hi: Option<Millis>,
+    hi: OptMillis,
 }
 
 /// The persisted form, written packed (see [`pack`]).
@@ -217,8 +217,8 @@ impl Serialize for SkewEstimator {
             packed: pack(&self.buckets),
             sec: self.sec,
             step: &self.step,
-            est: self.est,
-            hi: self.hi,
+            est: self.est.get(),
+            hi: self.hi.get(),
         }
         .serialize(s)
     }
@@ -241,8 +241,8 @@ impl<'de> Deserialize<'de> for SkewEstimator {
             buckets,
             sec,
             step: r.step,
-            est: r.est,
-            hi: r.hi,
+            est: r.est.into(),
+            hi: r.hi.into(),
         })
     }
 }
@@ -250,7 +250,7 @@ impl<'de> Deserialize<'de> for SkewEstimator {
 impl SkewEstimator {
     /// Current estimate (arrival − device time), if any sample was taken.
     pub fn estimate(&self) -> Option<Millis> {
-        self.est
+        self.est.get()
     }
 
     /// The second (of the raw wall clock) of the last sample, taken or held out.
@@ -260,7 +260,7 @@ impl SkewEstimator {
 
     /// Delay spread the device has shown: largest excess of an ordinary sample over the estimate.
     pub fn jitter(&self) -> Millis {
-        match (self.hi, self.est) {
+        match (self.hi.get(), self.est.get()) {
             (Some(h), Some(e)) => h.saturating_sub(e).max(0),
             _ => 0,
         }
@@ -292,14 +292,14 @@ impl SkewEstimator {
                 shift(v);
             }
         }
-        self.est = self.est.map(|e| e.saturating_add(delta));
-        self.hi = self.hi.map(|e| e.saturating_add(delta));
+        self.est = self.est.get().map(|e| e.saturating_add(delta)).into();
+        self.hi = self.hi.get().map(|e| e.saturating_add(delta)).into();
     }
 
     /// Feeds one sample; `window` is `time.skew_window` (1..=64).
     pub fn observe(&mut self, arrival: Millis, device_ts: Millis, window: usize) -> Sample {
         let offset = arrival.saturating_sub(device_ts);
-        let Some(est) = self.est else {
+        let Some(est) = self.est.get() else {
             self.put(arrival, Some(offset), window);
             return Sample::Taken;
         };
@@ -335,7 +335,7 @@ impl SkewEstimator {
                 b.hi = c.run_hi.max(NONE + 1);
                 self.buckets.set_back(b);
             }
-            self.hi = Some(c.run_hi);
+            self.hi = OptMillis::some(c.run_hi);
             return Sample::Reset;
         }
         match &mut self.step {
@@ -375,9 +375,9 @@ impl SkewEstimator {
         }
         // A window of held-out samples only (a long unconfirmed divergence) keeps the estimate.
         if let Some(m) = self.buckets.iter().filter_map(|b| b.min()).min() {
-            self.est = Some(m);
+            self.est = OptMillis::some(m);
         }
-        self.hi = self.buckets.iter().filter_map(|b| b.hi()).max();
+        self.hi = self.buckets.iter().filter_map(|b| b.hi()).max().into();
     }
 }
 

@@ -76,11 +76,13 @@ impl Serialize for MetricsView<'_> {
     }
 }
 
-/// Inserts with the capacity kept near the length: a device's one or two open
-/// windows would otherwise each take `Vec`'s first four slots.
+/// Inserts with the capacity at most the most windows the device held at once:
+/// `Vec`'s doubling (or half again) left one or two empty 64-byte slots in most
+/// devices' lists, which live as long as the device. Growing by one costs a copy
+/// of a few windows, and only until a device's list has its steady length.
 fn insert_tight<T>(v: &mut Vec<T>, i: usize, x: T) {
     if v.len() == v.capacity() {
-        v.reserve_exact((v.len() / 2).max(1));
+        v.reserve_exact(1);
     }
     v.insert(i, x);
 }

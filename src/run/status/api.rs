@@ -387,7 +387,7 @@ fn row(engine: &Engine, d: &Device, now: Now) -> DeviceRow {
         group: d.group.to_string(),
         device: d.id.to_string(),
         state: engine.liveness(d, now),
-        last_seen: d.max_event,
+        last_seen: d.max_event.get(),
         last_arrival: now
             .wall
             .saturating_sub(now.mono.saturating_sub(d.last_arrival)),
