@@ -41,6 +41,27 @@ impl Engine {
         self.backlog
     }
 
+    /// Debug builds: after a whole pass no member is left with something due.
+    #[cfg(debug_assertions)]
+    fn check_deadlines(&self, gi: usize, wm: Millis) {
+        let g = &self.groups[gi];
+        // "auto" lateness purges by the frontier, not exactly at the deadlines.
+        if g.auto_lateness() {
+            return;
+        }
+        for &di in &g.members {
+            let d = &self.devices[di as usize];
+            let next = super::heaps::deadline(
+                &d.state,
+                g.cfg.allowed_lateness_ms,
+                g.cfg.heartbeat_timeout_ms,
+            );
+            debug_assert!(next.is_none_or(|t| t > wm), "device left behind by a tick");
+            let kept = d.deadline.get();
+            debug_assert!(kept.is_none_or(|t| next.is_some_and(|n| t <= n)));
+        }
+    }
+
     fn tick_pass(&mut self, now: Now, out: &mut dyn Emit, mut budget: usize) {
         self.backlog = false;
         let now = Now {
@@ -122,24 +143,9 @@ impl Engine {
             if left < visit.len() {
                 self.backlog = true;
             }
-            // "auto" lateness purges by the frontier, not exactly at the deadlines.
             #[cfg(debug_assertions)]
-            if !self.groups[gi].auto_lateness() && left == visit.len() {
-                let g = &self.groups[gi];
-                for &di in &g.members {
-                    let d = &self.devices[di as usize];
-                    let next = super::heaps::deadline(
-                        &d.state,
-                        g.cfg.allowed_lateness_ms,
-                        g.cfg.heartbeat_timeout_ms,
-                    );
-                    debug_assert!(next.is_none_or(|t| t > wm), "device left behind by a tick");
-                    debug_assert!(
-                        d.deadline
-                            .get()
-                            .is_none_or(|t| next.is_some_and(|n| t <= n))
-                    );
-                }
+            if left == visit.len() {
+                self.check_deadlines(gi, wm);
             }
             let g = &mut self.groups[gi];
             if g.deadlines.len() > 2 * g.members.len() + 64 {
