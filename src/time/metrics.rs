@@ -142,18 +142,7 @@ fn decode(b: &[u8], at: usize) -> Stats {
     let metric = metric_at(b, at);
     let d = at + HEAD;
     if b[at + 2] == FORM_ONE {
-        let (v, t) = (f64_at(b, d), i64_at(b, d + 8));
-        return Stats {
-            sum: v,
-            min: v,
-            max: v,
-            first: v,
-            last: v,
-            first_t: t,
-            last_t: t,
-            count: 1,
-            metric,
-        };
+        return Stats::new(metric, i64_at(b, d + 8), f64_at(b, d));
     }
     let mut c = [0u8; 4];
     c.copy_from_slice(&b[d..d + 4]);
