@@ -4,7 +4,8 @@
 
 use crate::model::Millis;
 
-use super::window::MetricIdx;
+/// Index of an interned metric name.
+pub type MetricIdx = u16;
 
 /// Aggregate of one metric in one window: 64 bytes with its metric's index, as
 /// read out of a window's [`Metrics`].

@@ -26,10 +26,7 @@ pub enum WindowSpec {
     },
 }
 
-/// Index of an interned metric name.
-pub type MetricIdx = u16;
-
-pub use super::metrics::{Metrics, Stats};
+pub use super::metrics::{MetricIdx, Metrics, Stats};
 
 /// A window's metrics as stored: `(index, {count, sum, min, max, first, last,
 /// first_t, last_t})` pairs, the shape of the records written before the
