@@ -87,8 +87,8 @@ fn frame(epoch: u64, stream: u64, pos: u64, data: &[u8]) -> Vec<u8> {
 fn an_attacker_on_the_site_broker_without_the_key_moves_nothing() {
     let site = Mosquitto::start(false);
     let up_broker = Mosquitto::start(false);
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().to_path_buf();
+    let scratch = support::Scratch::new();
+    let dir = scratch.path().to_path_buf();
     let mut boards = [
         Board::new(&dir, "a", &site, &up_broker, TAKEOVER_S),
         Board::new(&dir, "b", &site, &up_broker, TAKEOVER_S),

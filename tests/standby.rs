@@ -29,10 +29,8 @@ fn a_pair_survives_kills_a_wiped_board_and_a_hang_counting_every_reading_once() 
     // Stock brokers: 20 in flight, 1 000 queued per session, as a site runs them.
     let site = Mosquitto::stock();
     let up_broker = Mosquitto::stock();
-    let dir = tempfile::tempdir().expect("tempdir");
-    // Kept for a look when the test fails.
-    let dir = dir.keep();
-    let dir = &dir;
+    let scratch = support::Scratch::new();
+    let dir = scratch.path();
     let takeover_s = 10;
     let mut boards = [
         Board::new(dir, "a", &site, &up_broker, takeover_s),
@@ -347,8 +345,8 @@ fn two_fresh_boards_started_together_agree_on_one_active() {
 fn a_hung_active_resumed_mid_stream_takes_no_session_and_loses_nothing() {
     let site = Mosquitto::stock();
     let up_broker = Mosquitto::stock();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let dir = dir.keep();
+    let scratch = support::Scratch::new();
+    let dir = scratch.path().to_path_buf();
     let takeover_s = 3;
     // Links the broker gives up on within 7.5 s: the hung board's sessions are
     // gone when it resumes, as on a site whose broker keeps the default keepalive.
@@ -406,8 +404,8 @@ fn a_hung_active_resumed_mid_stream_takes_no_session_and_loses_nothing() {
 fn after_both_boards_die_together_the_former_standby_alone_takes_over() {
     let site = Mosquitto::stock();
     let up_broker = Mosquitto::stock();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let dir = dir.keep();
+    let scratch = support::Scratch::new();
+    let dir = scratch.path().to_path_buf();
     let takeover_s = 3;
     let mut boards = [
         Board::new(&dir, "a", &site, &up_broker, takeover_s),
@@ -488,8 +486,8 @@ fn push(up: &Mosquitto, key: &Path, id: u64, doc: &Path) -> (i32, serde_json::Va
 fn a_takeover_keeps_the_last_remote_document_id() {
     let site = Mosquitto::start(false);
     let up_broker = Mosquitto::start(false);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let dir = dir.keep();
+    let scratch = support::Scratch::new();
+    let dir = scratch.path().to_path_buf();
     let signing = dir.join("fleet.key");
     support::fleet::keygen(&signing);
     let fleet_keys = format!(

@@ -198,6 +198,34 @@ pub fn gateway_config(
         .write(&dir.join("gateway.toml"))
 }
 
+/// A test's directory: removed when the test passes, kept (and named on stderr) when
+/// it fails, for a look at its logs and state. Kept always, a suite's runs filled a disk.
+pub struct Scratch(Option<tempfile::TempDir>, PathBuf);
+
+impl Scratch {
+    /// A new empty directory.
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().to_path_buf();
+        Self(Some(dir), path)
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.1
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking()
+            && let Some(dir) = self.0.take()
+        {
+            eprintln!("kept for a look: {}", dir.keep().display());
+        }
+    }
+}
+
 /// A tmpfs mounted for a test, unmounted when dropped.
 pub struct Mount(pub PathBuf);
 
