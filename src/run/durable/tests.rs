@@ -73,6 +73,23 @@ fn state(e: &Engine) -> String {
 /// A standby following the active's records: its store, its driver, the rules in force.
 type Follower = (Durable, Driver, Vec<u8>);
 
+/// The directories of an active and its standby, the active (replicating its records)
+/// and the standby that follows them.
+fn pair(
+    cfg: &crate::config::Config,
+) -> (
+    (tempfile::TempDir, tempfile::TempDir),
+    Durable,
+    Driver,
+    Follower,
+) {
+    let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (d, drv, _) = open(dirs.0.path(), cfg);
+    let (sd, sdrv, _) = open(dirs.1.path(), cfg);
+    let standby = (sd, sdrv, cfg.engine.record());
+    (dirs, d.replicating(), drv, standby)
+}
+
 fn run_steps(d: &mut Durable, drv: &mut Driver, steps: &[Step], at: &mut i64) -> Vec<String> {
     run_followed(d, drv, steps, at, None)
 }
@@ -208,12 +225,7 @@ proptest! {
         after in prop::collection::vec(step(), 0..60),
     ) {
         let cfg = cfg();
-        let dir = tempfile::tempdir().unwrap();
-        let (d, mut drv, _) = open(dir.path(), &cfg);
-        let mut d = d.replicating();
-        let standby_dir = tempfile::tempdir().unwrap();
-        let (sd, sdrv, _) = open(standby_dir.path(), &cfg);
-        let mut standby = (sd, sdrv, cfg.engine.record());
+        let ((dir, _standby_dir), mut d, mut drv, mut standby) = pair(&cfg);
         let mut at = T0;
         drv.start(Now::at(at));
         run_followed(&mut d, &mut drv, &before, &mut at, Some(&mut standby));
@@ -376,11 +388,7 @@ fn a_restart_writes_the_groups_and_the_devices_restore_its_clock() {
 #[test]
 fn the_last_remote_id_and_the_bd_seq_survive_a_crash_a_checkpoint_and_reach_a_standby() {
     let cfg = cfg();
-    let (active_dir, standby_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (d, mut drv, _) = open(active_dir.path(), &cfg);
-    let mut d = d.replicating();
-    let (mut sd, mut sdrv, _) = open(standby_dir.path(), &cfg);
-    let mut in_force = cfg.engine.record();
+    let ((active_dir, _standby_dir), mut d, mut drv, (mut sd, mut sdrv, mut in_force)) = pair(&cfg);
     let at = T0;
     drv.start(Now::at(at));
     drv.mark(Now::at(at), Mark::FleetId(6));
@@ -543,11 +551,7 @@ fn a_streamed_checkpoint_that_fails_is_journaled_and_a_full_one_follows() {
 #[test]
 fn a_standby_checkpoint_streams_its_records_and_restores_the_active_state() {
     let cfg = cfg();
-    let (active_dir, standby_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (d, mut drv, _) = open(active_dir.path(), &cfg);
-    let mut d = d.replicating();
-    let (mut sd, mut sdrv, _) = open(standby_dir.path(), &cfg);
-    let mut in_force = cfg.engine.record();
+    let ((_active_dir, standby_dir), mut d, mut drv, (mut sd, mut sdrv, mut in_force)) = pair(&cfg);
     let mut at = T0;
     drv.start(Now::at(at));
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
