@@ -15,7 +15,7 @@
 //! state, at most [`WAITING_MAX`] of them) and is then timed by it; no device
 //! alert is raised yet. Past that bound a reading gets the earlier of its own
 //! time and the gateway's and moves no watermark. The doubt lasts until a
-//! verdict, or [`UNSURE_MAX_MS`].
+//! verdict, or [`UNSURE_MAX_MS`]; a step during the doubt starts it afresh.
 
 use serde::{Deserialize, Serialize};
 
@@ -209,6 +209,11 @@ impl GatewayClock {
                     self.verdict = Verdict::Trusted;
                     o.event = Some(Event::Ok);
                 }
+            } else if self.unsure() {
+                // Nothing vouched for the clock before the step either: the
+                // doubt starts afresh about the stepped clock, as at a start.
+                self.error = 0;
+                self.unsure_since = Some(mono);
             } else if self.verdict != Verdict::Wrong {
                 self.verdict = Verdict::Wrong;
                 self.unsure_since = None;
@@ -310,6 +315,9 @@ mod tests {
     fn a_step_is_absorbed_and_the_corrected_clock_stays_continuous() {
         let mut c = GatewayClock::default();
         c.observe(T0, 0, false, AUTO, SKEW);
+        // Devices agree with it: trusted before the step.
+        c.judge(&mut [10, -20, 30], 0, SKEW);
+        assert_eq!(c.verdict, Verdict::Trusted);
         let o = c.observe(T0 + 1_000, 1_000, false, AUTO, SKEW);
         assert_eq!(o.step, None);
         // Stepped an hour back at mono 2 s.
@@ -332,6 +340,32 @@ mod tests {
             (o.step, o.event, c.error),
             (Some(3_600_000), Some(Event::Ok), 0)
         );
+    }
+
+    #[test]
+    fn a_step_before_any_verdict_starts_the_doubt_afresh() {
+        // Nothing vouched for the clock before the step: keeping it would
+        // distrust every correct device until the quorum overrules it.
+        let mut c = GatewayClock::default();
+        c.observe(T0 - 300 * 86_400_000, 0, false, AUTO, SKEW);
+        let o = c.observe(T0 - 200 * 86_400_000 + 5_000, 5_000, false, AUTO, SKEW);
+        assert_eq!(o.step, Some(100 * 86_400_000));
+        assert_eq!((o.event, c.error, c.verdict), (None, 0, Verdict::Unsure));
+        assert!(c.unsure());
+        c.expire(14_000);
+        assert!(
+            c.unsure(),
+            "the doubt about the stepped clock began at the step"
+        );
+        c.expire(15_000);
+        assert_eq!(c.verdict, Verdict::Trusted);
+        // A device agreed before the step: the clock was vouched for, the step is judged.
+        let mut c = GatewayClock::default();
+        c.observe(T0, 0, false, AUTO, SKEW);
+        c.seconded();
+        let o = c.observe(T0 + 1_000 + 3_600_000, 1_000, false, AUTO, SKEW);
+        assert_eq!((c.verdict, c.error), (Verdict::Wrong, 3_600_000));
+        assert!(matches!(o.event, Some(Event::Wrong { agreeing: 0, .. })));
     }
 
     #[test]
