@@ -1,6 +1,6 @@
 //! A window's per-metric aggregates in one exactly sized block, a metric of one
-//! reading in 22 bytes instead of 64: with short windows and lateness most of a
-//! device's windows hold one reading a metric (BENCHMARKS 4b).
+//! reading in 19 bytes instead of 64 (two of one reading in 30, held inline): with short windows and
+//! lateness most of a device's windows hold one reading a metric (BENCHMARKS 4b).
 
 use crate::model::Millis;
 
@@ -87,18 +87,56 @@ impl Stats {
 }
 
 /// Bytes of an entry: metric (2), form (1), then one reading's value and time,
-/// or the count and the whole aggregate.
+/// its value alone (the time of the last such entry before it: the metrics of
+/// one reading share their time), or the count and the whole aggregate.
 const HEAD: usize = 3;
 const ONE: usize = HEAD + 16;
+const SAME: usize = HEAD + 8;
 const FULL: usize = HEAD + 4 + 56;
 const FORM_ONE: u8 = 0;
 const FORM_FULL: u8 = 1;
+const FORM_SAME: u8 = 2;
 
 /// The aggregates of a window's metrics, sorted by metric index, each entry
 /// little-endian: `metric u16, form u8`, then `value f64, time i64` for one
-/// reading's aggregate, else `count u32, sum, min, max, first, last, first_t, last_t`.
+/// reading's aggregate, `value f64` for one reading's at the time of the last
+/// such entry before it, else `count u32, sum, min, max, first, last, first_t,
+/// last_t`. The encoding of a list of aggregates is canonical (one form each).
 #[derive(Clone, Default, PartialEq)]
-pub struct Metrics(Box<[u8]>);
+pub struct Metrics(Block);
+
+/// Bytes kept in the value itself: two metrics of one reading (30), the
+/// commonest window at 100 000 devices, then need no allocation (their block
+/// took a 48-byte heap chunk besides the 16-byte pointer).
+const INLINE: usize = ONE + SAME;
+
+/// The entries' bytes: inline when they fit, else one exactly sized allocation.
+#[derive(Clone)]
+enum Block {
+    Inline(u8, [u8; INLINE]),
+    Heap(Box<[u8]>),
+}
+
+impl Default for Block {
+    fn default() -> Self {
+        Block::Inline(0, [0; INLINE])
+    }
+}
+
+impl PartialEq for Block {
+    fn eq(&self, o: &Self) -> bool {
+        self.as_slice() == o.as_slice()
+    }
+}
+
+impl Block {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Block::Inline(n, a) => &a[..usize::from(*n)],
+            Block::Heap(b) => b,
+        }
+    }
+}
 
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -130,43 +168,84 @@ fn i64_at(b: &[u8], at: usize) -> i64 {
     i64::from_le_bytes(u64_at(b, at).to_le_bytes())
 }
 
-/// Length of the entry starting at `at`.
-fn len_at(b: &[u8], at: usize) -> usize {
-    if b[at + 2] == FORM_ONE { ONE } else { FULL }
+/// The entries of a block in order: `(offset, aggregate)`.
+#[derive(Clone)]
+struct Entries<'a> {
+    b: &'a [u8],
+    at: usize,
+    /// Time of the last one-reading entry with its time.
+    shared: Millis,
 }
 
-fn metric_at(b: &[u8], at: usize) -> MetricIdx {
-    u16::from_le_bytes([b[at], b[at + 1]])
-}
-
-fn decode(b: &[u8], at: usize) -> Stats {
-    let metric = metric_at(b, at);
-    let d = at + HEAD;
-    if b[at + 2] == FORM_ONE {
-        return Stats::new(metric, i64_at(b, d + 8), f64_at(b, d));
-    }
-    let mut c = [0u8; 4];
-    c.copy_from_slice(&b[d..d + 4]);
-    let d = d + 4;
-    Stats {
-        sum: f64_at(b, d),
-        min: f64_at(b, d + 8),
-        max: f64_at(b, d + 16),
-        first: f64_at(b, d + 24),
-        last: f64_at(b, d + 32),
-        first_t: i64_at(b, d + 40),
-        last_t: i64_at(b, d + 48),
-        count: u32::from_le_bytes(c),
-        metric,
+impl<'a> Entries<'a> {
+    fn new(b: &'a [u8]) -> Self {
+        Self { b, at: 0, shared: 0 }
     }
 }
 
-/// The entry of `s` into `out`; its length.
-fn encode(s: &Stats, out: &mut [u8; FULL]) -> usize {
+impl Entries<'_> {
+    /// The next entry's offset, metric and form, without decoding it.
+    fn head(&mut self) -> Option<(usize, MetricIdx, u8)> {
+        let (b, at) = (self.b, self.at);
+        if at >= b.len() {
+            return None;
+        }
+        let form = b[at + 2];
+        self.at += match form {
+            FORM_ONE => {
+                self.shared = i64_at(b, at + HEAD + 8);
+                ONE
+            }
+            FORM_SAME => SAME,
+            _ => FULL,
+        };
+        Some((at, u16::from_le_bytes([b[at], b[at + 1]]), form))
+    }
+
+    /// The aggregate of the entry `head` returned last.
+    fn stats(&self, at: usize, metric: MetricIdx, form: u8) -> Stats {
+        let (b, d) = (self.b, at + HEAD);
+        if form != FORM_FULL {
+            return Stats::new(metric, self.shared, f64_at(b, d));
+        }
+        let mut c = [0u8; 4];
+        c.copy_from_slice(&b[d..d + 4]);
+        let d = d + 4;
+        Stats {
+            sum: f64_at(b, d),
+            min: f64_at(b, d + 8),
+            max: f64_at(b, d + 16),
+            first: f64_at(b, d + 24),
+            last: f64_at(b, d + 32),
+            first_t: i64_at(b, d + 40),
+            last_t: i64_at(b, d + 48),
+            count: u32::from_le_bytes(c),
+            metric,
+        }
+    }
+}
+
+impl Iterator for Entries<'_> {
+    type Item = (usize, Stats);
+
+    fn next(&mut self) -> Option<(usize, Stats)> {
+        let (at, m, form) = self.head()?;
+        Some((at, self.stats(at, m, form)))
+    }
+}
+
+/// The entry of `s` into `out` given the time the entries before it share
+/// (updated); its length.
+fn encode(s: &Stats, shared: &mut Option<Millis>, out: &mut [u8; FULL]) -> usize {
     out[..2].copy_from_slice(&s.metric.to_le_bytes());
     if single(s) {
-        out[2] = FORM_ONE;
         out[HEAD..HEAD + 8].copy_from_slice(&s.sum.to_le_bytes());
+        if *shared == Some(s.first_t) {
+            out[2] = FORM_SAME;
+            return SAME;
+        }
+        *shared = Some(s.first_t);
+        out[2] = FORM_ONE;
         out[HEAD + 8..ONE].copy_from_slice(&s.first_t.to_le_bytes());
         return ONE;
     }
@@ -181,97 +260,137 @@ fn encode(s: &Stats, out: &mut [u8; FULL]) -> usize {
     FULL
 }
 
+/// The canonical block of aggregates sorted by metric, exactly sized: a first
+/// pass counts the bytes.
+fn encode_all(list: impl Iterator<Item = Stats> + Clone) -> Block {
+    let mut e = [0u8; FULL];
+    let mut shared = None;
+    let len: usize = list.clone().map(|s| encode(&s, &mut shared, &mut e)).sum();
+    let mut shared = None;
+    if len <= INLINE {
+        let mut a = [0u8; INLINE];
+        let mut at = 0;
+        for s in list {
+            let n = encode(&s, &mut shared, &mut e);
+            a[at..at + n].copy_from_slice(&e[..n]);
+            at += n;
+        }
+        #[allow(clippy::cast_possible_truncation)]
+        return Block::Inline(len as u8, a);
+    }
+    let mut v = Vec::with_capacity(len);
+    for s in list {
+        let n = encode(&s, &mut shared, &mut e);
+        v.extend_from_slice(&e[..n]);
+    }
+    Block::Heap(v.into_boxed_slice())
+}
+
+/// A block's aggregates with `new` in place of its metric's entry, in order.
+#[derive(Clone)]
+struct Replaced<'a> {
+    old: Entries<'a>,
+    new: Option<Stats>,
+}
+
+impl Iterator for Replaced<'_> {
+    type Item = Stats;
+
+    fn next(&mut self) -> Option<Stats> {
+        loop {
+            let mut ahead = self.old.clone();
+            let next = ahead.next().map(|(_, s)| s);
+            match (next, self.new) {
+                (Some(s), Some(n)) if s.metric == n.metric => self.old = ahead,
+                (Some(s), Some(n)) if s.metric > n.metric => return self.new.take(),
+                (Some(s), _) => {
+                    self.old = ahead;
+                    return Some(s);
+                }
+                (None, _) => return self.new.take(),
+            }
+        }
+    }
+}
+
 impl Metrics {
     /// The aggregates, by metric index.
     pub fn iter(&self) -> impl Iterator<Item = Stats> + '_ {
-        let mut at = 0;
-        std::iter::from_fn(move || {
-            (at < self.0.len()).then(|| {
-                let s = decode(&self.0, at);
-                at += len_at(&self.0, at);
-                s
-            })
-        })
+        Entries::new(self.0.as_slice()).map(|(_, s)| s)
     }
 
     /// Number of metrics.
     pub fn len(&self) -> usize {
-        self.iter_at().count()
+        Entries::new(self.0.as_slice()).count()
     }
 
     /// No metric.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.0.as_slice().is_empty()
     }
 
-    /// Bytes held (the block is exactly sized).
+    /// Bytes of the entries (held inline up to 30, else exactly sized on the heap).
     pub fn bytes(&self) -> usize {
-        self.0.len()
+        self.0.as_slice().len()
     }
 
-    /// Offsets of the entries.
-    fn iter_at(&self) -> impl Iterator<Item = usize> + '_ {
-        let mut at = 0;
-        std::iter::from_fn(move || {
-            (at < self.0.len()).then(|| {
-                let here = at;
-                at += len_at(&self.0, at);
-                here
-            })
-        })
+    /// Whether the entries are held inline (no allocation).
+    pub fn inline(&self) -> bool {
+        matches!(self.0, Block::Inline(..))
     }
 
-    /// The entry of `m`: `Ok(offset)`, or `Err(offset)` where it would go.
-    fn find(&self, m: MetricIdx) -> Result<usize, usize> {
-        for at in self.iter_at() {
-            let k = metric_at(&self.0, at);
+    /// The entry of `m` and its offset.
+    fn find(&self, m: MetricIdx) -> Option<(usize, Stats)> {
+        let mut e = Entries::new(self.0.as_slice());
+        while let Some((at, k, form)) = e.head() {
             if k == m {
-                return Ok(at);
+                return Some((at, e.stats(at, k, form)));
             }
             if k > m {
-                return Err(at);
+                return None;
             }
         }
-        Err(self.0.len())
+        None
     }
 
-    /// Writes `s` over the `old` bytes at `at` (0: an insertion there); the block
-    /// is rebuilt exactly sized when the entry's length changes.
-    fn put(&mut self, at: usize, old: usize, s: &Stats) {
-        let mut e = [0u8; FULL];
-        let n = encode(s, &mut e);
-        if n == old {
-            self.0[at..at + n].copy_from_slice(&e[..n]);
+    /// Sets the aggregate of `s.metric` to `s` (`at`: its whole entry's offset,
+    /// kept in place when it stays whole); otherwise the block is re-encoded.
+    fn set(&mut self, at: Option<usize>, s: Stats) {
+        if let (Some(at), Block::Heap(b)) = (at, &mut self.0)
+            && b[at + 2] == FORM_FULL
+            && !single(&s)
+        {
+            let mut e = [0u8; FULL];
+            encode(&s, &mut None, &mut e);
+            b[at..at + FULL].copy_from_slice(&e);
             return;
         }
-        let mut v = Vec::with_capacity(self.0.len() - old + n);
-        v.extend_from_slice(&self.0[..at]);
-        v.extend_from_slice(&e[..n]);
-        v.extend_from_slice(&self.0[at + old..]);
-        self.0 = v.into_boxed_slice();
+        let list = Replaced {
+            old: Entries::new(self.0.as_slice()),
+            new: Some(s),
+        };
+        self.0 = encode_all(list);
     }
 
     /// Adds a reading of metric `m`.
     pub fn add(&mut self, m: MetricIdx, t: Millis, v: f64) {
         match self.find(m) {
-            Ok(at) => {
-                let mut s = decode(&self.0, at);
+            Some((at, mut s)) => {
                 s.add(t, v);
-                self.put(at, len_at(&self.0, at), &s);
+                self.set(Some(at), s);
             }
-            Err(at) => self.put(at, 0, &Stats::new(m, t, v)),
+            None => self.set(None, Stats::new(m, t, v)),
         }
     }
 
     /// Merges another window's aggregate of the same metric (sessions).
     pub fn merge(&mut self, o: &Stats) {
         match self.find(o.metric) {
-            Ok(at) => {
-                let mut s = decode(&self.0, at);
+            Some((at, mut s)) => {
                 s.merge(o);
-                self.put(at, len_at(&self.0, at), &s);
+                self.set(Some(at), s);
             }
-            Err(at) => self.put(at, 0, o),
+            None => self.set(None, *o),
         }
     }
 }
@@ -279,13 +398,8 @@ impl Metrics {
 /// From aggregates sorted by metric index (a stored window's).
 impl FromIterator<Stats> for Metrics {
     fn from_iter<I: IntoIterator<Item = Stats>>(it: I) -> Self {
-        let mut v = Vec::new();
-        let mut e = [0u8; FULL];
-        for s in it {
-            let n = encode(&s, &mut e);
-            v.extend_from_slice(&e[..n]);
-        }
-        Self(v.into_boxed_slice())
+        let list: Vec<Stats> = it.into_iter().collect();
+        Self(encode_all(list.into_iter()))
     }
 }
 

@@ -31,11 +31,12 @@ proptest::proptest! {
     #[test]
     fn the_block_holds_what_the_plain_list_holds(
         readings in proptest::collection::vec(
-            (0u16..6, -5_000i64..5_000, proptest::prop_oneof![
+            (0u16..6, proptest::prop_oneof![Just(7i64), -5_000i64..5_000], proptest::prop_oneof![
                 Just(0.0f64), Just(-0.0f64), -1e12f64..1e12,
             ]),
             0..40),
-        other in proptest::collection::vec((0u16..6, -5_000i64..5_000, -1e6f64..1e6), 0..10),
+        other in proptest::collection::vec(
+            (0u16..6, proptest::prop_oneof![Just(7i64), -5_000i64..5_000], -1e6f64..1e6), 0..10),
     ) {
         let (mut b, mut p) = (Metrics::default(), Vec::new());
         for &(m, t, x) in &readings {
@@ -65,10 +66,26 @@ proptest::proptest! {
 fn one_reading_a_metric_takes_19_bytes_and_a_second_the_whole_aggregate() {
     let mut b = Metrics::default();
     b.add(3, 10, 1.5);
+    assert_eq!((b.bytes(), b.inline()), (ONE, true), "no allocation");
     b.add(1, 20, -2.0);
-    assert_eq!(b.bytes(), 2 * ONE);
+    assert_eq!((b.bytes(), b.inline()), (2 * ONE, false), "two times");
     b.add(3, 5, 4.0);
     assert_eq!(b.bytes(), ONE + FULL);
+    let rebuilt: Metrics = b.iter().collect();
+    assert_eq!(rebuilt, b);
+    // The metrics of one reading share its time: 19 + 11 bytes, inline.
+    let mut r = Metrics::default();
+    r.add(4, 7, 21.5);
+    r.add(2, 7, 58.5);
+    assert_eq!((r.bytes(), r.inline()), (ONE + SAME, true));
+    let s: Vec<Stats> = r.iter().collect();
+    assert_eq!(s, [Stats::new(2, 7, 58.5), Stats::new(4, 7, 21.5)]);
+    // A second reading of the first metric: the second keeps its time.
+    r.add(2, 9, 1.0);
+    assert_eq!(r.bytes(), FULL + ONE);
+    assert_eq!(r.iter().nth(1), Some(Stats::new(4, 7, 21.5)));
+    r.add(9, 7, 0.5);
+    assert_eq!(r.bytes(), FULL + ONE + SAME);
     let s: Vec<Stats> = b.iter().collect();
     assert_eq!(s.iter().map(|s| s.metric).collect::<Vec<_>>(), [1, 3]);
     assert_eq!(

@@ -84,7 +84,7 @@ fn insert_tight<T>(v: &mut Vec<T>, i: usize, x: T) {
     v.insert(i, x);
 }
 
-/// One open window of one device: 56 bytes and its metrics' block ([`Metrics`]; several per
+/// One open window of one device: 80 bytes, two metrics of one reading inside ([`Metrics`]; several per
 /// device with short windows and lateness; BENCHMARKS 4b).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(from = "WindowRecord")]
