@@ -150,17 +150,16 @@ impl Engine {
             let g = &mut self.groups[gi];
             if g.deadlines.len() > 2 * g.members.len() + 64 {
                 let devices = &self.devices;
-                // Rebuilt in its own room (a collected heap is exactly sized, and
-                // its next push would double it).
-                let mut v = std::mem::take(&mut g.deadlines).into_vec();
-                v.clear();
-                v.extend(g.members.iter().filter_map(|&di| {
-                    devices[di as usize]
-                        .deadline
-                        .get()
-                        .map(|t| Reverse((t, di)))
-                }));
-                g.deadlines = v.into();
+                g.deadlines = g
+                    .members
+                    .iter()
+                    .filter_map(|&di| {
+                        devices[di as usize]
+                            .deadline
+                            .get()
+                            .map(|t| Reverse((t, di)))
+                    })
+                    .collect();
             }
         }
         self.visit = visit;
