@@ -109,14 +109,7 @@ fn run(case: &Case, seed: u64) -> Outcome {
         "[gateway]\nid = \"gw\"\n[time]\ngateway_clock = \"{}\"\n",
         case.mode
     );
-    let cfg = config::load_str(&toml, &BTreeMap::new()).expect("valid config");
-    let mut driver = Driver::new(
-        Engine::new(&cfg.engine),
-        &cfg.gateway,
-        &cfg.sink.prefix,
-        SinkFormat::Json,
-        None,
-    );
+    let mut driver = support::engine::driver(&toml);
     let mut rng = Rng(seed);
     let every = (1000.0 / case.hz) as i64;
     // (arrival, device index, true send time)
@@ -327,15 +320,7 @@ fn an_unsynchronized_but_correct_gateway_changes_nothing() {
 /// unsynchronized gateway wrong by `initial`, then by each step's error from
 /// its moment on: the late, alert and rejected outputs.
 fn stepped_gateway(seed: u64, initial: i64, steps: Vec<(i64, i64)>) -> (usize, usize, usize) {
-    let toml = "[gateway]\nid = \"gw\"\n";
-    let cfg = config::load_str(toml, &BTreeMap::new()).unwrap();
-    let mut driver = Driver::new(
-        Engine::new(&cfg.engine),
-        &cfg.gateway,
-        &cfg.sink.prefix,
-        SinkFormat::Json,
-        None,
-    );
+    let mut driver = support::engine::driver("[gateway]\nid = \"gw\"\n");
     let mut rng = Rng(seed);
     let mut steps = steps;
     steps.push((0, initial));

@@ -17,18 +17,22 @@ pub struct Sim {
     pub now: i64,
 }
 
+/// A driver (JSON outputs) around an engine configured by the whole config `text`.
+pub fn driver(text: &str) -> Driver {
+    let cfg = config::load_str(text, &BTreeMap::new()).expect("valid test config");
+    Driver::new(
+        Engine::new(&cfg.engine),
+        &cfg.gateway,
+        &cfg.sink.prefix,
+        SinkFormat::Json,
+        None,
+    )
+}
+
 impl Sim {
     /// An engine configured by `toml` (gateway id added), started at `start`.
     pub fn new(toml: &str, start: i64) -> Self {
-        let text = format!("[gateway]\nid = \"gw\"\n{toml}");
-        let cfg = config::load_str(&text, &BTreeMap::new()).expect("valid test config");
-        let mut driver = Driver::new(
-            Engine::new(&cfg.engine),
-            &cfg.gateway,
-            &cfg.sink.prefix,
-            SinkFormat::Json,
-            None,
-        );
+        let mut driver = driver(&format!("[gateway]\nid = \"gw\"\n{toml}"));
         driver.start(Now::at(start));
         Self { driver, now: start }
     }
