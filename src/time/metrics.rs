@@ -179,7 +179,11 @@ struct Entries<'a> {
 
 impl<'a> Entries<'a> {
     fn new(b: &'a [u8]) -> Self {
-        Self { b, at: 0, shared: 0 }
+        Self {
+            b,
+            at: 0,
+            shared: 0,
+        }
     }
 }
 
@@ -395,11 +399,19 @@ impl Metrics {
     }
 }
 
-/// From aggregates sorted by metric index (a stored window's).
+impl Metrics {
+    /// From aggregates sorted by metric index (a stored window's), read twice
+    /// (the block's length, then its bytes) instead of collected.
+    pub fn from_sorted(list: impl Iterator<Item = Stats> + Clone) -> Self {
+        Self(encode_all(list))
+    }
+}
+
+/// From aggregates sorted by metric index.
 impl FromIterator<Stats> for Metrics {
     fn from_iter<I: IntoIterator<Item = Stats>>(it: I) -> Self {
         let list: Vec<Stats> = it.into_iter().collect();
-        Self(encode_all(list.into_iter()))
+        Self::from_sorted(list.into_iter())
     }
 }
 

@@ -136,21 +136,17 @@ impl From<WindowRecord> for Window {
             start: r.start,
             end: r.end,
             last_event: r.last_event,
-            metrics: r
-                .metrics
-                .into_iter()
-                .map(|(metric, s)| Stats {
-                    sum: s.sum,
-                    min: s.min,
-                    max: s.max,
-                    first: s.first,
-                    last: s.last,
-                    first_t: s.first_t,
-                    last_t: s.last_t,
-                    count: sat32(s.count),
-                    metric,
-                })
-                .collect(),
+            metrics: Metrics::from_sorted(r.metrics.iter().map(|&(metric, ref s)| Stats {
+                sum: s.sum,
+                min: s.min,
+                max: s.max,
+                first: s.first,
+                last: s.last,
+                first_t: s.first_t,
+                last_t: s.last_t,
+                count: sat32(s.count),
+                metric,
+            })),
             count: sat32(r.count),
             heartbeats: sat32(r.heartbeats),
             emitted: 0,
