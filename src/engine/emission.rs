@@ -196,7 +196,12 @@ impl Engine {
         let dev = &mut self.devices[di].state;
         let mut counts = [0; 3];
         let said = &mut self.judging;
-        for w in dev.windows.iter_mut().filter(|w| w.dirty && upto >= w.end) {
+        for w in dev
+            .windows
+            .open_mut()
+            .iter_mut()
+            .filter(|w| w.dirty && upto >= w.end)
+        {
             let revision = w.emitted().map_or(0, |r| r + 1);
             if revision == 0
                 && let Some(x) = w.extra.as_deref_mut()
@@ -233,6 +238,9 @@ impl Engine {
                 out.emit(o);
             }
         }
+        if emitted {
+            dev.windows.pack_fired();
+        }
         if counts != [0; 3] {
             for (i, k) in counts.into_iter().enumerate() {
                 self.counters.conditions[i] += k;
@@ -259,8 +267,8 @@ impl Engine {
             .saturating_sub(lateness)
             .saturating_sub(span)
             .saturating_add(1);
-        if let Some(w) = dev.windows.first() {
-            before = before.min(w.start);
+        if let Some(s) = dev.windows.first_start() {
+            before = before.min(s);
         }
         conditions::settle(
             &g.cfg.conditions,
@@ -286,13 +294,12 @@ impl Engine {
         );
         let mut changed = self.emit_windows(di, wm, now.wall, out);
         let dev = &mut self.devices[di].state;
-        let before = dev.windows.len();
         if auto {
             let mut gone = None;
-            dev.windows.retain(|w| {
-                let keep = wm < w.end + lateness;
+            changed |= dev.windows.retain(|start, end| {
+                let keep = wm < end + lateness;
                 if !keep {
-                    gone = gone.max(Some(w.start));
+                    gone = gone.max(Some(start));
                 }
                 keep
             });
@@ -300,9 +307,8 @@ impl Engine {
                 dev.purged_to_s = dev.purged_to_s.max(super::adaptive::purged_s(s));
             }
         } else {
-            dev.windows.retain(|w| wm < w.end + lateness);
+            changed |= dev.windows.retain(|_, end| wm < end + lateness);
         }
-        changed |= dev.windows.len() != before;
         changed |= self.settle_conditions(gi, di, wm, lateness);
         let dev = &mut self.devices[di].state;
         let offline_now = !dev.offline && dev.max_event.get().is_some_and(|seen| wm >= seen + hb);

@@ -89,16 +89,13 @@ impl Engine {
 /// window (its end), purge one (end + allowed lateness), go offline (last
 /// event + heartbeat timeout). Everything below it was done at the last visit.
 pub(super) fn deadline(d: &Device, lateness: Millis, heartbeat_timeout: Millis) -> Option<Millis> {
-    let windows = d.windows.iter().map(|w| {
-        let purge = w.end.saturating_add(lateness);
-        if w.dirty { w.end.min(purge) } else { purge }
-    });
+    let windows = d.windows.deadline(lateness);
     let offline = d
         .max_event
         .get()
         .filter(|_| !d.offline)
         .map(|m| m.saturating_add(heartbeat_timeout));
-    windows.chain(offline).min()
+    windows.into_iter().chain(offline).min()
 }
 
 #[cfg(test)]

@@ -294,7 +294,7 @@ impl Engine {
                 fresh,
                 extras,
             };
-            window::apply(&mut dev.windows, rule, event, wm, heartbeat, &metrics)
+            dev.windows.apply(rule, event, wm, heartbeat, &metrics)
         });
         if !taken {
             self.counters.late += 1;

@@ -8,6 +8,7 @@ use super::{DeviceSlot, Engine, GroupSlot, MAX_DEVICES};
 use crate::model::{Id, Millis, OptMillis, SharedId};
 use crate::time::seq::SeqWindow;
 use crate::time::skew::SkewEstimator;
+use crate::time::windows::Windows;
 
 /// Slots added at a time once the table is large.
 const SLOT_STEP: usize = 512;
@@ -116,7 +117,7 @@ impl Engine {
                 offline: false,
                 announced: false,
                 seq: SeqWindow::default(),
-                windows: Vec::new(),
+                windows: Windows::default(),
                 missing: 0,
                 timestamps_invalid: 0,
                 accepted: 0,

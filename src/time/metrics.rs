@@ -400,6 +400,22 @@ impl Metrics {
 }
 
 impl Metrics {
+    /// The canonical bytes of the entries.
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        self.0.as_slice()
+    }
+
+    /// From bytes [`Metrics::as_bytes`] gave.
+    pub(crate) fn from_bytes(b: &[u8]) -> Self {
+        if b.len() > INLINE {
+            return Self(Block::Heap(b.into()));
+        }
+        let mut a = [0u8; INLINE];
+        a[..b.len()].copy_from_slice(b);
+        #[allow(clippy::cast_possible_truncation)]
+        Self(Block::Inline(b.len() as u8, a))
+    }
+
     /// From aggregates sorted by metric index (a stored window's), read twice
     /// (the block's length, then its bytes) instead of collected.
     pub fn from_sorted(list: impl Iterator<Item = Stats> + Clone) -> Self {

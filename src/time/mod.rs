@@ -12,6 +12,7 @@ pub mod sketch;
 pub mod skew;
 pub mod watermark;
 pub mod window;
+pub mod windows;
 
 use serde::{Deserialize, Serialize};
 

@@ -102,7 +102,7 @@ pub struct Window {
     /// Heartbeats (saturating).
     pub heartbeats: u32,
     /// Revision of the last emitted result + 1; 0 before the first emission.
-    emitted: u32,
+    pub(super) emitted: u32,
     /// Changed since the last emission.
     pub dirty: bool,
     /// The group's extra aggregates' state (docs/reference.md#group_defaults-and-groupsname); None without them.
@@ -178,7 +178,7 @@ impl Serialize for Window {
 }
 
 impl Window {
-    fn new(start: Millis, end: Millis) -> Self {
+    pub(super) fn new(start: Millis, end: Millis) -> Self {
         Self {
             start,
             end,
