@@ -399,6 +399,11 @@ impl Metrics {
     }
 }
 
+/// The aggregates of a block [`Metrics::as_bytes`] gave, by metric index.
+pub(crate) fn stats_in(b: &[u8]) -> impl Iterator<Item = Stats> + '_ {
+    Entries::new(b).map(|(_, s)| s)
+}
+
 impl Metrics {
     /// The canonical bytes of the entries.
     pub(crate) fn as_bytes(&self) -> &[u8] {

@@ -59,17 +59,51 @@ impl From<&Stats> for StatsRecord {
     }
 }
 
-struct MetricsView<'a>(&'a Metrics);
+/// A block of aggregates ([`Metrics::as_bytes`]) as stored.
+struct MetricsView<'a>(&'a [u8]);
 
 impl Serialize for MetricsView<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeSeq;
         // A definite length, as the records written from a slice have.
-        let mut seq = s.serialize_seq(Some(self.0.len()))?;
-        for m in self.0.iter() {
+        let mut seq = s.serialize_seq(Some(super::metrics::stats_in(self.0).count()))?;
+        for m in super::metrics::stats_in(self.0) {
             seq.serialize_element(&(m.metric, StatsRecord::from(&m)))?;
         }
         seq.end()
+    }
+}
+
+/// A window's fields as stored, from a [`Window`] or a packed one.
+pub(super) struct Fields<'a> {
+    pub start: Millis,
+    pub end: Millis,
+    /// Revision + 1; 0: never emitted.
+    pub emitted: u32,
+    pub dirty: bool,
+    pub count: u32,
+    pub heartbeats: u32,
+    pub block: &'a [u8],
+    pub last_event: Millis,
+    pub extra: Option<&'a super::extras::WindowExtras>,
+}
+
+impl Serialize for Fields<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("Window", 8 + usize::from(self.extra.is_some()))?;
+        st.serialize_field("start", &self.start)?;
+        st.serialize_field("end", &self.end)?;
+        st.serialize_field("emitted", &self.emitted.checked_sub(1))?;
+        st.serialize_field("dirty", &self.dirty)?;
+        st.serialize_field("count", &u64::from(self.count))?;
+        st.serialize_field("heartbeats", &u64::from(self.heartbeats))?;
+        st.serialize_field("metrics", &MetricsView(self.block))?;
+        st.serialize_field("last_event", &self.last_event)?;
+        if let Some(x) = self.extra {
+            st.serialize_field("extra", x)?;
+        }
+        st.end()
     }
 }
 
@@ -77,7 +111,7 @@ impl Serialize for MetricsView<'_> {
 /// `Vec`'s doubling (or half again) left one or two empty 64-byte slots in most
 /// devices' lists, which live as long as the device. Growing by one costs a copy
 /// of a few windows, and only until a device's list has its steady length.
-fn insert_tight<T>(v: &mut Vec<T>, i: usize, x: T) {
+pub(super) fn insert_tight<T>(v: &mut Vec<T>, i: usize, x: T) {
     if v.len() == v.capacity() {
         v.reserve_exact(1);
     }
@@ -160,20 +194,18 @@ impl From<WindowRecord> for Window {
 
 impl Serialize for Window {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeStruct;
-        let mut st = s.serialize_struct("Window", 8 + usize::from(self.extra.is_some()))?;
-        st.serialize_field("start", &self.start)?;
-        st.serialize_field("end", &self.end)?;
-        st.serialize_field("emitted", &self.emitted())?;
-        st.serialize_field("dirty", &self.dirty)?;
-        st.serialize_field("count", &u64::from(self.count))?;
-        st.serialize_field("heartbeats", &u64::from(self.heartbeats))?;
-        st.serialize_field("metrics", &MetricsView(&self.metrics))?;
-        st.serialize_field("last_event", &self.last_event)?;
-        if let Some(x) = &self.extra {
-            st.serialize_field("extra", x.as_ref())?;
+        Fields {
+            start: self.start,
+            end: self.end,
+            emitted: self.emitted,
+            dirty: self.dirty,
+            count: self.count,
+            heartbeats: self.heartbeats,
+            block: self.metrics.as_bytes(),
+            last_event: self.last_event,
+            extra: self.extra.as_deref(),
         }
-        st.end()
+        .serialize(s)
     }
 }
 

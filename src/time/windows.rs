@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use serde::{Deserialize, Serialize};
 
 use super::metrics::Metrics;
-use super::window::{Rule, Window, WindowSpec, apply, assign};
+use super::window::{Fields, Rule, Window, WindowSpec, apply, assign, insert_tight};
 use crate::model::Millis;
 
 /// Open windows sorted by start, and the fired ones packed (`Packed`). A window
@@ -26,7 +26,7 @@ pub struct Windows {
 /// `count`, `heartbeats`, `emitted` (revision + 1), the length of the
 /// aggregates' block and the block ([`Metrics::as_bytes`]). Empty: none.
 #[derive(Clone, Default)]
-struct Packed(Box<[u8]>);
+struct Packed(Vec<u8>);
 
 /// An entry's header and where its block and the next entry are.
 #[derive(Clone, Copy)]
@@ -143,47 +143,79 @@ impl Packed {
     }
 }
 
-/// The buffer of `entries` (byte ranges of `src`, or packed anew), newest
-/// first, headed by their smallest end.
-fn build(entries: &[Entry<'_>], src: &[u8]) -> Packed {
-    let Some(min_end) = entries.iter().map(|e| e.end).min() else {
-        return Packed::default();
-    };
-    let mut out = Vec::new();
-    out.extend_from_slice(&min_end.to_le_bytes());
-    for e in entries {
-        match e.from {
-            Source::Kept(a, b) => out.extend_from_slice(&src[a..b]),
-            Source::New(w) => put_window(&mut out, w),
-        }
-    }
-    Packed(out.into_boxed_slice())
+fn varint_len(x: u64) -> usize {
+    (64 - (x | 1).leading_zeros() as usize).div_ceil(7)
 }
 
-/// An entry of a buffer being rebuilt: its start and end, and the bytes it
-/// keeps or the window packed anew.
-struct Entry<'a> {
-    start: Millis,
-    end: Millis,
-    from: Source<'a>,
-}
-
-enum Source<'a> {
-    Kept(usize, usize),
-    New(&'a Window),
+#[allow(clippy::cast_sign_loss)]
+fn packed_len(w: &Window) -> usize {
+    let block = w.metrics.as_bytes().len();
+    8 + [
+        w.end.wrapping_sub(w.start) as u64,
+        w.last_event.wrapping_sub(w.start) as u64,
+        u64::from(w.count),
+        u64::from(w.heartbeats),
+        u64::from(w.emitted),
+        block as u64,
+    ]
+    .into_iter()
+    .map(varint_len)
+    .sum::<usize>()
+        + block
 }
 
 impl Packed {
-    /// The entries as they are, newest first, each with the header `keep` sees.
-    fn entries(&self, mut keep: impl FnMut(&Head) -> bool) -> Vec<Entry<'static>> {
-        self.heads()
-            .filter(|(_, h)| keep(h))
-            .map(|(at, h)| Entry {
-                start: h.start,
-                end: h.end,
-                from: Source::Kept(at, h.block.1),
-            })
-            .collect()
+    /// Adds a window in start order. When the buffer grows it makes room for
+    /// `room` entries like this one: a device's buffer is allocated once, and
+    /// keeps its room when entries go, a next fired window taking a purged
+    /// one's place (buffers grown one entry at a time left holes that other
+    /// allocations could not use, BENCHMARKS 4b).
+    fn insert(&mut self, w: &Window, room: usize) {
+        let b = &mut self.0;
+        if b.is_empty() {
+            b.extend_from_slice(&w.end.to_le_bytes());
+        }
+        let at = self
+            .heads()
+            .find(|(_, h)| h.start < w.start)
+            .map_or(self.0.len(), |(at, _)| at);
+        let n = packed_len(w);
+        let b = &mut self.0;
+        if b.capacity() < b.len() + n {
+            let count = self.heads().count();
+            let b = &mut self.0;
+            b.reserve_exact(n * room.saturating_sub(count).max(1));
+        }
+        let b = &mut self.0;
+        put_window(b, w);
+        b[at..].rotate_right(n);
+        self.set_min_end();
+    }
+
+    /// Drops the entries `gone` selects.
+    fn remove_where(&mut self, mut gone: impl FnMut(&Head) -> bool) -> bool {
+        let mut any = false;
+        let mut at = MIN_END;
+        while at < self.0.len() {
+            let (h, next) = head(&self.0, at);
+            if gone(&h) {
+                self.0.drain(at..next);
+                any = true;
+            } else {
+                at = next;
+            }
+        }
+        if any {
+            self.set_min_end();
+        }
+        any
+    }
+
+    fn set_min_end(&mut self) {
+        match self.heads().map(|(_, h)| h.end).min() {
+            Some(e) => self.0[..MIN_END].copy_from_slice(&e.to_le_bytes()),
+            None => self.0 = Vec::new(),
+        }
     }
 }
 
@@ -200,18 +232,36 @@ impl Windows {
 
     /// Every window, oldest start first (fired ones unpacked).
     pub fn iter(&self) -> impl Iterator<Item = Cow<'_, Window>> + '_ {
-        let mut fired: Vec<Head> = self.fired.heads().map(|(_, h)| h).collect();
-        let mut open = self.open.iter().peekable();
-        std::iter::from_fn(move || {
-            let f = fired.last().map(|h| h.start);
-            match (open.peek().map(|w| w.start), f) {
-                (Some(o), Some(f)) if f < o => {
-                    fired.pop().map(|h| Cow::Owned(self.fired.window(&h)))
-                }
-                (Some(_), _) => open.next().map(Cow::Borrowed),
-                (None, Some(_)) => fired.pop().map(|h| Cow::Owned(self.fired.window(&h))),
-                (None, None) => None,
+        self.ordered().map(|s| match s {
+            Slot::Open(w) => Cow::Borrowed(w),
+            Slot::Fired(h) => Cow::Owned(self.fired.window(&h)),
+        })
+    }
+
+    /// Every window, oldest start first, as held (no allocation with up to 32
+    /// fired ones: stored records are written from here).
+    fn ordered(&self) -> impl Iterator<Item = Slot<'_>> + '_ {
+        let mut fired = Offsets::Few(heapless::Vec::new());
+        for (at, _) in self.fired.heads() {
+            let at = offset(at);
+            if let Offsets::Few(few) = &mut fired
+                && few.push(at).is_err()
+            {
+                fired = Offsets::Many(self.fired.heads().map(|(at, _)| offset(at)).collect());
+                break;
             }
+        }
+        let b = &self.fired.0;
+        let mut next = fired.pop().map(|at| head(b, at as usize).0);
+        let mut open = self.open.iter().peekable();
+        std::iter::from_fn(move || match (open.peek(), next) {
+            (Some(o), Some(h)) if h.start >= o.start => open.next().map(Slot::Open),
+            (_, Some(h)) => {
+                next = fired.pop().map(|at| head(b, at as usize).0);
+                Some(Slot::Fired(h))
+            }
+            (Some(_), None) => open.next().map(Slot::Open),
+            (None, None) => None,
         })
     }
 
@@ -240,41 +290,29 @@ impl Windows {
         open.chain(fired).min()
     }
 
-    /// Packs the open windows that are fired (after an emission).
-    pub fn pack_fired(&mut self) {
-        let fired = |w: &Window| w.emitted != 0 && !w.dirty && w.extra.is_none();
-        if !self.open.iter().any(fired) {
-            return;
+    /// Packs the open windows that are fired (after an emission and purge);
+    /// `room`: how many fired windows the device keeps at once, as far as known.
+    pub fn pack_fired(&mut self, room: usize) {
+        for w in self.open.extract_if(.., |w| is_fired(w)) {
+            self.fired.insert(&w, room);
         }
-        let (new, open): (Vec<Window>, Vec<Window>) = std::mem::take(&mut self.open)
-            .into_iter()
-            .partition(|w| fired(w));
-        self.open = open;
-        let mut entries = self.fired.entries(|_| true);
-        entries.extend(new.iter().map(|w| Entry {
-            start: w.start,
-            end: w.end,
-            from: Source::New(w),
-        }));
-        entries.sort_by_key(|e| std::cmp::Reverse(e.start));
-        self.fired = build(&entries, &self.fired.0);
     }
 
     /// Unpacks the fired windows `pick(start, end)` selects into the open ones.
     fn unpack_where(&mut self, mut pick: impl FnMut(Millis, Millis) -> bool) {
+        let open = &mut self.open;
+        let fired = &self.fired;
         let mut taken = false;
-        let entries = self.fired.entries(|h| {
-            if !pick(h.start, h.end) {
-                return true;
+        for (_, h) in fired.heads() {
+            if pick(h.start, h.end) {
+                let w = fired.window(&h);
+                let i = open.partition_point(|o| o.start < w.start);
+                insert_tight(open, i, w);
+                taken = true;
             }
-            let w = self.fired.window(h);
-            let i = self.open.partition_point(|o| o.start < w.start);
-            self.open.insert(i, w);
-            taken = true;
-            false
-        });
+        }
         if taken {
-            self.fired = build(&entries, &self.fired.0);
+            self.fired.remove_where(|h| pick(h.start, h.end));
         }
     }
 
@@ -283,17 +321,7 @@ impl Windows {
         let before = self.open.len();
         self.open.retain(|w| keep(w.start, w.end));
         let gone = self.open.len() != before;
-        let mut purged = false;
-        if !self.fired.0.is_empty() {
-            let kept = self.fired.entries(|h| {
-                let k = keep(h.start, h.end);
-                purged |= !k;
-                k
-            });
-            if purged {
-                self.fired = build(&kept, &self.fired.0);
-            }
-        }
+        let purged = self.fired.remove_where(|h| !keep(h.start, h.end));
         gone || purged
     }
 
@@ -322,13 +350,52 @@ impl Windows {
     }
 }
 
+/// A window as held: open, or the header of a packed one.
+enum Slot<'a> {
+    Open(&'a Window),
+    Fired(Head),
+}
+
+/// Offsets of packed entries, oldest last.
+enum Offsets {
+    Few(heapless::Vec<u32, 32>),
+    Many(Vec<u32>),
+}
+
+/// A buffer of more than 4 GiB is not made: a device's windows are bounded.
+fn offset(at: usize) -> u32 {
+    u32::try_from(at).unwrap_or(u32::MAX)
+}
+
+impl Offsets {
+    fn pop(&mut self) -> Option<u32> {
+        match self {
+            Offsets::Few(v) => v.pop(),
+            Offsets::Many(v) => v.pop(),
+        }
+    }
+}
+
 /// Stored as the list of windows it replaced (records stay readable both ways).
 impl Serialize for Windows {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeSeq;
         let mut seq = s.serialize_seq(Some(self.len()))?;
-        for w in self.iter() {
-            seq.serialize_element(w.as_ref())?;
+        for slot in self.ordered() {
+            match slot {
+                Slot::Open(w) => seq.serialize_element(w)?,
+                Slot::Fired(h) => seq.serialize_element(&Fields {
+                    start: h.start,
+                    end: h.end,
+                    emitted: h.emitted,
+                    dirty: false,
+                    count: h.count,
+                    heartbeats: h.heartbeats,
+                    block: &self.fired.0[h.block.0..h.block.1],
+                    last_event: h.last_event,
+                    extra: None,
+                })?,
+            }
         }
         seq.end()
     }
@@ -347,9 +414,17 @@ impl From<Vec<Window>> for Windows {
             open,
             fired: Packed::default(),
         };
-        w.pack_fired();
+        let fired = w.open.iter().filter(|x| is_fired(x)).count();
+        if fired > 0 {
+            w.pack_fired(fired);
+            w.open.shrink_to_fit();
+        }
         w
     }
+}
+
+fn is_fired(w: &Window) -> bool {
+    w.emitted != 0 && !w.dirty && w.extra.is_none()
 }
 
 /// The same windows, wherever each is held.

@@ -73,6 +73,7 @@ proptest::proptest! {
         spec in spec(),
         lateness in proptest::prop_oneof![Just(0i64), 0i64..30_000],
         extras in proptest::bool::weighted(0.2),
+        room in 0usize..5,
         ops in ops(),
     ) {
         let extras = if extras {
@@ -98,7 +99,7 @@ proptest::proptest! {
                     wm = Some(w);
                     emit(&mut plain, w);
                     if emit(packed.open_mut(), w) {
-                        packed.pack_fired();
+                        packed.pack_fired(room);
                     }
                     plain.retain(|x| w < x.end + lateness);
                     packed.retain(|_, end| w < end + lateness);
@@ -141,7 +142,7 @@ fn fired_windows_are_packed_and_a_late_reading_unpacks_one() {
         );
     }
     assert!(emit(ws.open_mut(), 30_000));
-    ws.pack_fired();
+    ws.pack_fired(3);
     assert_eq!((ws.open.len(), ws.len()), (1, 4));
     // Three windows of ten readings of two metrics: 126 bytes of aggregates, a header
     // of 16 bytes each and the smallest end.
