@@ -171,30 +171,27 @@ impl Packed {
     /// one's place (buffers grown one entry at a time left holes that other
     /// allocations could not use, BENCHMARKS 4b).
     fn insert(&mut self, w: &Window, room: usize) {
-        let b = &mut self.0;
-        if b.is_empty() {
-            b.extend_from_slice(&w.end.to_le_bytes());
+        let n = packed_len(w);
+        if self.0.is_empty() {
+            self.0.reserve_exact(MIN_END + n * room.max(1));
+            self.0.extend_from_slice(&w.end.to_le_bytes());
+        } else if self.0.capacity() < self.0.len() + n {
+            let count = self.heads().count();
+            self.0.reserve_exact(n * room.saturating_sub(count).max(1));
         }
         let at = self
             .heads()
             .find(|(_, h)| h.start < w.start)
             .map_or(self.0.len(), |(at, _)| at);
-        let n = packed_len(w);
-        let b = &mut self.0;
-        if b.capacity() < b.len() + n {
-            let count = self.heads().count();
-            let b = &mut self.0;
-            b.reserve_exact(n * room.saturating_sub(count).max(1));
-        }
-        let b = &mut self.0;
-        put_window(b, w);
-        b[at..].rotate_right(n);
-        self.set_min_end();
+        let min_end = self.min_end().map_or(w.end, |e| e.min(w.end));
+        put_window(&mut self.0, w);
+        self.0[at..].rotate_right(n);
+        self.0[..MIN_END].copy_from_slice(&min_end.to_le_bytes());
     }
 
     /// Drops the entries `gone` selects.
     fn remove_where(&mut self, mut gone: impl FnMut(&Head) -> bool) -> bool {
-        let mut any = false;
+        let (mut any, mut min_end) = (false, None::<Millis>);
         let mut at = MIN_END;
         while at < self.0.len() {
             let (h, next) = head(&self.0, at);
@@ -202,20 +199,17 @@ impl Packed {
                 self.0.drain(at..next);
                 any = true;
             } else {
+                min_end = Some(min_end.map_or(h.end, |e| e.min(h.end)));
                 at = next;
             }
         }
         if any {
-            self.set_min_end();
+            match min_end {
+                Some(e) => self.0[..MIN_END].copy_from_slice(&e.to_le_bytes()),
+                None => self.0 = Vec::new(),
+            }
         }
         any
-    }
-
-    fn set_min_end(&mut self) {
-        match self.heads().map(|(_, h)| h.end).min() {
-            Some(e) => self.0[..MIN_END].copy_from_slice(&e.to_le_bytes()),
-            None => self.0 = Vec::new(),
-        }
     }
 }
 
@@ -338,7 +332,9 @@ impl Windows {
             if let WindowSpec::Session { gap_ms } = rule.spec {
                 let hi = t.saturating_add(gap_ms).min(rule.span.until);
                 self.unpack_where(|s, e| e > t && s < hi);
-            } else {
+            } else if t.saturating_sub(size(rule.spec)) < newest {
+                // Fired windows start at or before `newest` and are at most
+                // `size` long: an event later than that is in none of them.
                 let mut ws = heapless::Vec::new();
                 assign(rule.spec, t, &mut ws);
                 if ws.iter().any(|&(s, _)| s <= newest) {
@@ -347,6 +343,14 @@ impl Windows {
             }
         }
         apply(&mut self.open, rule, t, wm, heartbeat, metrics)
+    }
+}
+
+/// The length of a tumbling or hopping window.
+fn size(spec: WindowSpec) -> Millis {
+    match spec {
+        WindowSpec::Tumbling { size_ms } | WindowSpec::Hopping { size_ms, .. } => size_ms,
+        WindowSpec::Session { gap_ms } => gap_ms,
     }
 }
 
