@@ -174,7 +174,6 @@ impl Engine {
             for mi in 0..self.groups[gi].members.len() {
                 let di = self.groups[gi].members[mi] as usize;
                 if self.emit_windows(di, Millis::MAX, self.wall, out) {
-                    self.devices[di].state.windows.pack_fired(1);
                     self.mark_device(di);
                 }
             }
@@ -307,14 +306,6 @@ impl Engine {
         } else {
             changed |= dev.windows.retain(|_, end| wm < end + lateness);
         }
-        // After the purge: the fired window takes a purged one's room. A device
-        // keeps about lateness / step fired windows.
-        let room = step(self.groups[gi].cfg.window).map_or(1, |s| {
-            let s = s.max(1);
-            usize::try_from(lateness.saturating_add(s - 1) / s).map_or(1, |k| k.clamp(1, 64))
-        });
-        let dev = &mut self.devices[di].state;
-        dev.windows.pack_fired(room);
         changed |= self.settle_conditions(gi, di, wm, lateness);
         let dev = &mut self.devices[di].state;
         let offline_now = !dev.offline && dev.max_event.get().is_some_and(|seen| wm >= seen + hb);
