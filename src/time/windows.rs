@@ -424,25 +424,35 @@ impl Serialize for Windows {
     }
 }
 
+/// Restored as read: a fired window goes into the buffer, sized for the stored
+/// list, without a list of every window first (restart time, BENCHMARKS 4b).
 impl<'de> Deserialize<'de> for Windows {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Ok(Self::from(Vec::<Window>::deserialize(d)?))
-    }
-}
-
-impl From<Vec<Window>> for Windows {
-    fn from(mut open: Vec<Window>) -> Self {
-        open.sort_by_key(|w| w.start);
-        let mut w = Self {
-            open,
-            fired: Packed::default(),
-        };
-        let fired = w.open.iter().filter(|x| is_fired(x)).count();
-        if fired > 0 {
-            w.pack_fired(fired);
-            w.open.shrink_to_fit();
+        struct Seq;
+        impl<'de> serde::de::Visitor<'de> for Seq {
+            type Value = Windows;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list of windows")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut a: A,
+            ) -> Result<Windows, A::Error> {
+                // Stored lists end with the open window(s): one fewer is the fired ones' room.
+                let room = a.size_hint().unwrap_or(2).saturating_sub(1).max(1);
+                let mut w = Windows::default();
+                while let Some(x) = a.next_element::<Window>()? {
+                    if is_fired(&x) {
+                        w.fired.insert(&x, room);
+                    } else {
+                        let i = w.open.partition_point(|o| o.start <= x.start);
+                        insert_tight(&mut w.open, i, x);
+                    }
+                }
+                Ok(w)
+            }
         }
-        w
+        d.deserialize_seq(Seq)
     }
 }
 
