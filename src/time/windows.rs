@@ -14,7 +14,8 @@ use crate::model::Millis;
 
 /// Open windows sorted by start, and the fired ones packed (`Packed`). A window
 /// is fired when it was emitted, is unchanged since and has no extra
-/// aggregates' state; a reading that falls into it unpacks it first.
+/// aggregates' state; it is packed at the device's next event (or on restore),
+/// and a reading that falls into it unpacks it first.
 #[derive(Clone, Default)]
 pub struct Windows {
     open: Vec<Window>,
