@@ -6,7 +6,7 @@ use super::{Engine, Now};
 use crate::codec::MetricName;
 use crate::model::{Id, Millis, OptMillis};
 use crate::output::{Alert, AlertType, Emit, MetricOut, Output, WindowResult};
-use crate::time::window::{Window, WindowSpec};
+use crate::time::window::Window;
 
 use super::conditions;
 
@@ -223,7 +223,7 @@ impl Engine {
                 let spec = g.rule_at(w.start).map_or(g.cfg.window, |(s, _)| s);
                 let c = conditions::judge(
                     &g.cfg.conditions,
-                    step(spec),
+                    spec.step_ms(),
                     &mut dev.conditions,
                     &r,
                     at,
@@ -255,10 +255,7 @@ impl Engine {
         if dev.conditions.is_none() {
             return false;
         }
-        let span = match g.cfg.window {
-            WindowSpec::Tumbling { size_ms } | WindowSpec::Hopping { size_ms, .. } => size_ms,
-            WindowSpec::Session { gap_ms } => gap_ms,
-        };
+        let span = g.cfg.window.span_ms();
         // A late reading may still open a window starting after this, or revise one held.
         let mut before = wm
             .saturating_sub(lateness)
@@ -269,7 +266,7 @@ impl Engine {
         }
         conditions::settle(
             &g.cfg.conditions,
-            step(g.cfg.window),
+            g.cfg.window.step_ms(),
             &mut dev.conditions,
             before,
         )
@@ -348,15 +345,6 @@ impl Engine {
             offset_ms,
             at: now.wall,
         }));
-    }
-}
-
-/// Starts of consecutive windows lie this far apart; None: sessions.
-fn step(spec: WindowSpec) -> Option<Millis> {
-    match spec {
-        WindowSpec::Tumbling { size_ms } => Some(size_ms),
-        WindowSpec::Hopping { slide_ms, .. } => Some(slide_ms),
-        WindowSpec::Session { .. } => None,
     }
 }
 

@@ -71,7 +71,7 @@ pub struct Device {
     pub announced: bool,
     /// Duplicate filter.
     pub seq: SeqWindow,
-    /// Open windows, sorted by start.
+    /// Its windows: those that can still change, and the fired ones packed.
     pub windows: Windows,
     /// Readings lost before the gateway (sequence numbers skipped and not arrived since).
     #[serde(default)]

@@ -26,6 +26,25 @@ pub enum WindowSpec {
     },
 }
 
+impl WindowSpec {
+    /// A window's length; for sessions the gap.
+    pub fn span_ms(self) -> Millis {
+        match self {
+            WindowSpec::Tumbling { size_ms } | WindowSpec::Hopping { size_ms, .. } => size_ms,
+            WindowSpec::Session { gap_ms } => gap_ms,
+        }
+    }
+
+    /// Starts of consecutive windows lie this far apart; None: sessions.
+    pub fn step_ms(self) -> Option<Millis> {
+        match self {
+            WindowSpec::Tumbling { size_ms } => Some(size_ms),
+            WindowSpec::Hopping { slide_ms, .. } => Some(slide_ms),
+            WindowSpec::Session { .. } => None,
+        }
+    }
+}
+
 pub use super::metrics::{MetricIdx, Metrics, Stats};
 
 /// A window's metrics as stored: `(index, {count, sum, min, max, first, last,

@@ -333,7 +333,7 @@ impl Windows {
             if let WindowSpec::Session { gap_ms } = rule.spec {
                 let hi = t.saturating_add(gap_ms).min(rule.span.until);
                 self.unpack_where(|s, e| e > t && s < hi);
-            } else if t.saturating_sub(size(rule.spec)) < newest {
+            } else if t.saturating_sub(rule.spec.span_ms()) < newest {
                 // Fired windows start at or before `newest` and are at most
                 // `size` long: an event later than that is in none of them.
                 let mut ws = heapless::Vec::new();
@@ -357,22 +357,16 @@ impl Windows {
 
 /// How many fired windows a device keeps at once under `rule`: lateness / step.
 fn room(rule: Rule) -> usize {
-    let step = match rule.spec {
-        WindowSpec::Tumbling { size_ms } => size_ms,
-        WindowSpec::Hopping { slide_ms, .. } => slide_ms,
-        WindowSpec::Session { .. } => return 1,
-    }
-    .max(1);
-    usize::try_from(rule.lateness.saturating_add(step - 1) / step).map_or(1, |k| k.clamp(1, 64))
+    let Some(step) = rule.spec.step_ms() else {
+        return 1;
+    };
+    let step = step.max(1);
+    usize::try_from(rule.lateness.saturating_add(step - 1) / step).map_or(1, |k| k.min(MAX_ROOM))
 }
 
-/// The length of a tumbling or hopping window.
-fn size(spec: WindowSpec) -> Millis {
-    match spec {
-        WindowSpec::Tumbling { size_ms } | WindowSpec::Hopping { size_ms, .. } => size_ms,
-        WindowSpec::Session { gap_ms } => gap_ms,
-    }
-}
+/// Room made at most, in entries: a stored list's claimed length does not size
+/// an allocation (a damaged record is an error of its own, not an abort).
+const MAX_ROOM: usize = 64;
 
 /// A window as held: open, or the header of a packed one.
 enum Slot<'a> {
@@ -440,7 +434,11 @@ impl<'de> Deserialize<'de> for Windows {
                 mut a: A,
             ) -> Result<Windows, A::Error> {
                 // Stored lists end with the open window(s): one fewer is the fired ones' room.
-                let room = a.size_hint().unwrap_or(2).saturating_sub(1).max(1);
+                let room = a
+                    .size_hint()
+                    .unwrap_or(2)
+                    .saturating_sub(1)
+                    .clamp(1, MAX_ROOM);
                 let mut w = Windows::default();
                 while let Some(x) = a.next_element::<Window>()? {
                     if is_fired(&x) {

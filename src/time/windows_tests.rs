@@ -152,3 +152,22 @@ fn fired_windows_are_packed_and_a_late_reading_unpacks_one() {
     let w = ws.iter().find(|w| w.start == 10_000).unwrap();
     assert_eq!((w.count, w.dirty, w.emitted()), (11, true, Some(0)));
 }
+
+/// A stored list whose length claims more windows than it holds (a damaged
+/// record) is an error, not an allocation of the claimed room.
+#[test]
+fn a_stored_list_claiming_more_windows_than_it_holds_is_an_error() {
+    let mut w = Window::new(0, 10_000);
+    w.add(5, false, &[(0, 1.0), (1, 2.0)]);
+    w.set_emitted(Some(0));
+    w.dirty = false;
+    let one = cbor(&vec![w]);
+    // An array of 2^40 elements (major type 4, 8-byte length) holding that one window.
+    let mut b = vec![0x9b];
+    b.extend_from_slice(&(1u64 << 40).to_be_bytes());
+    b.extend_from_slice(&one[1..]);
+    assert!(ciborium::from_reader::<Windows, _>(&b[..]).is_err());
+    let ok: Windows = ciborium::from_reader(&one[..]).unwrap();
+    // The smallest end, start 8, four one-byte varints, end 2 bytes, length 1, block 30.
+    assert_eq!((ok.len(), ok.fired.0.len()), (1, 8 + 8 + 2 + 4 + 1 + 30));
+}
