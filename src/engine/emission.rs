@@ -4,7 +4,7 @@ use std::cmp::Reverse;
 
 use super::{Engine, Now};
 use crate::codec::MetricName;
-use crate::model::{Id, Millis, OptMillis};
+use crate::model::{Id, Millis, OptMillis, SlotId};
 use crate::output::{Alert, AlertType, Emit, MetricOut, Output, WindowResult};
 use crate::time::window::Window;
 
@@ -310,7 +310,7 @@ impl Engine {
             dev.offline = true;
             changed = true;
             let last_seen = dev.max_event.get();
-            let (group, device) = (Id::clone(&dev.group), dev.id.clone());
+            let (group, device) = (Id::clone(&dev.group), dev.id.to_id());
             self.alert(out, di, AlertType::Offline, last_seen, None, now);
             out.emit(Output::Status {
                 group,
@@ -339,7 +339,7 @@ impl Engine {
         out.emit(Output::Alert(Alert {
             kind,
             group: Id::clone(&d.state.group),
-            device: d.state.id.clone(),
+            device: d.state.id.to_id(),
             last_seen,
             watermark: wm,
             offset_ms,
@@ -350,7 +350,7 @@ impl Engine {
 
 fn window_result(
     gateway: &Id,
-    (group, device): (&Id, &Id),
+    (group, device): (&Id, &SlotId),
     w: &Window,
     revision: u32,
     (names, extras): (&[MetricName], crate::time::extras::Extras),
@@ -364,7 +364,7 @@ fn window_result(
         id: format!("{group}/{device}/{}/{revision}", w.start),
         gateway: gateway.clone(),
         group: group.clone(),
-        device: device.clone(),
+        device: device.to_id(),
         start: w.start,
         end: w.end,
         revision,

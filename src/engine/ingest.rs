@@ -160,7 +160,7 @@ impl Engine {
         {
             let clock = (ci != di).then(|| {
                 let c = &self.devices[ci].state;
-                (Id::clone(&c.group), c.id.clone())
+                (Id::clone(&c.group), c.id.to_id())
             });
             self.clock.waiting.push(gwclock::Waiting {
                 topic: topic.to_owned(),

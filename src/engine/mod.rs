@@ -268,7 +268,7 @@ impl Engine {
 
     /// Restores one device (after [`Engine::restore_groups`]).
     pub fn restore_device(&mut self, mut d: Device) {
-        let di = self.device_slot(&d.group.clone(), &d.id.clone());
+        let di = self.device_slot(&d.group.clone(), &d.id.to_id());
         let slot = &self.groups[self.devices[di].group as usize];
         d.group = slot.id.clone();
         let g = &slot.state;

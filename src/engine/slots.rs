@@ -5,7 +5,7 @@ use std::hash::BuildHasher;
 
 use super::{Device, Group};
 use super::{DeviceSlot, Engine, GroupSlot, MAX_DEVICES};
-use crate::model::{Id, Millis, OptMillis, SharedId};
+use crate::model::{Id, Millis, OptMillis, SharedId, SlotId};
 use crate::time::seq::SeqWindow;
 use crate::time::skew::SkewEstimator;
 use crate::time::windows::Windows;
@@ -88,7 +88,7 @@ impl Engine {
         let h = self.hasher.hash_one(device);
         self.groups[gi as usize]
             .index
-            .find(h, |&i| self.devices[i as usize].state.id == device)
+            .find(h, |&i| self.devices[i as usize].state.id.as_str() == device)
             .map(|&i| i as usize)
     }
 
@@ -109,7 +109,7 @@ impl Engine {
         self.devices.push(DeviceSlot {
             state: Device {
                 group: self.groups[gi].id.clone(),
-                id: device.clone(),
+                id: SlotId::from(device),
                 skew: SkewEstimator::default(),
                 distrusted: false,
                 max_event: OptMillis::NONE,
@@ -140,7 +140,7 @@ impl Engine {
                 hasher.hash_one(devices[j as usize].state.id.as_str())
             });
         let members = &self.groups[gi].members;
-        let pos = members.partition_point(|&d| self.devices[d as usize].state.id < *device);
+        let pos = members.partition_point(|&d| self.devices[d as usize].state.id.as_str() < device.as_str());
         let g = &mut self.groups[gi];
         g.members.insert(pos, di);
         // Room for the heaps up to their compaction bound: no allocation on the hot path.

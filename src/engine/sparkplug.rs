@@ -404,7 +404,7 @@ impl Engine {
         let newly = !dev.offline;
         dev.offline = true;
         let (last_seen, group, device) =
-            (dev.max_event.get(), Id::clone(&dev.group), dev.id.clone());
+            (dev.max_event.get(), Id::clone(&dev.group), dev.id.to_id());
         self.mark_device(di);
         // The all-idle watermark runs from the last arrival of any member still alive.
         let members = self.groups[gi].members.clone();
