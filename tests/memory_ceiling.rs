@@ -299,7 +299,7 @@ fn a_gateway_in_a_small_cgroup_holds_input_through_a_100k_device_close_burst_and
 /// arrives once by id with its reading, every reading counted once.
 #[test]
 fn a_kill_in_the_middle_of_a_sliced_close_burst_loses_and_repeats_nothing() {
-    // Past 8 MiB of results the burst waits for a checkpoint to fold them into the outbox.
+    // Past 4 MiB of results the burst waits for a checkpoint to fold them into the outbox.
     const N: u64 = 40_000;
     let source = Mosquitto::start(false);
     let mut sink = Mosquitto::start(true);

@@ -18,7 +18,7 @@ const LOOK_MS: Millis = 100;
 const REPORT_MS: Millis = 10_000;
 /// Window results in memory and not yet delivered upstream at which a close burst's
 /// next slice waits (each slice is ~1.5 MB of results).
-pub const OUTPUT_BYTES: u64 = 8 << 20;
+pub const OUTPUT_BYTES: u64 = 4 << 20;
 
 /// Where the limit comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -57,7 +57,7 @@ impl Metrics {
         p.one(
             "memory_outputs_bytes",
             "gauge",
-            "Results in memory on their way upstream (a close burst's next slice waits above 8 MiB).",
+            "Results in memory on their way upstream (a close burst's next slice waits above 4 MiB).",
             m.outputs_bytes,
         );
     }
