@@ -329,6 +329,15 @@ impl Windows {
         heartbeat: bool,
         metrics: &[(super::window::MetricIdx, f64)],
     ) -> bool {
+        // Windows fired since the device's last event are packed now, not in the
+        // close burst that fired them: an allocation there (a buffer's first, or
+        // one grown) sits among the burst's results and keeps their pages
+        // resident after they are freed (BENCHMARKS 4b). Before the event is
+        // taken: a device that gets the next window's first reading while the
+        // last fired one is still open would otherwise hold three windows' room.
+        if self.open.iter().any(is_fired) {
+            self.pack_fired(room(rule));
+        }
         if let Some(newest) = self.fired.newest_start() {
             if let WindowSpec::Session { gap_ms } = rule.spec {
                 let hi = t.saturating_add(gap_ms).min(rule.span.until);
@@ -343,15 +352,7 @@ impl Windows {
                 }
             }
         }
-        let taken = apply(&mut self.open, rule, t, wm, heartbeat, metrics);
-        // Windows fired since the device's last event are packed now, not in the
-        // close burst that fired them: an allocation there (a buffer's first, or
-        // one grown) sits among the burst's results and keeps their pages
-        // resident after they are freed (BENCHMARKS 4b).
-        if self.open.iter().any(is_fired) {
-            self.pack_fired(room(rule));
-        }
-        taken
+        apply(&mut self.open, rule, t, wm, heartbeat, metrics)
     }
 }
 
