@@ -13,11 +13,12 @@ use std::time::Duration;
 use support::{Collector, Gateway, GatewayConfig, Mosquitto, wait_or_explain};
 
 const DEVICES: u64 = 100_000;
-/// The limit, MiB. On this load (debug build) the gateway settles at ~97 MiB; the
+/// The limit, MiB. On this load (debug build) the
 /// build before the ceiling peaked at 182 MiB with the uplink down through the burst
-/// (its results held in memory), this one at ~126 without a limit, so input is held
-/// (at 85 %, 115 MiB) on the way up.
-const LIMIT_MB: u64 = 135;
+/// (its results held in memory), this one at ~117 without a limit (116 with one hold
+/// under a 135 MiB limit), so input is held (at 85 %, 110 MiB) on the way up. Under a
+/// limit of 125 the gateway was gone once in ten runs beside a test suite (not explained).
+const LIMIT_MB: u64 = 130;
 
 /// A memory cgroup of the test's own with `limit` bytes: (its directory, the file to
 /// put a process in, the file that counts OOM kills). cgroup v2 where the memory
