@@ -47,25 +47,22 @@ trait Lane: Copy {
     fn get(self) -> i64;
 }
 
-impl Lane for i16 {
-    const NONE: Self = i16::MIN;
-    fn of(d: i64) -> Option<Self> {
-        i16::try_from(d).ok().filter(|&x| x != Self::NONE)
-    }
-    fn get(self) -> i64 {
-        i64::from(self)
-    }
+/// The lanes: 16 bits while a window's values sit within ±32 s of the base, else 32.
+macro_rules! lane {
+    ($($t:ty),*) => {$(
+        impl Lane for $t {
+            const NONE: Self = <$t>::MIN;
+            fn of(d: i64) -> Option<Self> {
+                <$t>::try_from(d).ok().filter(|&x| x != Self::NONE)
+            }
+            fn get(self) -> i64 {
+                i64::from(self)
+            }
+        }
+    )*};
 }
 
-impl Lane for i32 {
-    const NONE: Self = i32::MIN;
-    fn of(d: i64) -> Option<Self> {
-        i32::try_from(d).ok().filter(|&x| x != Self::NONE)
-    }
-    fn get(self) -> i64 {
-        i64::from(self)
-    }
-}
+lane!(i16, i32);
 
 /// Buckets as differences from `base`.
 #[derive(Debug, Clone)]
