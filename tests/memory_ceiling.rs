@@ -223,7 +223,9 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 #[test]
 fn a_gateway_in_a_small_cgroup_holds_input_through_a_100k_device_close_burst_and_loses_nothing() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let source = Mosquitto::start(false);
     let mut sink = Mosquitto::start(true);
     // The state file on disk, not tmpfs: a cgroup is charged for tmpfs pages it cannot reclaim.
@@ -306,7 +308,9 @@ fn a_gateway_in_a_small_cgroup_holds_input_through_a_100k_device_close_burst_and
 /// arrives once by id with its reading, every reading counted once.
 #[test]
 fn a_kill_in_the_middle_of_a_sliced_close_burst_loses_and_repeats_nothing() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     // Past 4 MiB of results the burst waits for a checkpoint to fold them into the outbox.
     const N: u64 = 40_000;
     let source = Mosquitto::start(false);

@@ -140,7 +140,8 @@ impl Engine {
                 hasher.hash_one(devices[j as usize].state.id.as_str())
             });
         let members = &self.groups[gi].members;
-        let pos = members.partition_point(|&d| self.devices[d as usize].state.id.as_str() < device.as_str());
+        let pos = members
+            .partition_point(|&d| self.devices[d as usize].state.id.as_str() < device.as_str());
         let g = &mut self.groups[gi];
         g.members.insert(pos, di);
         // Room for the heaps up to their compaction bound: no allocation on the hot path.

@@ -133,10 +133,13 @@ impl<L: Lane> Narrow<L> {
             .iter()
             .flatten()
             .filter(|d| d.get() != L::NONE.get())
-            .fold((0, 0), |(l, h): (i64, i64), d| (l.min(d.get()), h.max(d.get())));
-        let moved = self.base.checked_add(delta).filter(|b| {
-            b.checked_add(lo).is_some_and(|x| x > NONE) && b.checked_add(hi).is_some()
-        });
+            .fold((0, 0), |(l, h): (i64, i64), d| {
+                (l.min(d.get()), h.max(d.get()))
+            });
+        let moved = self
+            .base
+            .checked_add(delta)
+            .filter(|b| b.checked_add(lo).is_some_and(|x| x > NONE) && b.checked_add(hi).is_some());
         if let Some(b) = moved {
             self.base = b;
         }
