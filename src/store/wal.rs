@@ -34,7 +34,6 @@ pub struct Wal {
     generation: u64,
     index: u32,
     offset: u64,
-    buf: Vec<u8>,
 }
 
 impl Wal {
@@ -86,7 +85,6 @@ impl Wal {
             generation,
             index: 0,
             offset: 0,
-            buf: Vec::new(),
         };
         let records = wal.read_all()?;
         drop_cache(&wal.file);
@@ -136,21 +134,20 @@ impl Wal {
             .ok_or_else(|| {
                 io::Error::new(io::ErrorKind::InvalidInput, "journal record too large")
             })?;
-        self.buf.clear();
-        self.buf.extend_from_slice(&MAGIC.to_le_bytes());
-        self.buf.extend_from_slice(&self.generation.to_le_bytes());
-        self.buf.extend_from_slice(&self.index.to_le_bytes());
-        self.buf.extend_from_slice(&len.to_le_bytes());
-        self.buf
-            .extend_from_slice(&crc32fast::hash(body).to_le_bytes());
-        self.buf.extend_from_slice(body);
-        self.file.write_all_at(&self.buf, self.offset)?;
+        let mut head = [0u8; HEADER];
+        head[..4].copy_from_slice(&MAGIC.to_le_bytes());
+        head[4..12].copy_from_slice(&self.generation.to_le_bytes());
+        head[12..16].copy_from_slice(&self.index.to_le_bytes());
+        head[16..20].copy_from_slice(&len.to_le_bytes());
+        head[20..].copy_from_slice(&crc32fast::hash(body).to_le_bytes());
+        // Two writes, no copy of the body (a commit's record is ~0.3 MB at 10 000
+        // readings a second); a crash between them leaves a record its CRC refuses.
+        self.file.write_all_at(&head, self.offset)?;
+        self.file.write_all_at(body, self.offset + HEADER as u64)?;
         self.file.sync_data()?;
         self.index += 1;
-        let written = self.buf.len() as u64;
+        let written = (HEADER + body.len()) as u64;
         self.offset += written;
-        // A burst's record is rare: its room is not kept resident.
-        crate::sys::memory::shed(&mut self.buf, 256 * 1024);
         Ok(written)
     }
 
@@ -192,7 +189,6 @@ pub fn count(state_dir: &Path, generation: u64) -> io::Result<usize> {
         generation,
         index: 0,
         offset: 0,
-        buf: Vec::new(),
     };
     Ok(wal.read_all()?.len())
 }

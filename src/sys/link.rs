@@ -62,6 +62,8 @@ pub enum Event {
     UnsubAck,
     /// A PINGREQ went out: the broker owes a PINGRESP.
     PingSent,
+    /// A PUBLISH left the request queue for the connection.
+    Published,
     /// Another packet from the broker (a PINGRESP, an UNSUBACK): the path works.
     Heard,
     /// Nothing of interest (our own outgoing packets).
@@ -456,6 +458,7 @@ impl Loop {
                     Ok(E::Incoming(Packet::UnsubAck(_))) => Ok(Event::UnsubAck),
                     Ok(E::Incoming(_)) => Ok(Event::Heard),
                     Ok(E::Outgoing(rumqttc::Outgoing::PingReq)) => Ok(Event::PingSent),
+                    Ok(E::Outgoing(rumqttc::Outgoing::Publish(_))) => Ok(Event::Published),
                     Ok(_) => Ok(Event::Other),
                     Err(e) => Err(e.into()),
                 }
@@ -497,6 +500,7 @@ impl Loop {
                     Ok(E::Incoming(Packet::UnsubAck(_))) => Ok(Event::UnsubAck),
                     Ok(E::Incoming(_)) => Ok(Event::Heard),
                     Ok(E::Outgoing(rumqttc::Outgoing::PingReq)) => Ok(Event::PingSent),
+                    Ok(E::Outgoing(rumqttc::Outgoing::Publish(_))) => Ok(Event::Published),
                     Ok(_) => Ok(Event::Other),
                     Err(e) => Err(e.into()),
                 }

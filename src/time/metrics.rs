@@ -96,6 +96,10 @@ const FULL: usize = HEAD + 4 + 56;
 const FORM_ONE: u8 = 0;
 const FORM_FULL: u8 = 1;
 const FORM_SAME: u8 = 2;
+/// Packed fired windows only ([`Metrics::packed_into`]): a whole aggregate whose
+/// count and times are the last whole entry's (a reading carries every metric).
+const FORM_LIKE: u8 = 3;
+const LIKE: usize = HEAD + 40;
 
 /// The aggregates of a window's metrics, sorted by metric index, each entry
 /// little-endian: `metric u16, form u8`, then `value f64, time i64` for one
@@ -175,6 +179,8 @@ struct Entries<'a> {
     at: usize,
     /// Time of the last one-reading entry with its time.
     shared: Millis,
+    /// Count and times of the last whole entry.
+    full: (u32, Millis, Millis),
 }
 
 impl<'a> Entries<'a> {
@@ -183,6 +189,7 @@ impl<'a> Entries<'a> {
             b,
             at: 0,
             shared: 0,
+            full: (0, 0, 0),
         }
     }
 }
@@ -201,7 +208,14 @@ impl Entries<'_> {
                 ONE
             }
             FORM_SAME => SAME,
-            _ => FULL,
+            FORM_LIKE => LIKE,
+            _ => {
+                let mut c = [0u8; 4];
+                c.copy_from_slice(&b[at + HEAD..at + HEAD + 4]);
+                let d = at + HEAD + 4;
+                self.full = (u32::from_le_bytes(c), i64_at(b, d + 40), i64_at(b, d + 48));
+                FULL
+            }
         };
         Some((at, u16::from_le_bytes([b[at], b[at + 1]]), form))
     }
@@ -209,21 +223,21 @@ impl Entries<'_> {
     /// The aggregate of the entry `head` returned last.
     fn stats(&self, at: usize, metric: MetricIdx, form: u8) -> Stats {
         let (b, d) = (self.b, at + HEAD);
-        if form != FORM_FULL {
-            return Stats::new(metric, self.shared, f64_at(b, d));
-        }
-        let mut c = [0u8; 4];
-        c.copy_from_slice(&b[d..d + 4]);
-        let d = d + 4;
+        let d = match form {
+            FORM_FULL => d + 4,
+            FORM_LIKE => d,
+            _ => return Stats::new(metric, self.shared, f64_at(b, d)),
+        };
+        let (count, first_t, last_t) = self.full;
         Stats {
             sum: f64_at(b, d),
             min: f64_at(b, d + 8),
             max: f64_at(b, d + 16),
             first: f64_at(b, d + 24),
             last: f64_at(b, d + 32),
-            first_t: i64_at(b, d + 40),
-            last_t: i64_at(b, d + 48),
-            count: u32::from_le_bytes(c),
+            first_t,
+            last_t,
+            count,
             metric,
         }
     }
@@ -410,8 +424,45 @@ impl Metrics {
         self.0.as_slice()
     }
 
-    /// From bytes [`Metrics::as_bytes`] gave.
+    /// The bytes of a packed fired window: the canonical ones, but that a whole
+    /// entry with the count and times of the whole one before it keeps only its
+    /// five values (43 bytes instead of 63). Appended to `out`; their length.
+    pub(crate) fn packed_into(&self, out: Option<&mut Vec<u8>>) -> usize {
+        let b = self.0.as_slice();
+        let mut e = Entries::new(b);
+        let mut last: Option<(u32, Millis, Millis)> = None;
+        let mut n = 0;
+        let mut out = out;
+        while let Some((at, _, form)) = e.head() {
+            let len = match form {
+                FORM_FULL => FULL,
+                FORM_SAME => SAME,
+                _ => ONE,
+            };
+            let like = form == FORM_FULL && last == Some(e.full);
+            if form == FORM_FULL {
+                last = Some(e.full);
+            }
+            n += if like { LIKE } else { len };
+            if let Some(o) = out.as_deref_mut() {
+                if like {
+                    o.extend_from_slice(&b[at..at + 2]);
+                    o.push(FORM_LIKE);
+                    o.extend_from_slice(&b[at + HEAD + 4..at + HEAD + 44]);
+                } else {
+                    o.extend_from_slice(&b[at..at + len]);
+                }
+            }
+        }
+        n
+    }
+
+    /// From bytes [`Metrics::as_bytes`] or [`Metrics::packed_into`] gave.
     pub(crate) fn from_bytes(b: &[u8]) -> Self {
+        let mut e = Entries::new(b);
+        if std::iter::from_fn(|| e.head()).any(|(_, _, form)| form == FORM_LIKE) {
+            return Self::from_sorted(Entries::new(b).map(|(_, s)| s));
+        }
         if b.len() > INLINE {
             return Self(Block::Heap(b.into()));
         }

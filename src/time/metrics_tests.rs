@@ -1,5 +1,5 @@
 use super::*;
-use proptest::prelude::Just;
+use proptest::prelude::{Just, Strategy};
 
 /// The plain form the block replaces: aggregates in a list sorted by metric.
 fn plain_add(v: &mut Vec<Stats>, m: MetricIdx, t: Millis, x: f64) {
@@ -59,7 +59,59 @@ proptest::proptest! {
         proptest::prop_assert_eq!(b.len(), p.len());
         let rebuilt: Metrics = b.iter().collect();
         proptest::prop_assert_eq!(&rebuilt, &b);
+        check_packed(&b, &p)?;
     }
+
+    /// Readings that carry several metrics each (as a device's do): the packed form
+    /// of a fired window gives back the same aggregates and the same block.
+    #[test]
+    fn a_packed_block_gives_back_the_block(
+        rows in proptest::collection::vec(
+            (proptest::prop_oneof![Just(7i64), -5_000i64..5_000],
+             proptest::collection::vec(-1e6f64..1e6, 1..5),
+             proptest::prop_oneof![Just(None), (0u16..6).prop_map(Some)]),
+            0..12),
+    ) {
+        let (mut b, mut p) = (Metrics::default(), Vec::new());
+        for (t, values, skip) in &rows {
+            for (m, &x) in (0u16..).zip(values) {
+                if Some(m) != *skip {
+                    b.add(m, *t, x);
+                    plain_add(&mut p, m, *t, x);
+                }
+            }
+        }
+        check_packed(&b, &p)?;
+    }
+}
+
+fn check_packed(b: &Metrics, p: &[Stats]) -> Result<(), proptest::test_runner::TestCaseError> {
+    let mut packed = vec![9u8];
+    let n = b.packed_into(Some(&mut packed));
+    proptest::prop_assert_eq!(n, packed.len() - 1);
+    proptest::prop_assert_eq!(n, b.packed_into(None));
+    proptest::prop_assert!(n <= b.bytes());
+    proptest::prop_assert_eq!(bits(&stats_in(&packed[1..]).collect::<Vec<_>>()), bits(p));
+    let back = Metrics::from_bytes(&packed[1..]);
+    proptest::prop_assert_eq!(back.as_bytes(), b.as_bytes());
+    Ok(())
+}
+
+#[test]
+fn a_fired_window_of_readings_with_two_metrics_packs_the_second_in_43_bytes() {
+    let mut b = Metrics::default();
+    for (t, x) in [(10, 21.5), (20, 22.0), (30, 21.0)] {
+        b.add(0, t, x);
+        b.add(1, t, x * 2.0);
+    }
+    assert_eq!(b.bytes(), 2 * FULL);
+    let mut packed = Vec::new();
+    assert_eq!(b.packed_into(Some(&mut packed)), FULL + LIKE);
+    assert_eq!(LIKE, 43);
+    assert_eq!(Metrics::from_bytes(&packed), b);
+    // A metric missing from one reading has its own count: kept whole.
+    b.add(0, 40, 20.0);
+    assert_eq!(b.packed_into(None), 2 * FULL);
 }
 
 #[test]

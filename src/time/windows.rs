@@ -25,7 +25,7 @@ pub struct Windows {
 /// The smallest end of the entries (i64), then the entries, newest start
 /// first: `start i64`, then varints `end − start`, `last_event − start`,
 /// `count`, `heartbeats`, `emitted` (revision + 1), the length of the
-/// aggregates' block and the block ([`Metrics::as_bytes`]). Empty: none.
+/// aggregates' block and the block ([`Metrics::packed_into`]). Empty: none.
 #[derive(Clone, Default)]
 struct Packed(Vec<u8>);
 
@@ -81,9 +81,8 @@ fn put_window(out: &mut Vec<u8>, w: &Window) {
     put_varint(out, u64::from(w.count));
     put_varint(out, u64::from(w.heartbeats));
     put_varint(out, u64::from(w.emitted));
-    let block = w.metrics.as_bytes();
-    put_varint(out, block.len() as u64);
-    out.extend_from_slice(block);
+    put_varint(out, w.metrics.packed_into(None) as u64);
+    w.metrics.packed_into(Some(out));
 }
 
 #[allow(clippy::cast_possible_wrap, clippy::cast_possible_truncation)]
@@ -150,7 +149,7 @@ fn varint_len(x: u64) -> usize {
 
 #[allow(clippy::cast_sign_loss)]
 fn packed_len(w: &Window) -> usize {
-    let block = w.metrics.as_bytes().len();
+    let block = w.metrics.packed_into(None);
     8 + [
         w.end.wrapping_sub(w.start) as u64,
         w.last_event.wrapping_sub(w.start) as u64,

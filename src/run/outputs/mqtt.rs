@@ -98,7 +98,13 @@ pub struct Sink {
     spb: Option<tokio::sync::mpsc::UnboundedSender<SpbMsg>>,
     /// Outside its proof of the pair's claim the board neither connects nor publishes.
     fence: crate::run::fence::Fence,
+    /// Publishes handed to the link and not yet taken from its request queue.
+    queued: usize,
 }
+
+/// Publishes waiting in the link's request queue at most: the queue keeps the room
+/// it grew to, ~216 bytes a publish (a full `sink.max_inflight` window was 885 KB).
+const QUEUED: usize = 256;
 
 impl Sink {
     /// A sink publishing the outbox `reader` reads; `delivered` carries how far
@@ -137,6 +143,7 @@ impl Sink {
             ping_pending: false,
             spb: None,
             fence: ctx.fence.clone(),
+            queued: 0,
         })
     }
 
@@ -177,7 +184,7 @@ impl Sink {
             if self.cfg.plain && !fenced {
                 fill(
                     &mut self.d,
-                    &self.client,
+                    (&self.client, &mut self.queued),
                     &self.reader,
                     self.cfg.endpoint.qos,
                 )
@@ -259,6 +266,10 @@ impl Sink {
     fn on_event(&mut self, ev: Event) {
         if matches!(ev, Event::PingSent) {
             self.ping_pending = true;
+            return;
+        }
+        if matches!(ev, Event::Published) {
+            self.queued = self.queued.saturating_sub(1);
             return;
         }
         if matches!(ev, Event::Other) {
@@ -381,6 +392,7 @@ impl Sink {
                 self.results.push_front((topic, r));
                 break;
             }
+            self.queued += 1;
             self.d.other_sent(1);
         }
         let (topic, qos) = (self.cfg.topic("alerts"), self.cfg.endpoint.qos);
@@ -390,6 +402,7 @@ impl Sink {
                 self.notices.push_front(n);
                 break;
             }
+            self.queued += 1;
             self.d.other_sent(qos);
         }
     }
@@ -436,6 +449,7 @@ impl Sink {
             .publish(&self.cfg.topic("status"), payload, 1, true)
             .is_ok();
         if ok {
+            self.queued += 1;
             self.d.other_sent(1);
         }
         ok
@@ -476,6 +490,7 @@ impl Sink {
         self.link_down();
         self.d.configure(usize::from(new.window), new.endpoint.qos);
         (self.client, self.lp) = link;
+        self.queued = 0;
         self.cfg = new;
         self.backoff.reset();
         self.waiting_since = None;
@@ -533,15 +548,22 @@ fn build(cfg: &SinkConfig, offline: Vec<u8>) -> Result<(Client, Loop), LinkError
     })
 }
 
-/// Publishes until the in-flight window is full or nothing is left.
-async fn fill(d: &mut Delivery, client: &Client, reader: &OutboxReader, qos: u8) {
-    loop {
+/// Publishes until the in-flight window is full, [`QUEUED`] wait in the link's
+/// queue, or nothing is left. Each publish the link takes calls this again.
+async fn fill(
+    d: &mut Delivery,
+    (client, queued): (&Client, &mut usize),
+    reader: &OutboxReader,
+    qos: u8,
+) {
+    while *queued < QUEUED {
         match d.next() {
             Next::Publish(seq, e) => {
                 if client.publish(&e.topic, e.payload, qos, e.retain).is_err() {
                     d.unsent(seq);
                     return;
                 }
+                *queued += 1;
                 d.sent(seq);
             }
             Next::Read(after) => match read_from(reader, after).await {
