@@ -150,12 +150,42 @@ impl Decoder {
             cbor::read_map(bytes, &mut |name, v| self.field(out, name, v))
                 .map_err(|e| DecodeError(format!("cbor: {e}")))
         } else {
-            let mut de = serde_json::Deserializer::from_slice(bytes);
-            JsonSeed { dec: self, out }
-                .deserialize(&mut de)
-                .and_then(|()| de.end())
-                .map_err(|e| DecodeError(format!("json: {e}")))
+            let mut field = |name: &str, v: Scalar<'_>| self.field(out, name, v).is_ok();
+            if let Some(end) = fast::object(bytes, 0, &mut field)
+                && bytes[end..]
+                    .iter()
+                    .all(|c| matches!(c, b' ' | b'\t' | b'\n' | b'\r'))
+            {
+                return Ok(());
+            }
+            self.decode_serde(bytes, out)
         }
+    }
+
+    /// A JSON payload through serde: every shape, and the wording of every error.
+    fn decode_serde(&self, bytes: &[u8], out: &mut Decoded) -> Result<(), DecodeError> {
+        out.ts = DeviceTs::Missing;
+        out.seq = None;
+        out.metrics.clear();
+        let mut de = serde_json::Deserializer::from_slice(bytes);
+        JsonSeed { dec: self, out }
+            .deserialize(&mut de)
+            .and_then(|()| de.end())
+            .map_err(|e| DecodeError(format!("json: {e}")))
+    }
+
+    /// The JSON object at the start of `b` decoded into `out` in one pass when it is
+    /// the common flat shape and `[payload]` reads it as JSON: its length, and `out`
+    /// as [`Decoder::decode_into`] of those bytes leaves it. None: not that case.
+    pub fn decode_json_prefix(&self, b: &[u8], out: &mut Decoded) -> Option<usize> {
+        if self.format == PayloadFormat::Cbor || b.first() != Some(&b'{') {
+            return None;
+        }
+        out.ts = DeviceTs::Missing;
+        out.seq = None;
+        out.metrics.clear();
+        let mut field = |name: &str, v: Scalar<'_>| self.field(out, name, v).is_ok();
+        fast::object(b, 0, &mut field).filter(|&n| n <= MAX_PAYLOAD)
     }
 
     /// Files one top-level field.
@@ -233,6 +263,7 @@ impl Scalar<'_> {
 }
 
 mod cbor;
+mod fast;
 mod json;
 #[cfg(test)]
 mod tests;

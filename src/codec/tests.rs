@@ -303,3 +303,88 @@ proptest::proptest! {
         let _ = parse_rfc3339(&s);
     }
 }
+
+/// A JSON object of the shapes devices send and of the ones the one pass leaves
+/// to serde (nesting, escapes, odd numbers, blanks, long names, bad endings).
+fn payload_text() -> impl proptest::strategy::Strategy<Value = String> {
+    use proptest::prelude::{Just, Strategy, prop_oneof};
+    let name = prop_oneof![
+        Just("ts".to_owned()),
+        Just("seq".to_owned()),
+        Just("temp".to_owned()),
+        Just("h\\u0041".to_owned()),
+        Just("ü".to_owned()),
+        "[a-z]{1,3}",
+        "[a-z]{60,70}",
+    ];
+    let value = prop_oneof![
+        (-1e6f64..1e6).prop_map(|f| f.to_string()),
+        proptest::num::i64::ANY.prop_map(|i| i.to_string()),
+        proptest::num::u64::ANY.prop_map(|i| format!("{i}0")),
+        (-99_999i64..99_999, 0u32..4, -30i32..30)
+            .prop_map(|(m, z, e)| format!("{m}.{}5e{e}", "0".repeat(z as usize))),
+        prop_oneof![
+            Just("-0"),
+            Just("-0.0"),
+            Just("01"),
+            Just("1."),
+            Just("1e"),
+            Just("1E+2"),
+            Just("true"),
+            Just("false"),
+            Just("null"),
+            Just("nul"),
+            Just("\"2024-05-01T10:00:00Z\""),
+            Just("\"a\\\"b\""),
+            Just("{\"x\":[1,{\"y\":2}]}"),
+            Just("[]"),
+            Just("1e400"),
+            Just("NaN"),
+            Just("\"\u{1}\""),
+            Just("123456789012345678901234"),
+            Just("0.1234567890123456789"),
+        ]
+        .prop_map(str::to_owned),
+        "\"[ -~]{0,60}\"",
+    ];
+    let sep = prop_oneof![Just(""), Just(" "), Just("\n\t")];
+    (
+        proptest::collection::vec((name, value, sep.clone()), 0..40),
+        sep,
+        prop_oneof![Just(""), Just(" "), Just(","), Just("}"), Just(" x")],
+    )
+        .prop_map(|(fields, pad, tail)| {
+            let body: Vec<String> = fields
+                .iter()
+                .map(|(k, v, s)| format!("{s}\"{k}\"{s}:{s}{v}{s}"))
+                .collect();
+            format!("{pad}{{{}}}{tail}", body.join(","))
+        })
+}
+
+proptest::proptest! {
+    /// The one pass and serde file the same fields, bit for bit, and where the one
+    /// pass declines serde gives the error: a payload decodes as it always did.
+    #[test]
+    fn the_one_pass_decodes_every_payload_as_serde_does(text in payload_text(), seq in proptest::bool::ANY) {
+        let d = Decoder::new(&PayloadConfig {
+            format: PayloadFormat::Auto,
+            timestamp_field: "ts".into(),
+            timestamp_unit: TimestampUnit::Auto,
+            seq_field: seq.then(|| "seq".to_owned()),
+        });
+        let (mut a, mut b) = (Decoded::default(), Decoded::default());
+        let fast = d.decode_into(text.as_bytes(), &mut a);
+        let slow = d.decode_serde(text.as_bytes(), &mut b);
+        proptest::prop_assert_eq!(&fast, &slow, "{}", text);
+        if fast.is_ok() {
+            proptest::prop_assert_eq!(format!("{a:?}"), format!("{b:?}"), "{}", text);
+        }
+        let mut c = Decoded::default();
+        if let Some(n) = d.decode_json_prefix(text.as_bytes(), &mut c) {
+            let mut e = Decoded::default();
+            proptest::prop_assert!(d.decode_serde(&text.as_bytes()[..n], &mut e).is_ok());
+            proptest::prop_assert_eq!(format!("{c:?}"), format!("{e:?}"), "{}", text);
+        }
+    }
+}

@@ -24,7 +24,9 @@ use crate::output::{Output, PayloadRef, SinkFormat};
 use crate::store::StoreError;
 
 mod durable;
+mod line;
 use durable::run_durable;
+use line::Input;
 
 /// One capture line, as `capture` writes it and `replay` reads it. Unknown
 /// fields (e.g. `qos` from another recorder) are ignored.
@@ -184,91 +186,6 @@ pub struct Summary {
     pub commits: u64,
 }
 
-/// Largest arrival accepted in a capture (year 2255): keeps virtual-clock arithmetic in range.
-const MAX_ARRIVAL: Millis = 9_000_000_000_000;
-
-/// Reads capture lines, remembering the byte offset after each.
-struct Input<R: BufRead> {
-    r: R,
-    line: String,
-    offset: u64,
-    line_no: u64,
-    mono: VirtualMono,
-}
-
-impl<R: BufRead> Input<R> {
-    /// A capture read from its start.
-    fn new(r: R) -> Self {
-        Self {
-            r,
-            line: String::new(),
-            offset: 0,
-            line_no: 0,
-            mono: VirtualMono::default(),
-        }
-    }
-
-    /// The next record's gateway clocks, its topic and payload appended to
-    /// `topics` and `payloads`; None at the end.
-    fn next_into(
-        &mut self,
-        topics: &mut String,
-        payloads: &mut Vec<u8>,
-    ) -> Result<Option<Now>, ReplayError> {
-        loop {
-            self.line.clear();
-            let n = self
-                .r
-                .read_line(&mut self.line)
-                .map_err(io("reading input"))?;
-            if n == 0 {
-                return Ok(None);
-            }
-            self.offset += n as u64;
-            self.line_no += 1;
-            if self.line.trim().is_empty() {
-                continue;
-            }
-            let line = self.line_no;
-            let bad = |source: Box<dyn std::error::Error + Send + Sync>| ReplayError::BadRecord {
-                line,
-                source,
-            };
-            let rec: Record<'_> = match serde_json::from_str(&self.line) {
-                Ok(r) => r,
-                // A capture killed mid-write: its last line has no newline. Report and skip it.
-                Err(e) if !self.line.ends_with('\n') => {
-                    tracing::warn!(line = self.line_no, error = %e, "skipping a torn last line");
-                    return Ok(None);
-                }
-                Err(e) => return Err(bad(e.into())),
-            };
-            if !(0..=MAX_ARRIVAL).contains(&rec.arrival) {
-                return Err(bad(format!(
-                    "arrival {} is outside 0..={MAX_ARRIVAL}",
-                    rec.arrival
-                )
-                .into()));
-            }
-            if rec.mono.is_some_and(|m| !(0..=MAX_ARRIVAL).contains(&m)) {
-                return Err(bad(format!("mono is outside 0..={MAX_ARRIVAL}").into()));
-            }
-            let start = payloads.len();
-            if let Err(e) = rec.payload_into(payloads) {
-                payloads.truncate(start);
-                return Err(bad(e.into()));
-            }
-            topics.push_str(&rec.topic);
-            let now = Now {
-                wall: rec.arrival,
-                mono: self.mono.map(rec.arrival, rec.mono),
-                synced: rec.synced.unwrap_or(true),
-            };
-            return Ok(Some(now));
-        }
-    }
-}
-
 /// Capture records read ahead: topics and payloads each in one buffer (no
 /// allocation per record), payloads decoded with the engine's decoder.
 #[derive(Default)]
@@ -311,21 +228,29 @@ impl Batch {
         scratch: &mut Decoded,
     ) -> Result<bool, ReplayError> {
         let (topic_start, payload_start) = (self.topics.len(), self.payloads.len());
-        let Some(now) = input.next_into(&mut self.topics, &mut self.payloads)? else {
+        let Some((now, done)) = input.next_line(
+            &mut self.topics,
+            &mut self.payloads,
+            Some((decoder, &mut *scratch)),
+        )?
+        else {
             return Ok(false);
         };
         let topic = &self.topics[topic_start..];
         let decoded = (!crate::sparkplug::is_sparkplug(topic)).then(|| {
-            decoder
-                .decode_into(&self.payloads[payload_start..], scratch)
-                .map(|()| {
-                    self.metrics.extend(scratch.metrics.iter().cloned());
-                    Lite {
-                        ts: scratch.ts,
-                        seq: scratch.seq,
-                        metrics_end: self.metrics.len(),
-                    }
-                })
+            if done {
+                Ok(())
+            } else {
+                decoder.decode_into(&self.payloads[payload_start..], scratch)
+            }
+            .map(|()| {
+                self.metrics.extend(scratch.metrics.iter().cloned());
+                Lite {
+                    ts: scratch.ts,
+                    seq: scratch.seq,
+                    metrics_end: self.metrics.len(),
+                }
+            })
         });
         self.items.push(Ahead {
             now,

@@ -225,3 +225,78 @@ fn a_capture_line_gives_back_the_exact_payload_bytes() {
         );
     }
 }
+
+/// The one pass over a capture line reads what serde reads, and leaves every
+/// other shape to serde (which then reads it as it always did).
+#[test]
+fn a_line_as_capture_writes_it_is_read_in_one_pass_and_the_rest_by_serde() {
+    use crate::codec::{Decoded, Decoder, PayloadConfig, PayloadFormat, TimestampUnit};
+    let dec = |format| {
+        Decoder::new(&PayloadConfig {
+            format,
+            timestamp_field: "ts".into(),
+            timestamp_unit: TimestampUnit::Ms,
+            seq_field: None,
+        })
+    };
+    let json = dec(PayloadFormat::Json);
+    let one_pass = [
+        r#"{"arrival":1764480000123,"mono":42,"payload":{"ts":1764480000000,"temp":21.5},"synced":false,"topic":"sensors/g/d/reading"}"#,
+        r#"{"arrival":7,"payload":{},"topic":"t"}"#,
+        r#"{"topic":"t","payload":{"a":-1.5e3},"arrival":-3,"mono":-4}"#,
+    ];
+    let to_serde = [
+        r#"{"arrival":7,"payload":{"a":{"b":1}},"topic":"t"}"#,
+        r#"{"arrival":7,"payload":[1],"topic":"t"}"#,
+        r#"{"arrival":7,"payload":{"a":1},"topic":"t\"x"}"#,
+        r#"{"arrival":7, "payload":{"a":1},"topic":"t"}"#,
+        r#"{"arrival":7,"payload":{"a":1},"topic":"t","qos":1}"#,
+        r#"{"arrival":7,"arrival":8,"payload":{"a":1},"topic":"t"}"#,
+        r#"{"arrival":7.5,"payload":{"a":1},"topic":"t"}"#,
+        r#"{"arrival":7,"mono":-0,"payload":{"a":1},"topic":"t"}"#,
+        r#"{"arrival":7,"mono":null,"payload":{"a":1},"topic":"t"}"#,
+        r#"{"arrival":7,"payload_b64":"AA==","topic":"t"}"#,
+        r#"{"arrival":7,"payload":{"a":1},"topic":"t"} x"#,
+        r#"{"arrival":7,"payload":{"a":1}}"#,
+    ];
+    for (line, want) in one_pass
+        .iter()
+        .map(|l| (l, true))
+        .chain(to_serde.iter().map(|l| (l, false)))
+    {
+        let mut out = Decoded::default();
+        let got = super::line::scan(line.as_bytes(), &json, &mut out);
+        assert_eq!(got.is_some(), want, "{line}");
+        let Some(got) = got else { continue };
+        let rec: Record<'_> = serde_json::from_str(line).expect(line);
+        let mut payload = Vec::new();
+        rec.payload_into(&mut payload).unwrap();
+        assert_eq!(
+            (
+                got.arrival,
+                got.mono,
+                got.synced,
+                &line[got.topic.clone()],
+                &line.as_bytes()[got.payload.clone()]
+            ),
+            (
+                rec.arrival,
+                rec.mono,
+                rec.synced,
+                rec.topic.as_ref(),
+                payload.as_slice()
+            ),
+            "{line}"
+        );
+        assert_eq!(Ok(out), json.decode(&payload), "{line}");
+    }
+    // A CBOR decoder does not read the JSON text: serde's path, and its error.
+    assert!(
+        super::line::scan(
+            one_pass[0].as_bytes(),
+            &dec(PayloadFormat::Cbor),
+            &mut Decoded::default()
+        )
+        .is_none()
+    );
+}

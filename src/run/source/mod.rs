@@ -238,7 +238,9 @@ impl Source {
                 true
             }
             // A PINGRESP says the connection is up, not that subscriptions deliver.
-            Ok(Event::Heard | Event::UnsubAck | Event::PingSent | Event::Published | Event::Other) => true,
+            Ok(
+                Event::Heard | Event::UnsubAck | Event::PingSent | Event::Published | Event::Other,
+            ) => true,
             Err(e) => self.on_error(e).await,
         }
     }
