@@ -16,6 +16,44 @@ use crate::store::OutboxEntry;
 /// Live outputs kept in memory at most; beyond it they are read back from the outbox.
 pub const LIVE_MAX: usize = 50_000;
 
+/// Live outputs as the commits handed them over: each commit's list is kept as
+/// it came, not copied into one queue (a close burst's was 1.3 MB more at 10 000
+/// devices).
+#[derive(Debug, Default)]
+struct Live {
+    lists: VecDeque<std::vec::IntoIter<(u64, OutboxEntry)>>,
+    len: usize,
+}
+
+impl Live {
+    /// Takes a commit's list, as much of it as [`LIVE_MAX`] leaves room for.
+    fn push(&mut self, mut list: Vec<(u64, OutboxEntry)>) {
+        list.truncate(LIVE_MAX.saturating_sub(self.len));
+        if !list.is_empty() {
+            self.len += list.len();
+            self.lists.push_back(list.into_iter());
+        }
+    }
+
+    fn front(&self) -> Option<&(u64, OutboxEntry)> {
+        self.lists.front().and_then(|l| l.as_slice().first())
+    }
+
+    fn pop_front(&mut self) -> Option<(u64, OutboxEntry)> {
+        let list = self.lists.front_mut()?;
+        let item = list.next();
+        if list.as_slice().is_empty() {
+            self.lists.pop_front();
+        }
+        self.len -= usize::from(item.is_some());
+        item
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 /// What a published packet was, in PUBACK order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Flight {
@@ -56,7 +94,7 @@ pub struct Delivery {
     /// Next sequence number to publish.
     cursor: u64,
     inflight: VecDeque<Flight>,
-    live: VecDeque<(u64, OutboxEntry)>,
+    live: Live,
     backlog: VecDeque<(u64, OutboxEntry)>,
     /// A negative PUBACK: publish again from here once the window is empty.
     retry_from: Option<u64>,
@@ -79,7 +117,7 @@ impl Delivery {
             acked_upto: first,
             cursor: first,
             inflight: VecDeque::new(),
-            live: VecDeque::new(),
+            live: Live::default(),
             backlog: VecDeque::new(),
             retry_from: None,
             connected: false,
@@ -138,11 +176,7 @@ impl Delivery {
                 self.end.max(last + 1)
             };
         }
-        for item in list {
-            if self.live.len() < LIVE_MAX {
-                self.live.push_back(item);
-            }
-        }
+        self.live.push(list);
     }
 
     /// The next step while the window has room.
@@ -159,7 +193,6 @@ impl Delivery {
         }
         if self.live.front().is_some_and(|(s, _)| *s == self.cursor) {
             let (s, e) = self.live.pop_front().expect("front");
-            crate::sys::memory::shed_queue(&mut self.live, 1024);
             return Next::Publish(s, e);
         }
         if let Some((s, e)) = self.backlog.pop_front() {
