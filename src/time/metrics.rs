@@ -100,6 +100,37 @@ const FORM_SAME: u8 = 2;
 /// count and times are the last whole entry's (a reading carries every metric).
 const FORM_LIKE: u8 = 3;
 const LIKE: usize = HEAD + 40;
+/// Packed fired windows only: a whole aggregate, its five values, then varints
+/// of its count, its first time after the window's start and its last after its first.
+const FORM_NEAR: u8 = 4;
+
+pub(super) fn put_varint(out: &mut Vec<u8>, mut x: u64) {
+    while x >= 0x80 {
+        #[allow(clippy::cast_possible_truncation)]
+        out.push((x as u8) | 0x80);
+        x >>= 7;
+    }
+    #[allow(clippy::cast_possible_truncation)]
+    out.push(x as u8);
+}
+
+pub(super) fn varint(b: &[u8], at: &mut usize) -> u64 {
+    let mut x = 0u64;
+    let mut shift = 0;
+    loop {
+        let byte = b[*at];
+        *at += 1;
+        x |= u64::from(byte & 0x7f) << shift;
+        if byte < 0x80 {
+            return x;
+        }
+        shift += 7;
+    }
+}
+
+pub(super) fn varint_len(x: u64) -> usize {
+    (64 - (x | 1).leading_zeros() as usize).div_ceil(7)
+}
 
 /// The aggregates of a window's metrics, sorted by metric index, each entry
 /// little-endian: `metric u16, form u8`, then `value f64, time i64` for one
@@ -181,15 +212,22 @@ struct Entries<'a> {
     shared: Millis,
     /// Count and times of the last whole entry.
     full: (u32, Millis, Millis),
+    /// The window's start, for packed entries' times.
+    base: Millis,
 }
 
 impl<'a> Entries<'a> {
     fn new(b: &'a [u8]) -> Self {
+        Self::packed(b, 0)
+    }
+
+    fn packed(b: &'a [u8], base: Millis) -> Self {
         Self {
             b,
             at: 0,
             shared: 0,
             full: (0, 0, 0),
+            base,
         }
     }
 }
@@ -209,6 +247,18 @@ impl Entries<'_> {
             }
             FORM_SAME => SAME,
             FORM_LIKE => LIKE,
+            FORM_NEAR => {
+                let mut i = at + LIKE;
+                #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
+                let (count, first, span) = (
+                    varint(b, &mut i) as u32,
+                    varint(b, &mut i) as i64,
+                    varint(b, &mut i) as i64,
+                );
+                let first_t = self.base.wrapping_add(first);
+                self.full = (count, first_t, first_t.wrapping_add(span));
+                i - at
+            }
             _ => {
                 let mut c = [0u8; 4];
                 c.copy_from_slice(&b[at + HEAD..at + HEAD + 4]);
@@ -225,7 +275,7 @@ impl Entries<'_> {
         let (b, d) = (self.b, at + HEAD);
         let d = match form {
             FORM_FULL => d + 4,
-            FORM_LIKE => d,
+            FORM_LIKE | FORM_NEAR => d,
             _ => return Stats::new(metric, self.shared, f64_at(b, d)),
         };
         let (count, first_t, last_t) = self.full;
@@ -413,9 +463,10 @@ impl Metrics {
     }
 }
 
-/// The aggregates of a block [`Metrics::as_bytes`] gave, by metric index.
-pub(crate) fn stats_in(b: &[u8]) -> impl Iterator<Item = Stats> + '_ {
-    Entries::new(b).map(|(_, s)| s)
+/// The aggregates of a block [`Metrics::as_bytes`] or [`Metrics::packed_into`]
+/// (for a window starting at `base`) gave, by metric index.
+pub(crate) fn stats_in(b: &[u8], base: Millis) -> impl Iterator<Item = Stats> + Clone + '_ {
+    Entries::packed(b, base).map(|(_, s)| s)
 }
 
 impl Metrics {
@@ -424,44 +475,69 @@ impl Metrics {
         self.0.as_slice()
     }
 
-    /// The bytes of a packed fired window: the canonical ones, but that a whole
-    /// entry with the count and times of the whole one before it keeps only its
-    /// five values (43 bytes instead of 63). Appended to `out`; their length.
-    pub(crate) fn packed_into(&self, out: Option<&mut Vec<u8>>) -> usize {
+    /// The bytes of a packed fired window starting at `base`: the canonical ones,
+    /// but that a whole entry keeps its count and times as varints after its
+    /// values (48 bytes instead of 63 for ten readings in 10 s), or none with the
+    /// count and times of the whole one before it (a reading carries every metric:
+    /// 43 bytes). Appended to `out`; their length.
+    pub(crate) fn packed_into(&self, base: Millis, out: Option<&mut Vec<u8>>) -> usize {
         let b = self.0.as_slice();
         let mut e = Entries::new(b);
         let mut last: Option<(u32, Millis, Millis)> = None;
-        let mut n = 0;
-        let mut out = out;
+        let (mut n, mut out) = (0, out);
         while let Some((at, _, form)) = e.head() {
             let len = match form {
                 FORM_FULL => FULL,
                 FORM_SAME => SAME,
                 _ => ONE,
             };
-            let like = form == FORM_FULL && last == Some(e.full);
-            if form == FORM_FULL {
-                last = Some(e.full);
-            }
-            n += if like { LIKE } else { len };
-            if let Some(o) = out.as_deref_mut() {
-                if like {
-                    o.extend_from_slice(&b[at..at + 2]);
-                    o.push(FORM_LIKE);
-                    o.extend_from_slice(&b[at + HEAD + 4..at + HEAD + 44]);
-                } else {
+            if form != FORM_FULL {
+                n += len;
+                if let Some(o) = out.as_deref_mut() {
                     o.extend_from_slice(&b[at..at + len]);
+                }
+                continue;
+            }
+            let (count, first_t, last_t) = e.full;
+            let like = last == Some(e.full);
+            last = Some(e.full);
+            #[allow(clippy::cast_sign_loss)]
+            let near = (first_t >= base && last_t >= first_t).then(|| {
+                [
+                    u64::from(count),
+                    first_t.wrapping_sub(base) as u64,
+                    last_t.wrapping_sub(first_t) as u64,
+                ]
+            });
+            n += match (like, near) {
+                (true, _) => LIKE,
+                (false, Some(v)) => LIKE + v.iter().map(|&x| varint_len(x)).sum::<usize>(),
+                (false, None) => FULL,
+            };
+            let Some(o) = out.as_deref_mut() else {
+                continue;
+            };
+            match (like, near) {
+                (false, None) => o.extend_from_slice(&b[at..at + FULL]),
+                (like, near) => {
+                    o.extend_from_slice(&b[at..at + 2]);
+                    o.push(if like { FORM_LIKE } else { FORM_NEAR });
+                    o.extend_from_slice(&b[at + HEAD + 4..at + HEAD + 44]);
+                    for x in near.filter(|_| !like).into_iter().flatten() {
+                        put_varint(o, x);
+                    }
                 }
             }
         }
         n
     }
 
-    /// From bytes [`Metrics::as_bytes`] or [`Metrics::packed_into`] gave.
-    pub(crate) fn from_bytes(b: &[u8]) -> Self {
+    /// From bytes [`Metrics::as_bytes`] or [`Metrics::packed_into`] (of a window
+    /// starting at `base`) gave.
+    pub(crate) fn from_bytes(b: &[u8], base: Millis) -> Self {
         let mut e = Entries::new(b);
-        if std::iter::from_fn(|| e.head()).any(|(_, _, form)| form == FORM_LIKE) {
-            return Self::from_sorted(Entries::new(b).map(|(_, s)| s));
+        if std::iter::from_fn(|| e.head()).any(|(_, _, f)| f == FORM_LIKE || f == FORM_NEAR) {
+            return Self::from_sorted(stats_in(b, base));
         }
         if b.len() > INLINE {
             return Self(Block::Heap(b.into()));

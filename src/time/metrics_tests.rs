@@ -86,19 +86,23 @@ proptest::proptest! {
 }
 
 fn check_packed(b: &Metrics, p: &[Stats]) -> Result<(), proptest::test_runner::TestCaseError> {
-    let mut packed = vec![9u8];
-    let n = b.packed_into(Some(&mut packed));
-    proptest::prop_assert_eq!(n, packed.len() - 1);
-    proptest::prop_assert_eq!(n, b.packed_into(None));
-    proptest::prop_assert!(n <= b.bytes());
-    proptest::prop_assert_eq!(bits(&stats_in(&packed[1..]).collect::<Vec<_>>()), bits(p));
-    let back = Metrics::from_bytes(&packed[1..]);
-    proptest::prop_assert_eq!(back.as_bytes(), b.as_bytes());
+    // Times before the window's start (a session's) are kept whole.
+    for base in [-6_000, 0, 7, 6_000] {
+        let mut packed = vec![9u8];
+        let n = b.packed_into(base, Some(&mut packed));
+        proptest::prop_assert_eq!(n, packed.len() - 1);
+        proptest::prop_assert_eq!(n, b.packed_into(base, None));
+        proptest::prop_assert!(n <= b.bytes());
+        let back: Vec<Stats> = stats_in(&packed[1..], base).collect();
+        proptest::prop_assert_eq!(bits(&back), bits(p));
+        let back = Metrics::from_bytes(&packed[1..], base);
+        proptest::prop_assert_eq!(back.as_bytes(), b.as_bytes());
+    }
     Ok(())
 }
 
 #[test]
-fn a_fired_window_of_readings_with_two_metrics_packs_the_second_in_43_bytes() {
+fn a_fired_window_of_two_metrics_packs_them_in_46_and_43_bytes() {
     let mut b = Metrics::default();
     for (t, x) in [(10, 21.5), (20, 22.0), (30, 21.0)] {
         b.add(0, t, x);
@@ -106,12 +110,15 @@ fn a_fired_window_of_readings_with_two_metrics_packs_the_second_in_43_bytes() {
     }
     assert_eq!(b.bytes(), 2 * FULL);
     let mut packed = Vec::new();
-    assert_eq!(b.packed_into(Some(&mut packed)), FULL + LIKE);
+    // Count 3, first 10 ms after the start, last 20 ms after the first: a byte each.
+    assert_eq!(b.packed_into(0, Some(&mut packed)), LIKE + 3 + LIKE);
     assert_eq!(LIKE, 43);
-    assert_eq!(Metrics::from_bytes(&packed), b);
-    // A metric missing from one reading has its own count: kept whole.
+    assert_eq!(Metrics::from_bytes(&packed, 0), b);
+    // A metric missing from one reading has its own count.
     b.add(0, 40, 20.0);
-    assert_eq!(b.packed_into(None), 2 * FULL);
+    assert_eq!(b.packed_into(0, None), 2 * (LIKE + 3));
+    // A time before the start: kept whole.
+    assert_eq!(b.packed_into(11, None), 2 * FULL);
 }
 
 #[test]

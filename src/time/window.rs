@@ -79,14 +79,14 @@ impl From<&Stats> for StatsRecord {
 }
 
 /// A block of aggregates ([`Metrics::as_bytes`]) as stored.
-struct MetricsView<'a>(&'a [u8]);
+struct MetricsView<'a>(&'a [u8], Millis);
 
 impl Serialize for MetricsView<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeSeq;
         // A definite length, as the records written from a slice have.
-        let mut seq = s.serialize_seq(Some(super::metrics::stats_in(self.0).count()))?;
-        for m in super::metrics::stats_in(self.0) {
+        let mut seq = s.serialize_seq(Some(super::metrics::stats_in(self.0, self.1).count()))?;
+        for m in super::metrics::stats_in(self.0, self.1) {
             seq.serialize_element(&(m.metric, StatsRecord::from(&m)))?;
         }
         seq.end()
@@ -117,7 +117,7 @@ impl Serialize for Fields<'_> {
         st.serialize_field("dirty", &self.dirty)?;
         st.serialize_field("count", &u64::from(self.count))?;
         st.serialize_field("heartbeats", &u64::from(self.heartbeats))?;
-        st.serialize_field("metrics", &MetricsView(self.block))?;
+        st.serialize_field("metrics", &MetricsView(self.block, self.start))?;
         st.serialize_field("last_event", &self.last_event)?;
         if let Some(x) = self.extra {
             st.serialize_field("extra", x)?;

@@ -8,7 +8,7 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
-use super::metrics::Metrics;
+use super::metrics::{Metrics, put_varint, varint, varint_len};
 use super::window::{Fields, Rule, Window, WindowSpec, apply, assign, insert_tight};
 use crate::model::Millis;
 
@@ -43,30 +43,6 @@ struct Head {
 
 const MIN_END: usize = 8;
 
-fn put_varint(out: &mut Vec<u8>, mut x: u64) {
-    while x >= 0x80 {
-        #[allow(clippy::cast_possible_truncation)]
-        out.push((x as u8) | 0x80);
-        x >>= 7;
-    }
-    #[allow(clippy::cast_possible_truncation)]
-    out.push(x as u8);
-}
-
-fn varint(b: &[u8], at: &mut usize) -> u64 {
-    let mut x = 0u64;
-    let mut shift = 0;
-    loop {
-        let byte = b[*at];
-        *at += 1;
-        x |= u64::from(byte & 0x7f) << shift;
-        if byte < 0x80 {
-            return x;
-        }
-        shift += 7;
-    }
-}
-
 fn i64_at(b: &[u8], at: usize) -> i64 {
     let mut x = [0u8; 8];
     x.copy_from_slice(&b[at..at + 8]);
@@ -81,8 +57,8 @@ fn put_window(out: &mut Vec<u8>, w: &Window) {
     put_varint(out, u64::from(w.count));
     put_varint(out, u64::from(w.heartbeats));
     put_varint(out, u64::from(w.emitted));
-    put_varint(out, w.metrics.packed_into(None) as u64);
-    w.metrics.packed_into(Some(out));
+    put_varint(out, w.metrics.packed_into(w.start, None) as u64);
+    w.metrics.packed_into(w.start, Some(out));
 }
 
 #[allow(clippy::cast_possible_wrap, clippy::cast_possible_truncation)]
@@ -138,18 +114,14 @@ impl Packed {
         w.heartbeats = h.heartbeats;
         w.emitted = h.emitted;
         w.dirty = false;
-        w.metrics = Metrics::from_bytes(&self.0[h.block.0..h.block.1]);
+        w.metrics = Metrics::from_bytes(&self.0[h.block.0..h.block.1], h.start);
         w
     }
 }
 
-fn varint_len(x: u64) -> usize {
-    (64 - (x | 1).leading_zeros() as usize).div_ceil(7)
-}
-
 #[allow(clippy::cast_sign_loss)]
 fn packed_len(w: &Window) -> usize {
-    let block = w.metrics.packed_into(None);
+    let block = w.metrics.packed_into(w.start, None);
     8 + [
         w.end.wrapping_sub(w.start) as u64,
         w.last_event.wrapping_sub(w.start) as u64,

@@ -144,10 +144,10 @@ fn fired_windows_are_packed_and_a_late_reading_unpacks_one() {
     assert!(emit(ws.open_mut(), 30_000));
     ws.pack_fired(3);
     assert_eq!((ws.open.len(), ws.len()), (1, 4));
-    // Three windows of ten readings of two metrics: 63 + 43 bytes of aggregates (the
-    // second metric shares the first's count and times), a header of 16 bytes each
-    // and the smallest end.
-    assert_eq!(ws.fired.0.len(), 8 + 3 * (106 + 16));
+    // Three windows of ten readings of two metrics: 47 + 43 bytes of aggregates (the
+    // first's count and times as varints after its values, the second sharing them),
+    // a header of 16 bytes each and the smallest end.
+    assert_eq!(ws.fired.0.len(), 8 + 3 * (90 + 16));
     assert!(ws.apply(rule, 15_000, Some(35_000), false, &[(0, 1.0)]));
     assert_eq!((ws.open.len(), ws.len()), (2, 4));
     let w = ws.iter().find(|w| w.start == 10_000).unwrap();
