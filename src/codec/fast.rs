@@ -142,7 +142,7 @@ fn number(b: &[u8], mut at: usize) -> Option<(Scalar<'static>, usize)> {
         if !digits(&mut at, &mut sig, &mut n) || at == frac_start {
             return None;
         }
-        exp10 -= i32::try_from(at - frac_start).ok()?;
+        exp10 = exp10.saturating_sub(i32::try_from(at - frac_start).ok()?);
     }
     if matches!(b.get(at), Some(b'e' | b'E')) {
         float = true;
@@ -169,7 +169,7 @@ fn number(b: &[u8], mut at: usize) -> Option<(Scalar<'static>, usize)> {
         if at == start {
             return None;
         }
-        exp10 += if eneg { -e } else { e };
+        exp10 = exp10.saturating_add(if eneg { -e } else { e });
     }
     if !float {
         // "-0" is a float to serde_json.

@@ -98,6 +98,9 @@ fn int(line: &[u8], mut at: usize) -> Option<(Millis, usize)> {
     let start = at;
     let mut v: Millis = 0;
     while let Some(d @ b'0'..=b'9') = line.get(at) {
+        if at - start == 18 {
+            return None;
+        }
         v = v * 10 + Millis::from(d - b'0');
         at += 1;
     }
@@ -105,7 +108,6 @@ fn int(line: &[u8], mut at: usize) -> Option<(Millis, usize)> {
     // "-0" is a float to serde_json.
     if (neg && v == 0)
         || n == 0
-        || n > 18
         || (n > 1 && line[start] == b'0')
         || matches!(line.get(at), Some(b'.' | b'e' | b'E'))
     {

@@ -258,6 +258,8 @@ fn a_line_as_capture_writes_it_is_read_in_one_pass_and_the_rest_by_serde() {
         r#"{"arrival":7,"payload_b64":"AA==","topic":"t"}"#,
         r#"{"arrival":7,"payload":{"a":1},"topic":"t"} x"#,
         r#"{"arrival":7,"payload":{"a":1}}"#,
+        r#"{"arrival":99999999999999999999999,"payload":{"a":1},"topic":"t"}"#,
+        r#"{"arrival":-9999999999999999999,"payload":{"a":1},"topic":"t"}"#,
     ];
     for (line, want) in one_pass
         .iter()
