@@ -415,6 +415,9 @@ impl Sink {
     }
 
     fn on_connected(&mut self, receive_max: Option<u16>) {
+        // rumqttc moved what was queued into its own list at the disconnect (and a
+        // publish it lost there would never be counted out): the count starts again.
+        self.queued = 0;
         self.backoff.reset();
         self.d.connected(receive_max);
         self.registry.sink_up.store(true, Ordering::Relaxed);
