@@ -3,7 +3,7 @@
 //! (and any field the decoder refuses) gives `None`, and the payload goes the
 //! serde path, which files the same fields and words its own errors.
 
-use super::Scalar;
+use super::{MAX_METRIC_NAME, Scalar};
 
 /// Powers of ten exact in an f64.
 const POW10: [f64; 23] = [
@@ -13,6 +13,11 @@ const POW10: [f64; 23] = [
 
 /// Longest string value kept (as the serde path keeps it).
 const MAX_VALUE_STR: usize = 48;
+
+/// Only JSON whitespace from `at` on.
+pub(super) fn blank_from(b: &[u8], at: usize) -> bool {
+    ws(b, at) == b.len()
+}
 
 fn ws(b: &[u8], mut at: usize) -> usize {
     while at < b.len() && matches!(b[at], b' ' | b'\t' | b'\n' | b'\r') {
@@ -41,6 +46,10 @@ pub(super) fn object(
             return None;
         }
         let (name, next) = string(b, at + 1)?;
+        // serde's key check refuses it whatever the value: its path words the error.
+        if name.len() > MAX_METRIC_NAME {
+            return None;
+        }
         at = ws(b, next);
         if b.get(at) != Some(&b':') {
             return None;
@@ -82,25 +91,14 @@ fn literal(b: &[u8], at: usize, word: &[u8]) -> Option<usize> {
 /// closing one; None with an escape, a control byte or bad UTF-8.
 fn string(b: &[u8], start: usize) -> Option<(&str, usize)> {
     let mut at = start;
-    let mut ascii = true;
     loop {
-        let c = *b.get(at)?;
-        match c {
+        match *b.get(at)? {
             b'"' => break,
             b'\\' | 0..=0x1f => return None,
-            0x80.. => ascii = false,
-            _ => {}
+            _ => at += 1,
         }
-        at += 1;
     }
-    let s = &b[start..at];
-    let s = if ascii {
-        // SAFETY: every byte was checked to be ASCII.
-        unsafe { std::str::from_utf8_unchecked(s) }
-    } else {
-        std::str::from_utf8(s).ok()?
-    };
-    Some((s, at + 1))
+    Some((std::str::from_utf8(&b[start..at]).ok()?, at + 1))
 }
 
 /// A number as serde_json reads it (integers as integers, the rest as the

@@ -133,9 +133,7 @@ impl Decoder {
 
     /// Decodes one payload into `out` (reused: no allocation, no large copies).
     pub fn decode_into(&self, bytes: &[u8], out: &mut Decoded) -> Result<(), DecodeError> {
-        out.ts = DeviceTs::Missing;
-        out.seq = None;
-        out.metrics.clear();
+        out.clear();
         if bytes.len() > MAX_PAYLOAD {
             // No size in the detail: the journal keeps only the first 64 KiB + 1.
             return Err(DecodeError("payload exceeds 64 KiB".to_owned()));
@@ -150,23 +148,16 @@ impl Decoder {
             cbor::read_map(bytes, &mut |name, v| self.field(out, name, v))
                 .map_err(|e| DecodeError(format!("cbor: {e}")))
         } else {
-            let mut field = |name: &str, v: Scalar<'_>| self.field(out, name, v).is_ok();
-            if let Some(end) = fast::object(bytes, 0, &mut field)
-                && bytes[end..]
-                    .iter()
-                    .all(|c| matches!(c, b' ' | b'\t' | b'\n' | b'\r'))
-            {
-                return Ok(());
+            match self.decode_json_prefix(bytes, out) {
+                Some(end) if fast::blank_from(bytes, end) => Ok(()),
+                _ => self.decode_serde(bytes, out),
             }
-            self.decode_serde(bytes, out)
         }
     }
 
     /// A JSON payload through serde: every shape, and the wording of every error.
     fn decode_serde(&self, bytes: &[u8], out: &mut Decoded) -> Result<(), DecodeError> {
-        out.ts = DeviceTs::Missing;
-        out.seq = None;
-        out.metrics.clear();
+        out.clear();
         let mut de = serde_json::Deserializer::from_slice(bytes);
         JsonSeed { dec: self, out }
             .deserialize(&mut de)
@@ -181,9 +172,7 @@ impl Decoder {
         if self.format == PayloadFormat::Cbor || b.first() != Some(&b'{') {
             return None;
         }
-        out.ts = DeviceTs::Missing;
-        out.seq = None;
-        out.metrics.clear();
+        out.clear();
         let mut field = |name: &str, v: Scalar<'_>| self.field(out, name, v).is_ok();
         fast::object(b, 0, &mut field).filter(|&n| n <= MAX_PAYLOAD)
     }
@@ -207,6 +196,15 @@ impl Decoder {
             }
         }
         Ok(())
+    }
+}
+
+impl Decoded {
+    /// Nothing decoded (a reused value before the next payload).
+    fn clear(&mut self) {
+        self.ts = DeviceTs::Missing;
+        self.seq = None;
+        self.metrics.clear();
     }
 }
 

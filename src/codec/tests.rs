@@ -316,6 +316,8 @@ fn payload_text() -> impl proptest::strategy::Strategy<Value = String> {
         Just("ü".to_owned()),
         "[a-z]{1,3}",
         "[a-z]{60,70}",
+        Just("k".repeat(64)),
+        Just("k".repeat(65)),
     ];
     let value = prop_oneof![
         (-1e6f64..1e6).prop_map(|f| f.to_string()),
@@ -348,8 +350,13 @@ fn payload_text() -> impl proptest::strategy::Strategy<Value = String> {
         "\"[ -~]{0,60}\"",
     ];
     let sep = prop_oneof![Just(""), Just(" "), Just("\n\t")];
+    // Few fields (one odd field decides) and many (past the 32-metric limit).
+    let field = (name, value, sep.clone());
     (
-        proptest::collection::vec((name, value, sep.clone()), 0..40),
+        prop_oneof![
+            proptest::collection::vec(field.clone(), 0..4),
+            proptest::collection::vec(field, 0..40)
+        ],
         sep,
         prop_oneof![Just(""), Just(" "), Just(","), Just("}"), Just(" x")],
     )
@@ -385,6 +392,26 @@ proptest::proptest! {
             let mut e = Decoded::default();
             proptest::prop_assert!(d.decode_serde(&text.as_bytes()[..n], &mut e).is_ok());
             proptest::prop_assert_eq!(format!("{c:?}"), format!("{e:?}"), "{}", text);
+        }
+    }
+}
+
+/// A field name over 64 bytes is refused whatever its value (serde's key check),
+/// on the one pass too.
+#[test]
+fn a_field_name_over_64_bytes_is_refused_whatever_its_value() {
+    let d = build_decoder(PayloadFormat::Json, TimestampUnit::Ms);
+    for (len, ok) in [(64, true), (65, false)] {
+        for v in ["\"x\"", "true", "null", "1.5"] {
+            let text = format!("{{\"ts\":1,\"{}\":{v}}}", "k".repeat(len));
+            let got = d.decode(text.as_bytes());
+            assert_eq!(got.is_ok(), ok, "{text}: {got:?}");
+            let mut b = Decoded::default();
+            assert_eq!(
+                got.map(|_| ()),
+                d.decode_serde(text.as_bytes(), &mut b),
+                "{text}"
+            );
         }
     }
 }
