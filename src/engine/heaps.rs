@@ -2,6 +2,7 @@
 //! members' maxima (watermark fold, docs/reference.md#group_defaults-and-groupsname) and the members' next deadlines.
 
 use std::cmp::Reverse;
+use std::collections::binary_heap::PeekMut;
 
 use super::{Device, Engine, Now};
 use crate::model::{Millis, OptMillis};
@@ -43,15 +44,28 @@ impl Engine {
                 }
             }
         }
-        while let Some(&Reverse((m, di))) = g.maxima.peek() {
+        // An entry is a lower bound of its device's `max_event` (input does not
+        // push each new maximum): one below it at the top is raised in place.
+        while let Some(mut top) = g.maxima.peek_mut() {
+            let Reverse((m, di)) = *top;
             let d = &mut devices[di as usize];
             if d.wm_key.get() != Some(m) {
-                g.maxima.pop();
+                PeekMut::pop(top);
             } else if now.mono.saturating_sub(d.state.last_arrival) >= g.cfg.idle_timeout_ms {
-                g.maxima.pop();
+                PeekMut::pop(top);
                 d.wm_key = OptMillis::NONE;
             } else {
-                return Some(m);
+                match d.state.max_event.get() {
+                    Some(cur) if cur == m => return Some(m),
+                    Some(cur) => {
+                        d.wm_key = OptMillis::some(cur);
+                        *top = Reverse((cur, di));
+                    }
+                    None => {
+                        PeekMut::pop(top);
+                        d.wm_key = OptMillis::NONE;
+                    }
+                }
             }
         }
         None

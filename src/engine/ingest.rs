@@ -350,7 +350,9 @@ impl Engine {
         dev.announced = true;
         let last_seen = dev.max_event.get();
         let slot = &mut self.devices[di];
-        if slot.wm_key.get() != last_seen
+        // A device already in `maxima` keeps its entry: the fold raises it to the
+        // current maximum when it surfaces (a push per reading was 8 % of replay).
+        if slot.wm_key.is_none()
             && let Some(max) = last_seen
         {
             slot.wm_key = OptMillis::some(max);

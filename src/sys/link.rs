@@ -467,10 +467,14 @@ impl Loop {
                 use rumqttc::v5::Event as E;
                 use rumqttc::v5::mqttbytes::v5::{Packet, PubAckReason};
                 match l.poll().await {
-                    Ok(E::Incoming(Packet::ConnAck(c))) => Ok(Event::Connected {
-                        session_present: c.session_present,
-                        receive_max: c.properties.as_ref().and_then(|p| p.receive_max),
-                    }),
+                    Ok(E::Incoming(Packet::ConnAck(c))) => {
+                        let receive_max = c.properties.as_ref().and_then(|p| p.receive_max);
+                        fit_inflight(l, receive_max);
+                        Ok(Event::Connected {
+                            session_present: c.session_present,
+                            receive_max,
+                        })
+                    }
                     Ok(E::Incoming(Packet::Publish(p))) => Ok(Event::Message {
                         topic: String::from_utf8_lossy(&p.topic).into_owned(),
                         payload: p.payload.clone(),
@@ -506,5 +510,68 @@ impl Loop {
                 }
             }
         }
+    }
+}
+
+/// rumqttc keeps a slot per packet id up to the configured in-flight limit for the
+/// whole connection (~216 bytes each: 885 KB at the default 4096), while the broker's
+/// Receive Maximum caps what may be in flight (20 on a stock mosquitto). At the
+/// CONNACK, before anything is sent on the connection, the table is rebuilt at the
+/// smaller of the two, never below a packet id still owed from the last session.
+fn fit_inflight(l: &mut rumqttc::v5::EventLoop, receive_max: Option<u16>) {
+    use rumqttc::v5::{MqttState, Request};
+    let limit = l
+        .options
+        .get_outgoing_inflight_upper_limit()
+        .unwrap_or(u16::MAX);
+    let owed = l
+        .pending
+        .iter()
+        .map(|r| match r {
+            Request::Publish(p) => p.pkid,
+            Request::PubRel(r) => r.pkid,
+            _ => 0,
+        })
+        .chain(l.state.collision.as_ref().map(|p| p.pkid))
+        .max()
+        .unwrap_or(0);
+    let fit = receive_max.unwrap_or(u16::MAX).min(limit).max(owed).max(1);
+    let mut state = MqttState::new(fit, l.options.manual_acks());
+    state.broker_topic_alias_max = l.state.broker_topic_alias_max;
+    state.events = std::mem::take(&mut l.state.events);
+    state.collision = l.state.collision.take();
+    l.state = state;
+}
+
+#[cfg(test)]
+mod tests {
+    use rumqttc::v5::mqttbytes::{QoS, v5::Publish};
+    use rumqttc::v5::{AsyncClient, MqttOptions, Request};
+
+    fn publish(pkid: u16) -> Request {
+        let mut p = Publish::new("t", QoS::AtLeastOnce, "x", None);
+        p.pkid = pkid;
+        Request::Publish(p)
+    }
+
+    #[test]
+    fn the_inflight_table_fits_the_receive_maximum_and_what_is_owed() {
+        let mut o = MqttOptions::new("c", "localhost", 1883);
+        o.set_outgoing_inflight_upper_limit(4096);
+        let (_c, mut l) = AsyncClient::new(o, 10);
+        l.pending.push_back(publish(300));
+        super::fit_inflight(&mut l, Some(20));
+        // Packet id 300 is owed, so the table keeps it; 301 is past the table.
+        assert!(l.state.handle_outgoing_packet(publish(300)).is_ok());
+        assert!(l.state.handle_outgoing_packet(publish(301)).is_err());
+
+        l.pending.clear();
+        super::fit_inflight(&mut l, Some(20));
+        assert!(l.state.handle_outgoing_packet(publish(20)).is_ok());
+        assert!(l.state.handle_outgoing_packet(publish(21)).is_err());
+        // No Receive Maximum: the configured limit.
+        super::fit_inflight(&mut l, None);
+        assert!(l.state.handle_outgoing_packet(publish(4096)).is_ok());
+        assert!(l.state.handle_outgoing_packet(publish(4097)).is_err());
     }
 }
