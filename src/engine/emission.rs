@@ -115,13 +115,15 @@ impl Engine {
                 }
             }
             // Member (device id) order, as a visit of every member would emit.
-            let devices = &self.devices;
-            visit.sort_unstable_by(|&a, &b| {
-                devices[a as usize]
-                    .state
-                    .id
-                    .cmp(&devices[b as usize].state.id)
-            });
+            let g = &mut self.groups[gi];
+            if !g.ranked {
+                for (r, &di) in g.members.iter().enumerate() {
+                    self.ranks[di as usize] = u32::try_from(r).unwrap_or(u32::MAX);
+                }
+                g.ranked = true;
+            }
+            let ranks = &self.ranks;
+            visit.sort_unstable_by_key(|&di| ranks[di as usize]);
             visit.dedup();
             let mut left = visit.len();
             for (k, &di) in visit.iter().enumerate() {

@@ -121,6 +121,8 @@ struct GroupSlot {
     deadlines: TimeHeap,
     /// Members changed by input since their last visit.
     pending: Vec<u32>,
+    /// The members' `ranks` are current (a device placed before others shifts them).
+    ranked: bool,
     dirty: bool,
 }
 
@@ -167,6 +169,9 @@ pub struct Engine {
     scratch: Option<Box<Decoded>>,
     /// Reused list of the devices a tick visits in one group.
     visit: Vec<u32>,
+    /// Each device's place in its group's `members`, current while the group is
+    /// `ranked`: a tick sorts its visits by it instead of comparing ids.
+    ranks: Vec<u32>,
     /// Sparkplug B ingest (docs/reference.md#sparkplug--sparkplug-b-30-ingest).
     sparkplug: sparkplug::State,
     /// The highest remote document id taken: state, so replay protection survives
@@ -212,6 +217,7 @@ impl Engine {
             estimates: Vec::new(),
             scratch: Some(Box::default()),
             visit: Vec::new(),
+            ranks: Vec::new(),
             sparkplug: sparkplug::State::new(&cfg.sparkplug),
             fleet_last_id: 0,
             bd_seq: 0,
@@ -257,6 +263,7 @@ impl Engine {
         }
         // Exactly the restored fleet, not a quarter more (devices that join later grow it).
         self.devices.reserve_exact(devices);
+        self.ranks.reserve_exact(devices);
         for (i, n) in metric_names.iter().enumerate() {
             self.metric_index
                 .insert(n.clone(), MetricIdx::try_from(i).unwrap_or(MetricIdx::MAX));

@@ -67,6 +67,7 @@ impl Engine {
             fold_mono: Millis::MIN,
             deadlines: BinaryHeap::new(),
             pending: Vec::new(),
+            ranked: true,
             dirty: false,
         });
         self.group_index.insert(name.clone(), gi);
@@ -105,6 +106,8 @@ impl Engine {
             // 16 384-slot table left 3 MiB unused). A step is larger than glibc's
             // mmap threshold, so growing remaps pages instead of copying them.
             self.devices.reserve_exact((i / 4).clamp(64, SLOT_STEP));
+            self.ranks
+                .reserve_exact(self.devices.capacity() - self.ranks.len());
         }
         self.devices.push(DeviceSlot {
             state: Device {
@@ -144,9 +147,14 @@ impl Engine {
             .partition_point(|&d| self.devices[d as usize].state.id.as_str() < device.as_str());
         let g = &mut self.groups[gi];
         g.members.insert(pos, di);
-        // Room for the heaps up to their compaction bound: no allocation on the hot path.
+        // Placed last (ids that arrive in order): no other member's rank moves.
+        g.ranked &= pos + 1 == g.members.len();
+        self.ranks.push(u32::try_from(pos).unwrap_or(u32::MAX));
+        // Room for the heaps up to their compaction bound: no allocation on the hot
+        // path. `maxima` holds one entry a member at most (see `active_min`).
         let bound = 2 * g.members.len() + 65;
-        g.maxima.reserve(bound.saturating_sub(g.maxima.len()));
+        g.maxima
+            .reserve(g.members.len().saturating_sub(g.maxima.len()));
         g.deadlines.reserve(bound.saturating_sub(g.deadlines.len()));
         self.visit
             .reserve(g.members.len().saturating_sub(self.visit.len()));
