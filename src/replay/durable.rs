@@ -183,7 +183,7 @@ pub(super) fn run_durable(
     // Outputs committed before a crash but not yet in the file.
     d.deliver()?;
 
-    let mut input = BufReader::new(input);
+    let mut input = BufReader::with_capacity(1 << 18, input);
     input
         .seek(SeekFrom::Start(d.pos.offset))
         .map_err(io("seeking input"))?;

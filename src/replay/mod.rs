@@ -337,8 +337,8 @@ pub fn run(cfg: &Config, opts: &Options<'_>) -> Result<(Engine, Summary), Replay
             };
             run_memory_with(
                 cfg,
-                // Reads of 1 MiB: at 8 KiB the kernel's per-read cost showed in the profile.
-                BufReader::with_capacity(1 << 20, file),
+                // Reads of 256 KiB: at 8 KiB the kernel's per-read cost showed in the profile.
+                BufReader::with_capacity(1 << 18, file),
                 std::io::BufWriter::new(out),
                 opts.drain_ms,
                 Finish {
@@ -386,10 +386,12 @@ pub fn run_memory_with<R: BufRead + Send, W: Write + Send>(
         // Three stages on their own threads, in input order: the capture read,
         // parsed and its payloads decoded a batch ahead; the engine; its outputs
         // rendered and written.
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Batch, ReplayError>>(4);
-        let (free_tx, free_rx) = std::sync::mpsc::sync_channel::<Batch>(8);
+        // Room for as many records between the threads as at 1 024 a batch (4 and 8
+        // batches): deeper queues of 4 096 held ~5 MiB more for no speed.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Batch, ReplayError>>(1);
+        let (free_tx, free_rx) = std::sync::mpsc::sync_channel::<Batch>(2);
         s.spawn(move || read_ahead(input, &decoder, &tx, &free_rx));
-        let (out_tx, out_rx) = std::sync::mpsc::sync_channel::<(Vec<Output>, Vec<Millis>)>(4);
+        let (out_tx, out_rx) = std::sync::mpsc::sync_channel::<(Vec<Output>, Vec<Millis>)>(1);
         let writer = s.spawn(move || write_outputs(prefix, &out_rx, &mut out));
         // Virtual times of the outputs not sent yet (`--timed`).
         let mut times: Vec<Millis> = Vec::new();
