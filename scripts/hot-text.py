@@ -142,11 +142,13 @@ def text_symbols(binary):
 
 def pattern(name):
     """A section pattern without the hashes that change between builds and targets."""
-    if name.startswith("_ZN"):
-        return re.sub(r"17h[0-9a-f]{16}E$", "17h*E", name)
-    if name.startswith("_R"):
-        return re.sub(r"Cs[0-9A-Za-z]+_", "Cs*_", name)
-    return name
+    # LTO renames the local copies it makes: `.llvm.N` and `.N` suffixes.
+    base = re.sub(r"(\.llvm)?\.[0-9]+$", "", name)
+    if base.startswith("_ZN"):
+        return re.sub(r"17h[0-9a-f]{16}E$", "17h*E", base) + "*"
+    if base.startswith("_R"):
+        return re.sub(r"Cs[0-9A-Za-z]+_", "Cs*_", base) + "*"
+    return base + ("*" if base != name else "")
 
 
 def matches(pat, name):
