@@ -56,6 +56,28 @@ fn elf_machine(p: &Path) -> u16 {
     u16::from_le_bytes([b[18], b[19]])
 }
 
+/// The code a gateway runs comes first in the text (contrib/link/hot-text.ld): its
+/// patterns hold on both targets and both linkers (lld, GNU ld).
+fn hot_text_first(arch: &str, bin: &Path) {
+    let sections = run(Command::new("readelf").arg("-SW").arg(bin));
+    let section = |name: &str| {
+        sections.lines().find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let i = f.iter().position(|w| *w == name)?;
+            let hex = |k: usize| u64::from_str_radix(f.get(i + k)?, 16).ok();
+            Some((hex(2)?, hex(4)?))
+        })
+    };
+    let (Some((hot_at, hot)), Some((text_at, text))) = (section(".text.hot"), section(".text"))
+    else {
+        panic!("{arch}: no .text.hot before .text:\n{sections}");
+    };
+    assert!(
+        hot_at < text_at && hot > MIB && text > MIB,
+        "{arch}: .text.hot {hot} bytes at {hot_at:#x}, .text {text} at {text_at:#x}"
+    );
+}
+
 fn unit_path(tree: &Path) -> PathBuf {
     [
         "usr/lib/systemd/system/tidemark.service",
@@ -86,25 +108,7 @@ fn both_packages_install_binary_unit_configs_user_and_docs() {
 
         let bin = t.join("usr/bin/tidemark");
         assert_eq!(elf_machine(&bin), machine, "{arch}: wrong architecture");
-        // The code a gateway runs comes first in the text (contrib/link/hot-text.ld):
-        // its patterns hold on both targets and both linkers (lld, GNU ld).
-        let sections = run(Command::new("readelf").arg("-SW").arg(&bin));
-        let section = |name: &str| {
-            sections.lines().find_map(|l| {
-                let f: Vec<&str> = l.split_whitespace().collect();
-                let i = f.iter().position(|w| *w == name)?;
-                let hex = |k: usize| u64::from_str_radix(f.get(i + k)?, 16).ok();
-                Some((hex(2)?, hex(4)?))
-            })
-        };
-        let (Some((hot_at, hot)), Some((text_at, text))) = (section(".text.hot"), section(".text"))
-        else {
-            panic!("{arch}: no .text.hot before .text:\n{sections}");
-        };
-        assert!(
-            hot_at < text_at && hot > MIB && text > MIB,
-            "{arch}: .text.hot {hot} bytes at {hot_at:#x}, .text {text} at {text_at:#x}"
-        );
+        hot_text_first(arch, &bin);
         let meta = std::fs::metadata(&bin).unwrap();
         assert!(
             std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o111 != 0,
