@@ -120,7 +120,7 @@ def executed(files):
                 continue
             if line.startswith("calls="):
                 skip = True  # the next line is the call's inclusive cost
-            elif line[:1].isdigit() or line[:1] == "+" or line[:1] == "-":
+            elif line[:1].isdigit() or line[:1] in "+-*":
                 if not skip and cur:
                     parts = line.split()
                     if len(parts) >= 2:
@@ -171,9 +171,8 @@ def main():
         have = re.findall(r"\*\(\.text\.(\S+) ", open(SCRIPT).read())
         exact = {p for p in have if "*" not in p}
         globs = [p for p in have if "*" in p]
-        missed = [n for n in hot
-                  if pattern(n) not in exact and not any(matches(g, n) for g in globs
-                                                         if g.split("*")[0] == n[:len(g.split("*")[0])])]
+        missed = [n for n in hot if pattern(n) not in exact
+                  and not any(n.startswith(g.split("*")[0]) and matches(g, n) for g in globs)]
         print(f"not in {os.path.relpath(SCRIPT, ROOT)}: {len(missed)} functions, "
               f"{sum(sizes[n] for n in missed) / 1024:.1f} KiB")
         for n in missed[:40]:
