@@ -389,14 +389,28 @@ pub enum GatewayAlert {
 impl Output {
     /// Topic below the prefix `p`.
     pub fn topic(&self, p: &str) -> String {
-        match self {
-            Output::Window(w) => format!("{p}/windows/{}/{}", w.group, w.device),
-            Output::Late(l) => format!("{p}/late/{}/{}", l.group, l.device),
-            Output::Rejected(_) | Output::Refused(_) => format!("{p}/rejected"),
-            Output::Alert(a) => format!("{p}/alerts/{}/{}", a.group, a.device),
-            Output::Gateway(_) => format!("{p}/alerts"),
-            Output::Condition(c) => format!("{p}/conditions/{}/{}", c.group, c.device),
-            Output::Status { group, device, .. } => format!("{p}/status/{group}/{device}"),
+        let mut t = String::new();
+        self.topic_into(p, &mut t);
+        t
+    }
+
+    /// [`Output::topic`] appended to `t` (a renderer reusing one buffer).
+    pub fn topic_into(&self, p: &str, t: &mut String) {
+        let (kind, ids) = match self {
+            Output::Window(w) => ("/windows/", Some((&w.group, &w.device))),
+            Output::Late(l) => ("/late/", Some((&l.group, &l.device))),
+            Output::Rejected(_) | Output::Refused(_) => ("/rejected", None),
+            Output::Alert(a) => ("/alerts/", Some((&a.group, &a.device))),
+            Output::Gateway(_) => ("/alerts", None),
+            Output::Condition(c) => ("/conditions/", Some((&c.group, &c.device))),
+            Output::Status { group, device, .. } => ("/status/", Some((group, device))),
+        };
+        t.push_str(p);
+        t.push_str(kind);
+        if let Some((g, d)) = ids {
+            t.push_str(g);
+            t.push('/');
+            t.push_str(d);
         }
     }
 

@@ -118,9 +118,10 @@ impl TopicPattern {
         let mut group = None;
         let mut device = None;
         let mut kind = None;
-        let mut levels = topic.split('/');
+        // Levels cut by hand: `str::split`'s searcher cost more than the rest of the match.
+        let mut rest = Some(topic);
         for seg in &self.segments {
-            let level = levels.next().ok_or(TopicError::Levels)?;
+            let level = next_level(&mut rest).ok_or(TopicError::Levels)?;
             match seg {
                 Segment::Literal(l) => {
                     if l != level {
@@ -132,7 +133,7 @@ impl TopicPattern {
                 Segment::Kind => kind = Some(level),
             }
         }
-        if levels.next().is_some() {
+        if rest.is_some() {
             return Err(TopicError::Levels);
         }
         let group = group.filter(|g| valid_id(g)).ok_or(TopicError::BadGroup)?;
@@ -149,6 +150,21 @@ impl TopicPattern {
             device: Id::try_from(device).map_err(|_| TopicError::BadDevice)?,
             kind,
         })
+    }
+}
+
+/// The level at the front of `rest`, as `split('/')` gives them; None past the last.
+fn next_level<'t>(rest: &mut Option<&'t str>) -> Option<&'t str> {
+    let r = (*rest)?;
+    match r.bytes().position(|b| b == b'/') {
+        Some(i) => {
+            *rest = Some(&r[i + 1..]);
+            Some(&r[..i])
+        }
+        None => {
+            *rest = None;
+            Some(r)
+        }
     }
 }
 
@@ -247,7 +263,50 @@ mod tests {
         assert!(validate_filter("").is_err());
     }
 
+    /// The matcher as it was, on `str::split`: the reference for the hand-cut levels.
+    fn split_reference(p: &TopicPattern, topic: &str) -> Result<TopicParts, TopicError> {
+        let (mut group, mut device, mut kind) = (None, None, None);
+        let mut levels = topic.split('/');
+        for seg in &p.segments {
+            let level = levels.next().ok_or(TopicError::Levels)?;
+            match seg {
+                Segment::Literal(l) if l != level => return Err(TopicError::Literal),
+                Segment::Literal(_) => {}
+                Segment::Group => group = Some(level),
+                Segment::Device => device = Some(level),
+                Segment::Kind => kind = Some(level),
+            }
+        }
+        if levels.next().is_some() {
+            return Err(TopicError::Levels);
+        }
+        let group = group.filter(|g| valid_id(g)).ok_or(TopicError::BadGroup)?;
+        let device = device
+            .filter(|d| valid_id(d))
+            .ok_or(TopicError::BadDevice)?;
+        let kind = match kind {
+            Some("reading") => Kind::Reading,
+            Some("heartbeat") => Kind::Heartbeat,
+            _ => return Err(TopicError::BadKind),
+        };
+        Ok(TopicParts {
+            group: Id::try_from(group).map_err(|_| TopicError::BadGroup)?,
+            device: Id::try_from(device).map_err(|_| TopicError::BadDevice)?,
+            kind,
+        })
+    }
+
     proptest::proptest! {
+        #[test]
+        fn levels_cut_as_split_cuts_them(
+            levels in proptest::collection::vec("(sensors|site|x|reading|heartbeat|[a-z/é]{0,4})", 0..7),
+            pattern in 0usize..3,
+        ) {
+            let p = TopicPattern::parse(["sensors/{group}/{device}/{kind}", "site/{kind}/{device}/x/{group}", "{device}/{group}/{kind}"][pattern]).unwrap();
+            let t = levels.join("/");
+            proptest::prop_assert_eq!(p.parse_topic(&t), split_reference(&p, &t));
+        }
+
         #[test]
         fn arbitrary_topics_never_panic(t in "\\PC{0,80}", levels in proptest::collection::vec("[a-z{}+#/$.:-]{0,6}", 0..6)) {
             let p = build_default();

@@ -350,6 +350,21 @@ impl Engine {
     }
 }
 
+/// `{group}/{device}/{start}/{revision}`, as `format!` writes it.
+fn window_id(group: &str, device: &str, start: Millis, revision: u32) -> String {
+    let (mut a, mut b) = (itoa::Buffer::new(), itoa::Buffer::new());
+    let (start, revision) = (a.format(start), b.format(revision));
+    let mut id =
+        String::with_capacity(group.len() + device.len() + start.len() + revision.len() + 3);
+    for (i, part) in [group, device, start, revision].into_iter().enumerate() {
+        if i > 0 {
+            id.push('/');
+        }
+        id.push_str(part);
+    }
+    id
+}
+
 fn window_result(
     gateway: &Id,
     (group, device): (&Id, &SlotId),
@@ -363,7 +378,7 @@ fn window_result(
             .and_then(|l| l.iter().find(|e| e.metric == m))
     };
     WindowResult {
-        id: format!("{group}/{device}/{}/{revision}", w.start),
+        id: window_id(group, device.as_str(), w.start, revision),
         gateway: gateway.clone(),
         group: group.clone(),
         device: device.to_id(),
@@ -383,5 +398,15 @@ fn window_result(
                 })
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    proptest::proptest! {
+        #[test]
+        fn window_ids_read_as_formatted(g in "[a-z0-9._:-]{1,64}", d in "[a-z0-9._:-]{1,64}", start: i64, rev: u32) {
+            proptest::prop_assert_eq!(super::window_id(&g, &d, start, rev), format!("{g}/{d}/{start}/{rev}"));
+        }
     }
 }

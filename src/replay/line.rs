@@ -156,9 +156,14 @@ impl<R: BufRead> Input<R> {
         &mut self,
         topics: &mut String,
         payloads: &mut Vec<u8>,
-        decode: Option<(&Decoder, &mut Decoded)>,
+        mut decode: Option<(&Decoder, &mut Decoded)>,
     ) -> Result<Option<(Now, bool)>, ReplayError> {
         loop {
+            if let Some((decoder, out)) = decode.as_mut()
+                && let Some(now) = self.in_buffer(topics, payloads, decoder, out)?
+            {
+                return Ok(Some((now, true)));
+            }
             self.line.clear();
             let n = self
                 .r
@@ -209,6 +214,50 @@ impl<R: BufRead> Input<R> {
             topics.push_str(&rec.topic);
             return Ok(Some((now, false)));
         }
+    }
+}
+
+impl<R: BufRead> Input<R> {
+    /// The next line read where it lies in the read buffer, when all of it is there
+    /// (nearly always) and it is one [`scan`] reads; else None and nothing consumed.
+    /// Saves the copy into `line` and its UTF-8 check, both in the profile.
+    fn in_buffer(
+        &mut self,
+        topics: &mut String,
+        payloads: &mut Vec<u8>,
+        decoder: &Decoder,
+        out: &mut Decoded,
+    ) -> Result<Option<Now>, ReplayError> {
+        let buf = self.r.fill_buf().map_err(io("reading input"))?;
+        let Some(end) = memchr::memchr(b'\n', buf) else {
+            return Ok(None);
+        };
+        let line = &buf[..=end];
+        // A line read_line would refuse as UTF-8 goes its way, for the same error.
+        if !line.is_ascii() && std::str::from_utf8(line).is_err() {
+            return Ok(None);
+        }
+        let Some(f) = scan(line, decoder, out) else {
+            return Ok(None);
+        };
+        // Between quotes with no escape in a valid line: whole characters.
+        let Ok(topic) = std::str::from_utf8(&line[f.topic]) else {
+            return Ok(None);
+        };
+        let now = clocks(
+            &mut self.mono,
+            self.line_no + 1,
+            f.arrival,
+            f.mono,
+            f.synced,
+        )?;
+        payloads.extend_from_slice(&line[f.payload]);
+        topics.push_str(topic);
+        let n = line.len();
+        self.line_no += 1;
+        self.offset += n as u64;
+        self.r.consume(n);
+        Ok(Some(now))
     }
 }
 

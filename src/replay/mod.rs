@@ -170,9 +170,13 @@ pub enum ReplayError {
     Store(#[from] StoreError),
 }
 
-fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ReplayError {
-    let what = what.into();
-    move |source| ReplayError::Io { what, source }
+/// The error of a failed `what`; a `&'static str` is copied only on failure (reads and
+/// writes of every line build one).
+fn io<W: Into<String>>(what: W) -> impl FnOnce(std::io::Error) -> ReplayError {
+    move |source| ReplayError::Io {
+        what: what.into(),
+        source,
+    }
 }
 
 /// What a replay did.
@@ -482,12 +486,13 @@ fn write_outputs<W: Write>(
     rx: &std::sync::mpsc::Receiver<(Vec<Output>, Vec<Millis>)>,
     out: &mut W,
 ) -> Result<u64, ReplayError> {
-    let mut line = Vec::new();
+    let (mut line, mut topic) = (Vec::new(), String::new());
     let mut n = 0;
     for (outputs, times) in rx {
         for (i, o) in outputs.into_iter().enumerate() {
             line.clear();
-            let topic = o.topic(prefix);
+            topic.clear();
+            o.topic_into(prefix, &mut topic);
             serde_json::to_writer(
                 &mut line,
                 &Line {

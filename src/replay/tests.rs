@@ -117,17 +117,19 @@ fn read_ahead_decoding_and_the_writer_thread_change_no_output_byte() {
                 0 => "sensors/g/+/reading".to_string(),
                 1 => format!("spBv1.0/g{}/DDATA/node/d{dev}", rnd(2)),
                 2 => format!("sensors/g{}/d{dev}/heartbeat", dev % 3),
+                3 => format!("sensors/g{}/d\u{e9}{dev}/reading", dev % 3),
                 _ => format!("sensors/g{}/d{dev}/reading", dev % 3),
             };
             let payload = payload(rnd(12), ts, seq, dev, &mut rnd);
             capture.push_str(&Record::of(now, &topic, &payload).to_line());
             capture.push('\n');
         }
-        for flush in [false, true] {
+        // Read buffers far smaller than a line too: lines cut at every point go the copied path.
+        for (flush, buffer) in [(false, 1 << 18), (true, 1 << 18), (false, 61), (true, 300)] {
             let mut piped = Vec::new();
             let (_, summary) = run_memory_with(
                 &cfg,
-                capture.as_bytes(),
+                std::io::BufReader::with_capacity(buffer, capture.as_bytes()),
                 &mut piped,
                 120_000,
                 Finish {
@@ -157,7 +159,7 @@ fn read_ahead_decoding_and_the_writer_thread_change_no_output_byte() {
             }
             assert!(
                 piped == want,
-                "seed {seed}, {n} records, flush {flush}: outputs differ"
+                "seed {seed}, {n} records, flush {flush}, buffer {buffer}: outputs differ"
             );
         }
     }
@@ -301,4 +303,29 @@ fn a_line_as_capture_writes_it_is_read_in_one_pass_and_the_rest_by_serde() {
         )
         .is_none()
     );
+}
+
+/// A capture line that is not UTF-8 stops the replay with the read error, after
+/// the lines before it, whether it is read in the buffer or copied out of it.
+#[test]
+fn a_line_that_is_not_utf8_stops_the_replay_where_it_stood() {
+    let cfg = crate::config::load_str("[gateway]\nid = \"gw\"\n", &Default::default()).unwrap();
+    let good = r#"{"arrival":1764480000000,"payload":{"ts":1764480000000,"t":1},"topic":"sensors/g/d/reading"}"#;
+    let mut capture = format!("{good}\n").into_bytes();
+    capture.extend_from_slice(b"{\"arrival\":1764480000001,\"payload\":{\"t\":1},\"topic\":\"sensors/g/d\xff/reading\"}\n");
+    for buffer in [1 << 18, 13] {
+        let err = run_memory(
+            &cfg,
+            std::io::BufReader::with_capacity(buffer, capture.as_slice()),
+            Vec::new(),
+            0,
+        )
+        .map(|_| ())
+        .unwrap_err();
+        assert!(
+            matches!(&err, ReplayError::Io { what, .. } if what == "reading input"),
+            "buffer {buffer}: {err}"
+        );
+        assert!(err.to_string().contains("UTF-8"), "buffer {buffer}: {err}");
+    }
 }
