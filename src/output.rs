@@ -9,6 +9,7 @@ use crate::model::{Id, Millis, Reason};
 use crate::time::window::Stats;
 
 mod condition;
+pub mod json;
 pub use condition::{ConditionOut, ConditionState, Values};
 
 /// Output encoding upstream.
@@ -426,7 +427,14 @@ impl Output {
 
     /// The payload bytes in the sink format.
     pub fn encode(&self, format: SinkFormat) -> Vec<u8> {
-        format.encode(&self.payload())
+        match format {
+            SinkFormat::Json => {
+                let mut v = Vec::new();
+                json::payload_into(&mut v, self);
+                v
+            }
+            SinkFormat::Cbor => format.encode(&self.payload()),
+        }
     }
 }
 

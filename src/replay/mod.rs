@@ -20,7 +20,7 @@ use crate::config::Config;
 use crate::driver::Driver;
 use crate::engine::{Engine, Now};
 use crate::model::Millis;
-use crate::output::{Output, PayloadRef, SinkFormat};
+use crate::output::{Output, SinkFormat, json};
 use crate::store::StoreError;
 
 mod durable;
@@ -493,16 +493,21 @@ fn write_outputs<W: Write>(
             line.clear();
             topic.clear();
             o.topic_into(prefix, &mut topic);
-            serde_json::to_writer(
-                &mut line,
-                &Line {
-                    topic: &topic,
-                    payload: PayloadRef::from(&o),
-                    retain: o.retain(),
-                    at: times.get(i).copied(),
-                },
-            )
-            .map_err(|e| io("rendering output")(e.into()))?;
+            // As serde writes a `Line`, by hand (crate::output::json).
+            line.extend_from_slice(b"{\"topic\":");
+            json::str_into(&mut line, &topic);
+            line.extend_from_slice(b",\"payload\":");
+            json::payload_into(&mut line, &o);
+            line.extend_from_slice(if o.retain() {
+                b",\"retain\":true"
+            } else {
+                b",\"retain\":false"
+            });
+            if let Some(&at) = times.get(i) {
+                line.extend_from_slice(b",\"at\":");
+                json::int_into(&mut line, at);
+            }
+            line.push(b'}');
             line.push(b'\n');
             out.write_all(&line).map_err(io("writing output"))?;
             n += 1;

@@ -329,3 +329,67 @@ fn a_line_that_is_not_utf8_stops_the_replay_where_it_stood() {
         assert!(err.to_string().contains("UTF-8"), "buffer {buffer}: {err}");
     }
 }
+
+/// Output lines written by hand are the lines serde writes for a [`Line`].
+#[test]
+fn output_lines_are_serdes_lines() {
+    let cfg = crate::config::load_str(
+        "[gateway]\nid = \"gw\"\n[group_defaults]\nwindow = { kind = \"tumbling\", size_ms = 1000 }\n",
+        &Default::default(),
+    )
+    .unwrap();
+    let mut rp = Driver::new(
+        Engine::new(&cfg.engine),
+        &cfg.gateway,
+        &cfg.sink.prefix,
+        SinkFormat::Json,
+        None,
+    );
+    for i in 0..40i64 {
+        let now = Now {
+            wall: 1_764_480_000_000 + i * 300,
+            mono: i * 300,
+            synced: true,
+        };
+        let payload = format!(r#"{{"ts":{},"temp":{}.{i}}}"#, now.wall - 50, 20 + i % 7);
+        let topic = if i % 9 == 0 {
+            "sensors/g/+/reading".to_string()
+        } else {
+            format!("sensors/g/d{}/reading", i % 3)
+        };
+        rp.message(now, &topic, payload.as_bytes());
+    }
+    rp.flush();
+    let outputs = rp.take_outputs();
+    for timed in [false, true] {
+        let times: Vec<Millis> = if timed {
+            (0..outputs.len() as i64).collect()
+        } else {
+            Vec::new()
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        tx.send((outputs.clone(), times.clone())).unwrap();
+        drop(tx);
+        let mut mine = Vec::new();
+        write_outputs(&cfg.sink.prefix, &rx, &mut mine).unwrap();
+        let mut want = Vec::new();
+        for (i, o) in outputs.iter().enumerate() {
+            serde_json::to_writer(
+                &mut want,
+                &Line {
+                    topic: &o.topic(&cfg.sink.prefix),
+                    payload: o.payload(),
+                    retain: o.retain(),
+                    at: times.get(i).copied(),
+                },
+            )
+            .unwrap();
+            want.push(b'\n');
+        }
+        let text = String::from_utf8(want.clone()).unwrap();
+        for part in ["/windows/", "/rejected", "/status/"] {
+            assert!(text.contains(part), "no {part} in the outputs");
+        }
+        assert_eq!(String::from_utf8(mine).unwrap(), text, "timed {timed}");
+    }
+}
