@@ -153,6 +153,25 @@ impl TopicPattern {
     }
 }
 
+impl TopicPattern {
+    /// The group and device levels of a topic the pattern matches by its level
+    /// count alone: a cheap guess of [`TopicPattern::parse_topic`]'s ids (replay's
+    /// look-ahead), not a check.
+    pub fn ids<'t>(&self, topic: &'t str) -> Option<(&'t str, &'t str)> {
+        let (mut group, mut device) = (None, None);
+        let mut rest = Some(topic);
+        for seg in &self.segments {
+            let level = next_level(&mut rest)?;
+            match seg {
+                Segment::Group => group = Some(level),
+                Segment::Device => device = Some(level),
+                _ => {}
+            }
+        }
+        group.zip(device)
+    }
+}
+
 /// The level at the front of `rest`, as `split('/')` gives them; None past the last.
 fn next_level<'t>(rest: &mut Option<&'t str>) -> Option<&'t str> {
     let r = (*rest)?;
@@ -304,7 +323,12 @@ mod tests {
         ) {
             let p = TopicPattern::parse(["sensors/{group}/{device}/{kind}", "site/{kind}/{device}/x/{group}", "{device}/{group}/{kind}"][pattern]).unwrap();
             let t = levels.join("/");
-            proptest::prop_assert_eq!(p.parse_topic(&t), split_reference(&p, &t));
+            let parsed = p.parse_topic(&t);
+            proptest::prop_assert_eq!(&parsed, &split_reference(&p, &t));
+            // The look-ahead's guess names the same ids whenever the topic matches.
+            if let Ok(parts) = parsed {
+                proptest::prop_assert_eq!(p.ids(&t), Some((parts.group.as_str(), parts.device.as_str())));
+            }
         }
 
         #[test]

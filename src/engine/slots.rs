@@ -93,6 +93,33 @@ impl Engine {
             .map(|&i| i as usize)
     }
 
+    /// The slot a message on `topic` most likely goes to (its hash's first match,
+    /// ids not compared), its memory fetched into the cache; for replay, which
+    /// knows its next records: [`Engine::prefetch_windows`] and
+    /// [`Engine::prefetch_blocks`] follow one stage each.
+    pub fn prefetch_slot(&self, topic: &str) -> Option<u32> {
+        let (group, device) = self.pattern.ids(topic)?;
+        let gi = *self.group_index.get(group)?;
+        let h = self.hasher.hash_one(device);
+        let &i = self.groups[gi as usize].index.find(h, |_| true)?;
+        crate::sys::prefetch(self.devices.get(i as usize)?);
+        Some(i)
+    }
+
+    /// Slot `i`'s open windows into the cache (the slot already is).
+    pub fn prefetch_windows(&self, i: u32) {
+        if let Some(d) = self.devices.get(i as usize) {
+            d.state.windows.prefetch();
+        }
+    }
+
+    /// Their metric blocks into the cache (the windows already are).
+    pub fn prefetch_blocks(&self, i: u32) {
+        if let Some(d) = self.devices.get(i as usize) {
+            d.state.windows.prefetch_blocks();
+        }
+    }
+
     pub(super) fn device_slot(&mut self, group: &Id, device: &Id) -> usize {
         if let Some(i) = self.find_device(group, device) {
             return i;

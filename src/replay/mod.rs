@@ -303,6 +303,30 @@ fn read_ahead<R: BufRead>(
     }
 }
 
+/// The devices of a batch's next records fetched into the cache, one step of the
+/// chain (slot, its windows, their blocks) a record: the first touch of each was
+/// a quarter of replay's CPU time. Hints only: no output changes.
+#[derive(Default)]
+struct LookAhead([Option<u32>; 4]);
+
+impl LookAhead {
+    /// Before record `j`: the slot of `j + 3`, the windows of `j + 2`, the blocks of `j + 1`.
+    fn step(&mut self, e: &Engine, batch: &Batch, j: usize) {
+        let n = batch.items.len();
+        if j + 3 < n {
+            let start = batch.items[j + 2].topic_end;
+            let topic = &batch.topics[start..batch.items[j + 3].topic_end];
+            self.0[(j + 3) % 4] = e.prefetch_slot(topic);
+        }
+        if let Some(i) = self.0[(j + 2) % 4].filter(|_| j >= 1 && j + 2 < n) {
+            e.prefetch_windows(i);
+        }
+        if let Some(i) = self.0[(j + 1) % 4].filter(|_| j >= 2 && j + 1 < n) {
+            e.prefetch_blocks(i);
+        }
+    }
+}
+
 /// Options of one replay.
 pub struct Options<'a> {
     /// Capture file.
@@ -412,7 +436,9 @@ pub fn run_memory_with<R: BufRead + Send, W: Write + Send>(
             for batch in rx {
                 let batch = batch?;
                 let (mut t0, mut p0, mut m0) = (0, 0, 0);
-                for a in &batch.items {
+                let mut ahead = LookAhead::default();
+                for (j, a) in batch.items.iter().enumerate() {
+                    ahead.step(rp.engine(), &batch, j);
                     let topic = &batch.topics[t0..a.topic_end];
                     let payload = &batch.payloads[p0..a.payload_end];
                     (t0, p0) = (a.topic_end, a.payload_end);

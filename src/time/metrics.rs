@@ -382,6 +382,13 @@ impl Iterator for Replaced<'_> {
 }
 
 impl Metrics {
+    /// A block kept apart fetched into the cache ahead of use (one inline is the window's).
+    pub fn prefetch(&self) {
+        if let Block::Heap(b) = &self.0 {
+            crate::sys::prefetch(&**b);
+        }
+    }
+
     /// The aggregates, by metric index.
     pub fn iter(&self) -> impl Iterator<Item = Stats> + '_ {
         Entries::new(self.0.as_slice()).map(|(_, s)| s)

@@ -327,6 +327,22 @@ impl Windows {
     }
 }
 
+impl Windows {
+    /// The open windows' memory fetched into the cache ahead of a reading.
+    pub fn prefetch(&self) {
+        for w in self.open.iter().take(2) {
+            crate::sys::prefetch(w);
+        }
+    }
+
+    /// Their metric blocks, once the windows themselves are in the cache.
+    pub fn prefetch_blocks(&self) {
+        for w in self.open.iter().take(2) {
+            w.metrics.prefetch();
+        }
+    }
+}
+
 /// How many fired windows a device keeps at once under `rule`: lateness / step.
 fn room(rule: Rule) -> usize {
     let Some(step) = rule.spec.step_ms() else {
