@@ -29,10 +29,11 @@ fn ws(b: &[u8], mut at: usize) -> usize {
 /// The object starting at the first non-blank byte of `b[at..]`: each field to
 /// `field` in order; the offset after its `}`.
 pub(super) fn object(
-    b: &[u8],
+    text: &str,
     at: usize,
     field: &mut dyn FnMut(&str, Scalar<'_>) -> bool,
 ) -> Option<usize> {
+    let b = text.as_bytes();
     let mut at = ws(b, at);
     if b.get(at) != Some(&b'{') {
         return None;
@@ -45,7 +46,7 @@ pub(super) fn object(
         if b.get(at) != Some(&b'"') {
             return None;
         }
-        let (name, next) = string(b, at + 1)?;
+        let (name, next) = string(text, at + 1)?;
         // serde's key check refuses it whatever the value: its path words the error.
         if name.len() > MAX_METRIC_NAME {
             return None;
@@ -57,7 +58,7 @@ pub(super) fn object(
         at = ws(b, at + 1);
         let (value, next) = match *b.get(at)? {
             b'"' => {
-                let (s, next) = string(b, at + 1)?;
+                let (s, next) = string(text, at + 1)?;
                 let v = if s.len() <= MAX_VALUE_STR {
                     Scalar::Str(s)
                 } else {
@@ -88,8 +89,10 @@ fn literal(b: &[u8], at: usize, word: &[u8]) -> Option<usize> {
 }
 
 /// A string's text from just after its opening quote, and the offset after its
-/// closing one; None with an escape, a control byte or bad UTF-8.
-fn string(b: &[u8], start: usize) -> Option<(&str, usize)> {
+/// closing one; None with an escape or a control byte. (Quotes are ASCII: the
+/// slice is whole characters of text already known to be UTF-8.)
+fn string(text: &str, start: usize) -> Option<(&str, usize)> {
+    let b = text.as_bytes();
     let mut at = start;
     loop {
         match *b.get(at)? {
@@ -98,7 +101,7 @@ fn string(b: &[u8], start: usize) -> Option<(&str, usize)> {
             _ => at += 1,
         }
     }
-    Some((std::str::from_utf8(&b[start..at]).ok()?, at + 1))
+    Some((text.get(start..at)?, at + 1))
 }
 
 /// A number as serde_json reads it (integers as integers, the rest as the
@@ -193,7 +196,7 @@ mod tests {
 
     fn fields(s: &str) -> Option<Vec<String>> {
         let mut got = Vec::new();
-        let end = object(s.as_bytes(), 0, &mut |k, v| {
+        let end = object(s, 0, &mut |k, v| {
             got.push(format!("{k}={v:?}"));
             true
         })?;
@@ -258,7 +261,7 @@ mod tests {
             let want: serde_json::Value = serde_json::from_str(&text).unwrap();
             let want = &want["v"];
             let mut got = None;
-            if object(text.as_bytes(), 0, &mut |_, v| { got = Some(format!("{v:?}")); true }).is_some() {
+            if object(&text, 0, &mut |_, v| { got = Some(format!("{v:?}")); true }).is_some() {
                 let got = got.unwrap();
                 let expect = match want.as_i64() {
                     Some(i) if !s.contains(['.', 'e']) => format!("Int({i})"),

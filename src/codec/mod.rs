@@ -148,7 +148,9 @@ impl Decoder {
             cbor::read_map(bytes, &mut |name, v| self.field(out, name, v))
                 .map_err(|e| DecodeError(format!("cbor: {e}")))
         } else {
-            match self.decode_json_prefix(bytes, out) {
+            // Not UTF-8: not JSON, and serde's path words the error.
+            let text = std::str::from_utf8(bytes).ok();
+            match text.and_then(|t| self.decode_json_prefix(t, out)) {
                 Some(end) if fast::blank_from(bytes, end) => Ok(()),
                 _ => self.decode_serde(bytes, out),
             }
@@ -168,8 +170,8 @@ impl Decoder {
     /// The JSON object at the start of `b` decoded into `out` in one pass when it is
     /// the common flat shape and `[payload]` reads it as JSON: its length, and `out`
     /// as [`Decoder::decode_into`] of those bytes leaves it. None: not that case.
-    pub fn decode_json_prefix(&self, b: &[u8], out: &mut Decoded) -> Option<usize> {
-        if self.format == PayloadFormat::Cbor || b.first() != Some(&b'{') {
+    pub fn decode_json_prefix(&self, b: &str, out: &mut Decoded) -> Option<usize> {
+        if self.format == PayloadFormat::Cbor || !b.starts_with('{') {
             return None;
         }
         out.clear();
@@ -233,7 +235,8 @@ pub(crate) enum Scalar<'a> {
 impl Scalar<'_> {
     fn to_metric(self) -> Option<f64> {
         match self {
-            Scalar::Int(i) => Some(i as f64),
+            // Through i64 when it fits: the same rounding, without i128's slow conversion.
+            Scalar::Int(i) => Some(i64::try_from(i).map_or(i as f64, |v| v as f64)),
             Scalar::Float(f) => Some(f),
             _ => None,
         }

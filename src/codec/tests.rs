@@ -388,7 +388,7 @@ proptest::proptest! {
             proptest::prop_assert_eq!(format!("{a:?}"), format!("{b:?}"), "{}", text);
         }
         let mut c = Decoded::default();
-        if let Some(n) = d.decode_json_prefix(text.as_bytes(), &mut c) {
+        if let Some(n) = d.decode_json_prefix(&text, &mut c) {
             let mut e = Decoded::default();
             proptest::prop_assert!(d.decode_serde(&text.as_bytes()[..n], &mut e).is_ok());
             proptest::prop_assert_eq!(format!("{c:?}"), format!("{e:?}"), "{}", text);
@@ -412,6 +412,27 @@ fn a_field_name_over_64_bytes_is_refused_whatever_its_value() {
                 d.decode_serde(text.as_bytes(), &mut b),
                 "{text}"
             );
+        }
+    }
+}
+
+proptest::proptest! {
+    /// A payload that is not UTF-8 gets serde's verdict whichever byte breaks it.
+    #[test]
+    fn a_payload_that_is_not_utf8_decodes_as_serde_has_it(text in payload_text(), at in 0usize..200, bad in 0x80u8..=0xff) {
+        let d = Decoder::new(&PayloadConfig {
+            format: PayloadFormat::Json,
+            timestamp_field: "ts".into(),
+            timestamp_unit: TimestampUnit::Auto,
+            seq_field: None,
+        });
+        let mut bytes = text.into_bytes();
+        bytes.insert(at.min(bytes.len()), bad);
+        let (mut a, mut b) = (Decoded::default(), Decoded::default());
+        let fast = d.decode_into(&bytes, &mut a);
+        proptest::prop_assert_eq!(&fast, &d.decode_serde(&bytes, &mut b));
+        if fast.is_ok() {
+            proptest::prop_assert_eq!(format!("{a:?}"), format!("{b:?}"));
         }
     }
 }

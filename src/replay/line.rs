@@ -20,7 +20,8 @@ pub(super) struct Scanned {
 }
 
 /// Reads `line`, its payload into `out` as `decoder` would decode the payload's bytes.
-pub(super) fn scan(line: &[u8], decoder: &Decoder, out: &mut Decoded) -> Option<Scanned> {
+pub(super) fn scan(text: &str, decoder: &Decoder, out: &mut Decoded) -> Option<Scanned> {
+    let line = text.as_bytes();
     let (mut arrival, mut mono, mut synced) = (None, None, None);
     let (mut topic, mut payload) = (None, None);
     let mut at = 1;
@@ -56,7 +57,7 @@ pub(super) fn scan(line: &[u8], decoder: &Decoder, out: &mut Decoded) -> Option<
                 at = end + 1;
             }
             b"payload" if payload.is_none() => {
-                let n = decoder.decode_json_prefix(&line[at..], out)?;
+                let n = decoder.decode_json_prefix(text.get(at..)?, out)?;
                 payload = Some(at..at + n);
                 at += n;
             }
@@ -178,7 +179,7 @@ impl<R: BufRead> Input<R> {
                 continue;
             }
             if let Some((decoder, out)) = decode
-                && let Some(f) = scan(self.line.as_bytes(), decoder, out)
+                && let Some(f) = scan(&self.line, decoder, out)
             {
                 let now = clocks(&mut self.mono, self.line_no, f.arrival, f.mono, f.synced)?;
                 payloads.extend_from_slice(&self.line.as_bytes()[f.payload]);
@@ -232,16 +233,15 @@ impl<R: BufRead> Input<R> {
         let Some(end) = memchr::memchr(b'\n', buf) else {
             return Ok(None);
         };
-        let line = &buf[..=end];
         // A line read_line would refuse as UTF-8 goes its way, for the same error.
-        if !line.is_ascii() && std::str::from_utf8(line).is_err() {
+        let Ok(line) = std::str::from_utf8(&buf[..=end]) else {
             return Ok(None);
-        }
+        };
         let Some(f) = scan(line, decoder, out) else {
             return Ok(None);
         };
-        // Between quotes with no escape in a valid line: whole characters.
-        let Ok(topic) = std::str::from_utf8(&line[f.topic]) else {
+        // Between quotes: whole characters.
+        let Some(topic) = line.get(f.topic) else {
             return Ok(None);
         };
         let now = clocks(
@@ -251,7 +251,7 @@ impl<R: BufRead> Input<R> {
             f.mono,
             f.synced,
         )?;
-        payloads.extend_from_slice(&line[f.payload]);
+        payloads.extend_from_slice(&line.as_bytes()[f.payload]);
         topics.push_str(topic);
         let n = line.len();
         self.line_no += 1;

@@ -269,7 +269,7 @@ fn a_line_as_capture_writes_it_is_read_in_one_pass_and_the_rest_by_serde() {
         .chain(to_serde.iter().map(|l| (l, false)))
     {
         let mut out = Decoded::default();
-        let got = super::line::scan(line.as_bytes(), &json, &mut out);
+        let got = super::line::scan(line, &json, &mut out);
         assert_eq!(got.is_some(), want, "{line}");
         let Some(got) = got else { continue };
         let rec: Record<'_> = serde_json::from_str(line).expect(line);
@@ -297,7 +297,7 @@ fn a_line_as_capture_writes_it_is_read_in_one_pass_and_the_rest_by_serde() {
     // A CBOR decoder does not read the JSON text: serde's path, and its error.
     assert!(
         super::line::scan(
-            one_pass[0].as_bytes(),
+            one_pass[0],
             &dec(PayloadFormat::Cbor),
             &mut Decoded::default()
         )
