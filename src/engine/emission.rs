@@ -131,6 +131,7 @@ impl Engine {
                     left = k;
                     break;
                 }
+                self.prefetch_visits(&visit[k..]);
                 // Only changes count: a visit that changes nothing (every device after a
                 // restore is visited once) costs no budget, so the slices a journal replays
                 // are the slices `run` made.

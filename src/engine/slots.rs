@@ -106,6 +106,17 @@ impl Engine {
         Some(i)
     }
 
+    /// Before visiting `visits[0]`: the next devices' slots and windows on their way
+    /// into the cache (a close burst visits every device once: each first touch a miss).
+    pub(super) fn prefetch_visits(&self, visits: &[u32]) {
+        if let Some(d) = visits.get(2).and_then(|&i| self.devices.get(i as usize)) {
+            crate::sys::prefetch(d);
+        }
+        if let Some(&i) = visits.get(1) {
+            self.prefetch_windows(i);
+        }
+    }
+
     /// Slot `i`'s open windows into the cache (the slot already is).
     pub fn prefetch_windows(&self, i: u32) {
         if let Some(d) = self.devices.get(i as usize) {
