@@ -62,6 +62,33 @@ impl Engine {
         }
     }
 
+    /// Group `gi`'s devices to visit at watermark `wm` into `visit`: those changed
+    /// since the last visit and those whose deadline is due.
+    fn due(&mut self, gi: usize, wm: Millis, visit: &mut Vec<u32>) {
+        visit.clear();
+        let g = &mut self.groups[gi];
+        for di in g.pending.drain(..) {
+            self.devices[di as usize].pending = false;
+            visit.push(di);
+        }
+        while let Some(&Reverse((at, di))) = g.deadlines.peek()
+            && at <= wm
+        {
+            // The next tops (the top's children) on their way into the cache.
+            for &Reverse((_, n)) in g.deadlines.as_slice().iter().skip(1).take(2) {
+                if let Some(d) = self.devices.get(n as usize) {
+                    crate::sys::prefetch(&d.deadline);
+                }
+            }
+            g.deadlines.pop();
+            let d = &mut self.devices[di as usize];
+            if d.deadline.get() == Some(at) {
+                d.deadline = OptMillis::NONE;
+                visit.push(di);
+            }
+        }
+    }
+
     fn tick_pass(&mut self, now: Now, out: &mut dyn Emit, mut budget: usize) {
         self.backlog = false;
         let now = Now {
@@ -98,22 +125,7 @@ impl Engine {
             if !advanced && self.groups[gi].pending.is_empty() {
                 continue;
             }
-            visit.clear();
-            let g = &mut self.groups[gi];
-            for di in g.pending.drain(..) {
-                self.devices[di as usize].pending = false;
-                visit.push(di);
-            }
-            while let Some(&Reverse((at, di))) = g.deadlines.peek()
-                && at <= wm
-            {
-                g.deadlines.pop();
-                let d = &mut self.devices[di as usize];
-                if d.deadline.get() == Some(at) {
-                    d.deadline = OptMillis::NONE;
-                    visit.push(di);
-                }
-            }
+            self.due(gi, wm, &mut visit);
             // Member (device id) order, as a visit of every member would emit.
             let g = &mut self.groups[gi];
             if !g.ranked {

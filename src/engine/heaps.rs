@@ -46,7 +46,18 @@ impl Engine {
         }
         // An entry is a lower bound of its device's `max_event` (input does not
         // push each new maximum): one below it at the top is raised in place.
-        while let Some(mut top) = g.maxima.peek_mut() {
+        loop {
+            // The top's children are the next tops: their devices on their way into
+            // the cache while this one is looked at (each a miss in a busy tick).
+            for &Reverse((_, n)) in g.maxima.as_slice().iter().skip(1).take(2) {
+                if let Some(d) = devices.get(n as usize) {
+                    crate::sys::prefetch(&d.wm_key);
+                    crate::sys::prefetch(&d.state.max_event);
+                }
+            }
+            let Some(mut top) = g.maxima.peek_mut() else {
+                break;
+            };
             let Reverse((m, di)) = *top;
             let d = &mut devices[di as usize];
             if d.wm_key.get() != Some(m) {
