@@ -333,6 +333,9 @@ impl Windows {
         for w in self.open.iter().take(2) {
             crate::sys::prefetch(w);
         }
+        // The fired ones' head: every reading reads the newest start.
+        let fired = &self.fired.0;
+        crate::sys::prefetch(&fired[..fired.len().min(32)]);
     }
 
     /// Their metric blocks, once the windows themselves are in the cache.
