@@ -84,6 +84,24 @@ pub(super) fn object(
     }
 }
 
+/// Eight ASCII digits as their value; None unless all eight are digits.
+pub(crate) fn eight_digits(c: &[u8]) -> Option<u64> {
+    let x = u64::from_le_bytes(c.try_into().ok()?);
+    // A byte below '0' or above '9' sets a top bit in one of the two.
+    if (x.wrapping_add(0x4646_4646_4646_4646) | x.wrapping_sub(0x3030_3030_3030_3030))
+        & 0x8080_8080_8080_8080
+        != 0
+    {
+        return None;
+    }
+    let v = x.wrapping_sub(0x3030_3030_3030_3030);
+    // Pairs, then fours, then the eight: the first byte is the most significant digit.
+    let v = v.wrapping_mul(10).wrapping_add(v >> 8);
+    let lo = (v & 0x0000_00FF_0000_00FF).wrapping_mul(0x000F_4240_0000_0064);
+    let hi = ((v >> 16) & 0x0000_00FF_0000_00FF).wrapping_mul(0x0000_2710_0000_0001);
+    Some(lo.wrapping_add(hi) >> 32)
+}
+
 fn literal(b: &[u8], at: usize, word: &[u8]) -> Option<usize> {
     (b.get(at..at + word.len()) == Some(word)).then_some(at + word.len())
 }
@@ -113,6 +131,20 @@ fn number(b: &[u8], mut at: usize) -> Option<(Scalar<'static>, usize)> {
         at += 1;
     }
     let digits = |at: &mut usize, sig: &mut u64, n: &mut u32| {
+        // Eight at a time while they stay within 18 significant digits; the rest one by one.
+        while let Some(v) = b.get(*at..*at + 8).and_then(eight_digits) {
+            let k = match (*sig, v) {
+                (1.., _) => 8,
+                (0, 0) => 0,
+                (0, v) => v.ilog10() + 1,
+            };
+            if *n + k > 18 {
+                break;
+            }
+            *sig = *sig * 100_000_000 + v;
+            *n += k;
+            *at += 8;
+        }
         while let Some(d @ b'0'..=b'9') = b.get(*at) {
             if *n >= 18 {
                 return false;
@@ -240,6 +272,34 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// Eight bytes read at once are what reading them one by one gives.
+        #[test]
+        fn eight_digits_read_as_one_by_one(c in proptest::collection::vec(proptest::prop_oneof![b'0'..=b'9', proptest::num::u8::ANY], 8)) {
+            let want = c.iter().all(u8::is_ascii_digit).then(|| c.iter().fold(0u64, |v, &d| v * 10 + u64::from(d - b'0')));
+            proptest::prop_assert_eq!(eight_digits(&c), want);
+        }
+
+        /// Long runs of digits, leading zeros among them, read as serde_json reads
+        /// them wherever the one pass takes them.
+        #[test]
+        fn digit_runs_read_as_serde_json_reads_them(s in "-?(0|[1-9][0-9]{0,24})(\\.[0-9]{1,24})?([eE][-+]?[0-9]{1,3})?") {
+            let text = format!("{{\"v\":{s}}}");
+            let mut got = None;
+            let taken = object(&text, 0, &mut |_, v| { got = Some(format!("{v:?}")); true }).is_some();
+            // Out of f64's range: serde refuses it, and so must the one pass.
+            let Ok(want) = serde_json::from_str::<serde_json::Value>(&text) else {
+                proptest::prop_assert!(!taken, "{}", text);
+                return Ok(());
+            };
+            if taken {
+                let expect = match want["v"].as_i64() {
+                    Some(i) if !s.contains(['.', 'e', 'E']) => format!("Int({i})"),
+                    _ => format!("Float({:?})", want["v"].as_f64().unwrap()),
+                };
+                proptest::prop_assert_eq!(got.unwrap(), expect, "{}", text);
+            }
+        }
+
         /// Wherever the one pass reads a number, it reads serde_json's value, bit for bit.
         #[test]
         fn a_number_reads_as_serde_json_reads_it(

@@ -265,6 +265,7 @@ impl Scalar<'_> {
 
 mod cbor;
 mod fast;
+pub(crate) use fast::eight_digits;
 mod json;
 #[cfg(test)]
 mod tests;

@@ -98,6 +98,13 @@ fn int(line: &[u8], mut at: usize) -> Option<(Millis, usize)> {
     }
     let start = at;
     let mut v: Millis = 0;
+    while let Some(e) = line.get(at..at + 8).and_then(crate::codec::eight_digits) {
+        if at - start + 8 > 18 {
+            break;
+        }
+        v = v * 100_000_000 + Millis::try_from(e).ok()?;
+        at += 8;
+    }
     while let Some(d @ b'0'..=b'9') = line.get(at) {
         if at - start == 18 {
             return None;

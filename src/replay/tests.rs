@@ -393,3 +393,23 @@ fn output_lines_are_serdes_lines() {
         assert_eq!(String::from_utf8(mine).unwrap(), text, "timed {timed}");
     }
 }
+
+proptest::proptest! {
+    /// An arrival of any length reads as serde reads it wherever the one pass takes it.
+    #[test]
+    fn arrivals_read_as_serde_reads_them(n in "-?[0-9]{1,24}") {
+        use crate::codec::{Decoded, Decoder, PayloadConfig, PayloadFormat, TimestampUnit};
+        let dec = Decoder::new(&PayloadConfig {
+            format: PayloadFormat::Json,
+            timestamp_field: "ts".into(),
+            timestamp_unit: TimestampUnit::Ms,
+            seq_field: None,
+        });
+        let line = format!(r#"{{"arrival":{n},"payload":{{"a":1}},"topic":"t"}}"#);
+        if let Some(got) = super::line::scan(&line, &dec, &mut Decoded::default()) {
+            let rec: Record<'_> = serde_json::from_str(&line).unwrap();
+            proptest::prop_assert_eq!(got.arrival, rec.arrival, "{}", line);
+            proptest::prop_assert!(n.trim_start_matches('-').len() <= 18);
+        }
+    }
+}
