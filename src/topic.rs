@@ -136,21 +136,30 @@ impl TopicPattern {
         if rest.is_some() {
             return Err(TopicError::Levels);
         }
-        let group = group.filter(|g| valid_id(g)).ok_or(TopicError::BadGroup)?;
-        let device = device
-            .filter(|d| valid_id(d))
-            .ok_or(TopicError::BadDevice)?;
-        let kind = match kind {
-            Some("reading") => Kind::Reading,
-            Some("heartbeat") => Kind::Heartbeat,
-            _ => return Err(TopicError::BadKind),
-        };
-        Ok(TopicParts {
-            group: Id::try_from(group).map_err(|_| TopicError::BadGroup)?,
-            device: Id::try_from(device).map_err(|_| TopicError::BadDevice)?,
-            kind,
-        })
+        parts(group, device, kind)
     }
+}
+
+/// The matched levels checked as ids and a kind.
+fn parts(
+    group: Option<&str>,
+    device: Option<&str>,
+    kind: Option<&str>,
+) -> Result<TopicParts, TopicError> {
+    let group = group.filter(|g| valid_id(g)).ok_or(TopicError::BadGroup)?;
+    let device = device
+        .filter(|d| valid_id(d))
+        .ok_or(TopicError::BadDevice)?;
+    let kind = match kind {
+        Some("reading") => Kind::Reading,
+        Some("heartbeat") => Kind::Heartbeat,
+        _ => return Err(TopicError::BadKind),
+    };
+    Ok(TopicParts {
+        group: Id::try_from(group).map_err(|_| TopicError::BadGroup)?,
+        device: Id::try_from(device).map_err(|_| TopicError::BadDevice)?,
+        kind,
+    })
 }
 
 impl TopicPattern {
@@ -299,20 +308,7 @@ mod tests {
         if levels.next().is_some() {
             return Err(TopicError::Levels);
         }
-        let group = group.filter(|g| valid_id(g)).ok_or(TopicError::BadGroup)?;
-        let device = device
-            .filter(|d| valid_id(d))
-            .ok_or(TopicError::BadDevice)?;
-        let kind = match kind {
-            Some("reading") => Kind::Reading,
-            Some("heartbeat") => Kind::Heartbeat,
-            _ => return Err(TopicError::BadKind),
-        };
-        Ok(TopicParts {
-            group: Id::try_from(group).map_err(|_| TopicError::BadGroup)?,
-            device: Id::try_from(device).map_err(|_| TopicError::BadDevice)?,
-            kind,
-        })
+        parts(group, device, kind)
     }
 
     proptest::proptest! {

@@ -389,6 +389,17 @@ pub fn run_memory<R: BufRead + Send, W: Write + Send>(
     run_memory_with(cfg, input, out, drain_ms, Finish::default())
 }
 
+/// An in-memory replay's driver: the engine on `cfg`, JSON outputs.
+fn driver(cfg: &Config) -> Driver {
+    Driver::new(
+        Engine::new(&cfg.engine),
+        &cfg.gateway,
+        &cfg.sink.prefix,
+        SinkFormat::Json,
+        None,
+    )
+}
+
 /// In-memory replay, ending and writing as `finish` says.
 pub fn run_memory_with<R: BufRead + Send, W: Write + Send>(
     cfg: &Config,
@@ -398,13 +409,7 @@ pub fn run_memory_with<R: BufRead + Send, W: Write + Send>(
     finish: Finish,
 ) -> Result<(Engine, Summary), ReplayError> {
     let Finish { flush, timed } = finish;
-    let mut rp = Driver::new(
-        Engine::new(&cfg.engine),
-        &cfg.gateway,
-        &cfg.sink.prefix,
-        SinkFormat::Json,
-        None,
-    );
+    let mut rp = driver(cfg);
     let decoder = rp.engine().decoder().clone();
     let input = Input::new(input);
     let mut records = 0;

@@ -3,13 +3,7 @@ use super::*;
 /// The engine fed one record at a time on one thread, outputs rendered as
 /// the pipeline renders them: what [`run_memory_with`] must equal.
 fn sequential(cfg: &Config, capture: &str, flush: bool) -> Vec<u8> {
-    let mut rp = Driver::new(
-        Engine::new(&cfg.engine),
-        &cfg.gateway,
-        &cfg.sink.prefix,
-        SinkFormat::Json,
-        None,
-    );
+    let mut rp = driver(cfg);
     let mut input = Input {
         r: capture.as_bytes(),
         line: String::new(),
@@ -338,13 +332,7 @@ fn output_lines_are_serdes_lines() {
         &Default::default(),
     )
     .unwrap();
-    let mut rp = Driver::new(
-        Engine::new(&cfg.engine),
-        &cfg.gateway,
-        &cfg.sink.prefix,
-        SinkFormat::Json,
-        None,
-    );
+    let mut rp = driver(&cfg);
     for i in 0..40i64 {
         let now = Now {
             wall: 1_764_480_000_000 + i * 300,
