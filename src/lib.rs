@@ -23,6 +23,7 @@ pub mod driver;
 pub mod engine;
 pub mod fleet;
 pub mod fuzzing;
+pub mod hint;
 pub mod journal;
 pub mod model;
 pub mod output;

@@ -77,7 +77,7 @@ impl Engine {
             // The next tops (the top's children) on their way into the cache.
             for &Reverse((_, n)) in g.deadlines.as_slice().iter().skip(1).take(2) {
                 if let Some(d) = self.devices.get(n as usize) {
-                    crate::sys::prefetch(&d.deadline);
+                    crate::hint::prefetch(&d.deadline);
                 }
             }
             g.deadlines.pop();

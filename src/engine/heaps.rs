@@ -51,8 +51,8 @@ impl Engine {
             // the cache while this one is looked at (each a miss in a busy tick).
             for &Reverse((_, n)) in g.maxima.as_slice().iter().skip(1).take(2) {
                 if let Some(d) = devices.get(n as usize) {
-                    crate::sys::prefetch(&d.wm_key);
-                    crate::sys::prefetch(&d.state.max_event);
+                    crate::hint::prefetch(&d.wm_key);
+                    crate::hint::prefetch(&d.state.max_event);
                 }
             }
             let Some(mut top) = g.maxima.peek_mut() else {

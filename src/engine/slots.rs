@@ -102,7 +102,7 @@ impl Engine {
         let gi = *self.group_index.get(group)?;
         let h = self.hasher.hash_one(device);
         let &i = self.groups[gi as usize].index.find(h, |_| true)?;
-        crate::sys::prefetch(self.devices.get(i as usize)?);
+        crate::hint::prefetch(self.devices.get(i as usize)?);
         Some(i)
     }
 
@@ -110,7 +110,7 @@ impl Engine {
     /// into the cache (a close burst visits every device once: each first touch a miss).
     pub(super) fn prefetch_visits(&self, visits: &[u32]) {
         if let Some(d) = visits.get(2).and_then(|&i| self.devices.get(i as usize)) {
-            crate::sys::prefetch(d);
+            crate::hint::prefetch(d);
         }
         if let Some(&i) = visits.get(1) {
             self.prefetch_windows(i);

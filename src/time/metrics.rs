@@ -385,7 +385,7 @@ impl Metrics {
     /// A block kept apart fetched into the cache ahead of use (one inline is the window's).
     pub fn prefetch(&self) {
         if let Block::Heap(b) = &self.0 {
-            crate::sys::prefetch(&**b);
+            crate::hint::prefetch(&**b);
         }
     }
 

@@ -331,11 +331,11 @@ impl Windows {
     /// The open windows' memory fetched into the cache ahead of a reading.
     pub fn prefetch(&self) {
         for w in self.open.iter().take(2) {
-            crate::sys::prefetch(w);
+            crate::hint::prefetch(w);
         }
         // The fired ones' head: every reading reads the newest start.
         let fired = &self.fired.0;
-        crate::sys::prefetch(&fired[..fired.len().min(32)]);
+        crate::hint::prefetch(&fired[..fired.len().min(32)]);
     }
 
     /// Their metric blocks, once the windows themselves are in the cache.
