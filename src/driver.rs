@@ -90,6 +90,17 @@ fn ms(v: u64) -> Millis {
 }
 
 impl Driver {
+    /// A fresh driver of `cfg`'s engine with JSON outputs (replay, the tests).
+    pub fn json(cfg: &Config) -> Self {
+        Self::new(
+            Engine::new(&cfg.engine),
+            &cfg.gateway,
+            &cfg.sink.prefix,
+            SinkFormat::Json,
+            None,
+        )
+    }
+
     /// A driver for `engine` ticking and committing at `gateway`'s intervals, its
     /// outputs under `prefix` in `format`; `next_tick` resumes a virtual clock
     /// (replay), None starts fresh.

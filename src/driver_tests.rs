@@ -11,14 +11,7 @@ fn driver() -> Driver {
         &std::collections::BTreeMap::new(),
     )
     .unwrap();
-    Driver::new(
-        Engine::new(&cfg.engine),
-        &cfg.gateway,
-        &cfg.sink.prefix,
-        SinkFormat::Json,
-        None,
-    )
-    .with_journal()
+    Driver::json(&cfg).with_journal()
 }
 
 fn reading(d: &mut Driver, at: Millis) {

@@ -429,7 +429,8 @@ impl Output {
     pub fn encode(&self, format: SinkFormat) -> Vec<u8> {
         match format {
             SinkFormat::Json => {
-                let mut v = Vec::new();
+                // serde_json's first room: a result grows twice, not six times.
+                let mut v = Vec::with_capacity(128);
                 json::payload_into(&mut v, self);
                 v
             }

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use serde_json::value::RawValue;
 
-use super::{Input, Line, ReplayError, Summary, VirtualMono, io};
+use super::{Input, ReplayError, Summary, VirtualMono, io, line_into};
 use crate::config::Config;
 use crate::driver::Driver;
 use crate::engine::{Engine, Now};
@@ -89,17 +89,14 @@ impl Durable {
             for (_, e) in &batch {
                 let payload: &RawValue = serde_json::from_slice(&e.payload)
                     .map_err(|err| io("outbox entry is not JSON")(err.into()))?;
-                serde_json::to_writer(
+                let text = payload.get().as_bytes();
+                line_into(
                     &mut buf,
-                    &Line {
-                        topic: &e.topic,
-                        payload,
-                        retain: e.retain,
-                        at: None,
-                    },
-                )
-                .map_err(|err| io("rendering output")(err.into()))?;
-                buf.push(b'\n');
+                    &e.topic,
+                    |l| l.extend_from_slice(text),
+                    e.retain,
+                    None,
+                );
             }
             match &mut self.out {
                 Some(f) => f.write_all(&buf),

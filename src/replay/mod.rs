@@ -20,7 +20,7 @@ use crate::config::Config;
 use crate::driver::Driver;
 use crate::engine::{Engine, Now};
 use crate::model::Millis;
-use crate::output::{Output, SinkFormat, json};
+use crate::output::{Output, json};
 use crate::store::StoreError;
 
 mod durable;
@@ -135,15 +135,31 @@ fn epoch_ms<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Millis, D::Error> 
         .ok_or_else(|| serde::de::Error::custom(format_args!("arrival {n} is not an epoch in ms")))
 }
 
-#[derive(Serialize)]
-struct Line<'a, P: Serialize> {
-    topic: &'a str,
-    payload: P,
+/// One output line, `{"topic":…,"payload":…,"retain":…[,"at":…]}` and its newline,
+/// as serde writes the fields (crate::output::json); `payload` writes the payload.
+/// `at`: the output's virtual time (`--timed`), the arrival of the record it came
+/// with or the end of the drain.
+fn line_into(
+    line: &mut Vec<u8>,
+    topic: &str,
+    payload: impl FnOnce(&mut Vec<u8>),
     retain: bool,
-    /// Virtual time of the output (`--timed`): the arrival of the record it
-    /// came with, or the end of the drain.
-    #[serde(skip_serializing_if = "Option::is_none")]
     at: Option<Millis>,
+) {
+    line.extend_from_slice(b"{\"topic\":");
+    json::str_into(line, topic);
+    line.extend_from_slice(b",\"payload\":");
+    payload(line);
+    line.extend_from_slice(if retain {
+        b",\"retain\":true"
+    } else {
+        b",\"retain\":false"
+    });
+    if let Some(at) = at {
+        line.extend_from_slice(b",\"at\":");
+        json::int_into(line, at);
+    }
+    line.extend_from_slice(b"}\n");
 }
 
 /// Replay failures (exit 1).
@@ -389,17 +405,6 @@ pub fn run_memory<R: BufRead + Send, W: Write + Send>(
     run_memory_with(cfg, input, out, drain_ms, Finish::default())
 }
 
-/// An in-memory replay's driver: the engine on `cfg`, JSON outputs.
-fn driver(cfg: &Config) -> Driver {
-    Driver::new(
-        Engine::new(&cfg.engine),
-        &cfg.gateway,
-        &cfg.sink.prefix,
-        SinkFormat::Json,
-        None,
-    )
-}
-
 /// In-memory replay, ending and writing as `finish` says.
 pub fn run_memory_with<R: BufRead + Send, W: Write + Send>(
     cfg: &Config,
@@ -409,7 +414,7 @@ pub fn run_memory_with<R: BufRead + Send, W: Write + Send>(
     finish: Finish,
 ) -> Result<(Engine, Summary), ReplayError> {
     let Finish { flush, timed } = finish;
-    let mut rp = driver(cfg);
+    let mut rp = Driver::json(cfg);
     let decoder = rp.engine().decoder().clone();
     let input = Input::new(input);
     let mut records = 0;
@@ -524,22 +529,13 @@ fn write_outputs<W: Write>(
             line.clear();
             topic.clear();
             o.topic_into(prefix, &mut topic);
-            // As serde writes a `Line`, by hand (crate::output::json).
-            line.extend_from_slice(b"{\"topic\":");
-            json::str_into(&mut line, &topic);
-            line.extend_from_slice(b",\"payload\":");
-            json::payload_into(&mut line, &o);
-            line.extend_from_slice(if o.retain() {
-                b",\"retain\":true"
-            } else {
-                b",\"retain\":false"
-            });
-            if let Some(&at) = times.get(i) {
-                line.extend_from_slice(b",\"at\":");
-                json::int_into(&mut line, at);
-            }
-            line.push(b'}');
-            line.push(b'\n');
+            line_into(
+                &mut line,
+                &topic,
+                |l| json::payload_into(l, &o),
+                o.retain(),
+                times.get(i).copied(),
+            );
             out.write_all(&line).map_err(io("writing output"))?;
             n += 1;
         }

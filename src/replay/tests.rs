@@ -3,7 +3,7 @@ use super::*;
 /// The engine fed one record at a time on one thread, outputs rendered as
 /// the pipeline renders them: what [`run_memory_with`] must equal.
 fn sequential(cfg: &Config, capture: &str, flush: bool) -> Vec<u8> {
-    let mut rp = driver(cfg);
+    let mut rp = Driver::json(cfg);
     let mut input = Input {
         r: capture.as_bytes(),
         line: String::new(),
@@ -324,6 +324,16 @@ fn a_line_that_is_not_utf8_stops_the_replay_where_it_stood() {
     }
 }
 
+/// An output line as serde writes it: the reference for [`line_into`].
+#[derive(serde::Serialize)]
+struct Line<'a, P: serde::Serialize> {
+    topic: &'a str,
+    payload: P,
+    retain: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    at: Option<Millis>,
+}
+
 /// Output lines written by hand are the lines serde writes for a [`Line`].
 #[test]
 fn output_lines_are_serdes_lines() {
@@ -332,7 +342,7 @@ fn output_lines_are_serdes_lines() {
         &Default::default(),
     )
     .unwrap();
-    let mut rp = driver(&cfg);
+    let mut rp = Driver::json(&cfg);
     for i in 0..40i64 {
         let now = Now {
             wall: 1_764_480_000_000 + i * 300,
@@ -379,6 +389,29 @@ fn output_lines_are_serdes_lines() {
             assert!(text.contains(part), "no {part} in the outputs");
         }
         assert_eq!(String::from_utf8(mine).unwrap(), text, "timed {timed}");
+    }
+    // The durable mode's lines: the outbox entry's payload bytes as they are.
+    for o in &outputs {
+        let bytes = o.encode(crate::output::SinkFormat::Json);
+        let raw: &serde_json::value::RawValue = serde_json::from_slice(&bytes).unwrap();
+        let topic = o.topic(&cfg.sink.prefix);
+        let mut mine = Vec::new();
+        line_into(
+            &mut mine,
+            &topic,
+            |l| l.extend_from_slice(raw.get().as_bytes()),
+            o.retain(),
+            None,
+        );
+        let mut want = serde_json::to_vec(&Line {
+            topic: &topic,
+            payload: raw,
+            retain: o.retain(),
+            at: None,
+        })
+        .unwrap();
+        want.push(b'\n');
+        assert_eq!(mine, want);
     }
 }
 

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use tidemark::config;
 use tidemark::driver::Driver;
 use tidemark::engine::{Engine, Now};
-use tidemark::output::{Alert, AlertType, Late, Output, Rejected, SinkFormat, WindowResult};
+use tidemark::output::{Alert, AlertType, Late, Output, Rejected, WindowResult};
 
 /// 2025-11-30T05:20:00Z, a multiple of one minute.
 pub const T0: i64 = 1_764_480_000_000;
@@ -20,13 +20,7 @@ pub struct Sim {
 /// A driver (JSON outputs) around an engine configured by the whole config `text`.
 pub fn driver(text: &str) -> Driver {
     let cfg = config::load_str(text, &BTreeMap::new()).expect("valid test config");
-    Driver::new(
-        Engine::new(&cfg.engine),
-        &cfg.gateway,
-        &cfg.sink.prefix,
-        SinkFormat::Json,
-        None,
-    )
+    Driver::json(&cfg)
 }
 
 impl Sim {
