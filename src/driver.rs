@@ -3,10 +3,9 @@
 //! carries. Time comes in as values; nothing here reads a clock or does I/O
 //! (the shape of rumqttc's `MqttState` beside its `EventLoop`).
 
-use crate::codec::{DecodeError, Decoded};
 use crate::config::Config;
 use crate::engine::EngineConfig;
-use crate::engine::{Engine, Now};
+use crate::engine::{Engine, Known, Now};
 use crate::journal::{Journal, Mark};
 use crate::model::Millis;
 use crate::output::{Emit, Output, SinkFormat};
@@ -197,22 +196,16 @@ impl Driver {
 
     /// One input message: every tick due at or before it first, then the message.
     pub fn message(&mut self, now: Now, topic: &str, payload: &[u8]) {
-        self.message_decoded(now, topic, payload, None);
+        self.message_decoded(now, topic, payload, Known::default());
     }
 
-    /// [`Driver::message`] with the payload decoded ahead (see [`Engine::on_message_decoded`]).
-    pub fn message_decoded(
-        &mut self,
-        now: Now,
-        topic: &str,
-        payload: &[u8],
-        decoded: Option<Result<&Decoded, &DecodeError>>,
-    ) {
+    /// [`Driver::message`] with what a caller reading ahead knows (see [`Engine::on_message_decoded`]).
+    pub fn message_decoded(&mut self, now: Now, topic: &str, payload: &[u8], known: Known<'_>) {
         if !self.started() {
             self.start(now);
         }
         self.ticks_until(now);
-        self.emitting(|e, out| e.on_message_decoded(topic, payload, decoded, now, out));
+        self.emitting(|e, out| e.on_message_decoded(topic, payload, known, now, out));
         if let Some(j) = self.journal_mut() {
             // Any payload over the cap is rejected for its size alone: the journal
             // (and a standby's stream) keeps just enough of it to be rejected again.

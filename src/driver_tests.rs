@@ -264,3 +264,32 @@ fn a_close_burst_goes_out_in_slices_that_the_journal_replays_exactly() {
         }
     }
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+    /// A slot guess (replay's look-ahead) is checked before use: wrong ones, missing
+    /// ones and ones past the table give the outputs and records of no guess.
+    #[test]
+    fn a_slot_guess_moves_no_reading(
+        msgs in proptest::collection::vec((0u8..3, 0u8..6, 0u32..12, 0i64..4000), 1..60),
+    ) {
+        let cfg = fleet_config();
+        let (mut plain, mut guessed) = (Driver::json(&cfg), Driver::json(&cfg));
+        for (i, &(g, d, guess, dt)) in msgs.iter().enumerate() {
+            let now = Now::at(T0 + 50 * i as Millis);
+            let topic = format!("sensors/g{g}/d{d}/reading");
+            let p = format!(r#"{{"ts": {}, "seq": {i}, "temp": {dt}}}"#, T0 + dt);
+            plain.message(now, &topic, p.as_bytes());
+            let known = Known { decoded: None, slot: Some(guess) };
+            guessed.message_decoded(now, &topic, p.as_bytes(), known);
+        }
+        let end = Now::at(T0 + 60_000);
+        plain.ticks_until(end);
+        guessed.ticks_until(end);
+        let lines = |d: &mut Driver| -> Vec<Vec<u8>> {
+            d.take_outputs().iter().map(|o| o.encode(SinkFormat::Json)).collect()
+        };
+        proptest::prop_assert_eq!(lines(&mut plain), lines(&mut guessed));
+        proptest::prop_assert_eq!(records(plain.engine()), records(guessed.engine()));
+    }
+}

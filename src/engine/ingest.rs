@@ -11,6 +11,23 @@ use crate::time::seq::Seen;
 use crate::time::window::{self, MetricIdx};
 use crate::topic::TopicParts;
 
+/// What a caller that reads ahead already knows of a message (replay).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Known<'a> {
+    /// Its payload decoded by a clone of [`Engine::decoder`]; None: decoded here.
+    pub decoded: Option<Result<&'a Decoded, &'a DecodeError>>,
+    /// The slot its device most likely has ([`Engine::prefetch_slot`]); checked before use.
+    pub slot: Option<u32>,
+}
+
+/// Where a message's device most likely is, and the device whose clock times it
+/// if not its own.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Slots {
+    pub(super) guess: Option<u32>,
+    pub(super) clock_of: Option<usize>,
+}
+
 impl Engine {
     pub(super) fn reject(
         &mut self,
@@ -34,17 +51,17 @@ impl Engine {
 
     /// Handles one input message that arrived at `now`.
     pub fn on_message(&mut self, topic: &str, payload: &[u8], now: Now, out: &mut dyn Emit) {
-        self.on_message_decoded(topic, payload, None, now, out);
+        self.on_message_decoded(topic, payload, Known::default(), now, out);
     }
 
-    /// [`Engine::on_message`] with the payload already decoded by a clone of
-    /// [`Engine::decoder`] (replay decodes on its read-ahead thread). A Sparkplug
-    /// message ignores it: its payload is read against its edge node's births.
+    /// [`Engine::on_message`] with what a caller reading ahead already knows
+    /// (replay decodes on its read-ahead thread). A Sparkplug message ignores it:
+    /// its payload is read against its edge node's births.
     pub fn on_message_decoded(
         &mut self,
         topic: &str,
         payload: &[u8],
-        decoded: Option<Result<&Decoded, &DecodeError>>,
+        known: Known<'_>,
         now: Now,
         out: &mut dyn Emit,
     ) {
@@ -52,7 +69,7 @@ impl Engine {
         let now = self.observe_clock(now, out);
         self.release_waiting(out);
         let mut scratch = self.scratch.take().unwrap_or_default();
-        self.handle(topic, payload, decoded, now, raw_wall, &mut scratch, out);
+        self.handle(topic, payload, known, now, raw_wall, &mut scratch, out);
         self.scratch = Some(scratch);
     }
 
@@ -66,7 +83,7 @@ impl Engine {
         &mut self,
         topic: &str,
         payload: &[u8],
-        ahead: Option<Result<&Decoded, &DecodeError>>,
+        known: Known<'_>,
         now: Now,
         raw_wall: Millis,
         scratch: &mut Decoded,
@@ -81,7 +98,7 @@ impl Engine {
             Err(e) => return self.reject(out, Reason::BadTopic, topic, None, now, e.to_string()),
         };
         let ids = Some((&parts.group, &parts.device));
-        let decoded = match ahead {
+        let decoded = match known.decoded {
             Some(Ok(d)) => d,
             Some(Err(e)) => {
                 return self.reject(out, Reason::DecodeError, topic, ids, now, e.0.clone());
@@ -91,11 +108,15 @@ impl Engine {
                 Err(e) => return self.reject(out, Reason::DecodeError, topic, ids, now, e.0),
             },
         };
-        self.apply(topic, parts, decoded, now, raw_wall, None, out);
+        let slots = Slots {
+            guess: known.slot,
+            clock_of: None,
+        };
+        self.apply(topic, parts, decoded, now, raw_wall, slots, out);
     }
 
     /// One decoded reading or heartbeat of `parts`' device: time, windows,
-    /// liveness. `clock_of`: the device whose clock times it, if not its own.
+    /// liveness. `slots`: where its device most likely is, whose clock times it.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn apply(
         &mut self,
@@ -104,14 +125,19 @@ impl Engine {
         decoded: &Decoded,
         now: Now,
         raw_wall: Millis,
-        clock_of: Option<usize>,
+        Slots { guess, clock_of }: Slots,
         out: &mut dyn Emit,
     ) {
         let ids = Some((&parts.group, &parts.device));
-        if let Some(detail) = self.over_device_limit(&parts.group, &parts.device) {
-            return self.reject(out, Reason::BadTopic, topic, ids, now, detail);
-        }
-        let di = self.device_slot(&parts.group, &parts.device);
+        let di = match guess.filter(|&i| self.holds(i, &parts.group, &parts.device)) {
+            Some(i) => i as usize,
+            None => {
+                if let Some(detail) = self.over_device_limit(&parts.group, &parts.device) {
+                    return self.reject(out, Reason::BadTopic, topic, ids, now, detail);
+                }
+                self.device_slot(&parts.group, &parts.device)
+            }
+        };
         if let Some(seq) = decoded.seq {
             let dev = &mut self.devices[di].state;
             let ts = match decoded.ts {

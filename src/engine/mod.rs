@@ -33,6 +33,7 @@ mod state;
 
 pub use config::{EngineConfig, GroupConfig, GroupRules};
 pub use emission::TICK_SLICE;
+pub use ingest::Known;
 pub use state::{Changes, Counters, Device, DeviceRecords, Group, GroupStats, RuleEpoch};
 
 /// A device's liveness (docs/reference.md#group_defaults-and-groupsname).

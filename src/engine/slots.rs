@@ -93,6 +93,13 @@ impl Engine {
             .map(|&i| i as usize)
     }
 
+    /// Whether slot `i` is `group`'s device `device`.
+    pub(super) fn holds(&self, i: u32, group: &str, device: &str) -> bool {
+        self.devices.get(i as usize).is_some_and(|d| {
+            d.state.id.as_str() == device && self.groups[d.group as usize].state.name == group
+        })
+    }
+
     /// The slot a message on `topic` most likely goes to (its hash's first match,
     /// ids not compared), its memory fetched into the cache; for replay, which
     /// knows its next records: [`Engine::prefetch_windows`] and

@@ -346,7 +346,11 @@ impl Engine {
             };
             let node = self.sparkplug.nodes[ni].0.node.clone();
             let clock = self.device_slot(group, &node);
-            self.apply(topic, parts, decoded, now, raw_wall, Some(clock), out);
+            let slots = super::ingest::Slots {
+                guess: None,
+                clock_of: Some(clock),
+            };
+            self.apply(topic, parts, decoded, now, raw_wall, slots, out);
         }
     }
 

@@ -18,7 +18,7 @@ use serde_json::value::RawValue;
 use crate::codec::{DecodeError, Decoded, Decoder, DeviceTs, MetricName};
 use crate::config::Config;
 use crate::driver::Driver;
-use crate::engine::{Engine, Now};
+use crate::engine::{Engine, Known, Now};
 use crate::model::Millis;
 use crate::output::{Output, json};
 use crate::store::StoreError;
@@ -321,11 +321,17 @@ fn read_ahead<R: BufRead>(
 
 /// The devices of a batch's next records fetched into the cache, one step of the
 /// chain (slot, its windows, their blocks) a record: the first touch of each was
-/// a quarter of replay's CPU time. Hints only: no output changes.
+/// a quarter of replay's CPU time. Hints only (the engine checks a slot before it
+/// uses it): no output changes.
 #[derive(Default)]
 struct LookAhead([Option<u32>; 4]);
 
 impl LookAhead {
+    /// Record `j`'s slot as [`LookAhead::step`] found it three records before.
+    fn slot(&self, j: usize) -> Option<u32> {
+        self.0[j % 4].filter(|_| j >= 3)
+    }
+
     /// Before record `j`: the slot of `j + 3`, the windows of `j + 2`, the blocks of `j + 1`.
     fn step(&mut self, e: &Engine, batch: &Batch, j: usize) {
         let n = batch.items.len();
@@ -446,9 +452,9 @@ pub fn run_memory_with<R: BufRead + Send, W: Write + Send>(
             for batch in rx {
                 let batch = batch?;
                 let (mut t0, mut p0, mut m0) = (0, 0, 0);
-                let mut ahead = LookAhead::default();
+                let mut look = LookAhead::default();
                 for (j, a) in batch.items.iter().enumerate() {
-                    ahead.step(rp.engine(), &batch, j);
+                    look.step(rp.engine(), &batch, j);
                     let topic = &batch.topics[t0..a.topic_end];
                     let payload = &batch.payloads[p0..a.payload_end];
                     (t0, p0) = (a.topic_end, a.payload_end);
@@ -465,7 +471,11 @@ pub fn run_memory_with<R: BufRead + Send, W: Write + Send>(
                         })
                     });
                     let now = a.now;
-                    rp.message_decoded(now, topic, payload, ahead);
+                    let known = Known {
+                        decoded: ahead,
+                        slot: look.slot(j),
+                    };
+                    rp.message_decoded(now, topic, payload, known);
                     if timed {
                         times.resize(rp.outputs().len(), now.wall);
                     }
