@@ -2,6 +2,7 @@
 //! reading in 19 bytes instead of 64 (two of one reading in 30, held inline): with short windows and
 //! lateness most of a device's windows hold one reading a metric (BENCHMARKS 4b).
 
+use super::varint;
 use crate::model::Millis;
 
 /// Index of an interned metric name.
@@ -103,34 +104,6 @@ const LIKE: usize = HEAD + 40;
 /// Packed fired windows only: a whole aggregate, its five values, then varints
 /// of its count, its first time after the window's start and its last after its first.
 const FORM_NEAR: u8 = 4;
-
-pub(super) fn put_varint(out: &mut Vec<u8>, mut x: u64) {
-    while x >= 0x80 {
-        #[allow(clippy::cast_possible_truncation)]
-        out.push((x as u8) | 0x80);
-        x >>= 7;
-    }
-    #[allow(clippy::cast_possible_truncation)]
-    out.push(x as u8);
-}
-
-pub(super) fn varint(b: &[u8], at: &mut usize) -> u64 {
-    let mut x = 0u64;
-    let mut shift = 0;
-    loop {
-        let byte = b[*at];
-        *at += 1;
-        x |= u64::from(byte & 0x7f) << shift;
-        if byte < 0x80 {
-            return x;
-        }
-        shift += 7;
-    }
-}
-
-pub(super) fn varint_len(x: u64) -> usize {
-    (64 - (x | 1).leading_zeros() as usize).div_ceil(7)
-}
 
 /// The aggregates of a window's metrics, sorted by metric index, each entry
 /// little-endian: `metric u16, form u8`, then `value f64, time i64` for one
@@ -251,9 +224,9 @@ impl Entries<'_> {
                 let mut i = at + LIKE;
                 #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
                 let (count, first, span) = (
-                    varint(b, &mut i) as u32,
-                    varint(b, &mut i) as i64,
-                    varint(b, &mut i) as i64,
+                    varint::read(b, &mut i) as u32,
+                    varint::read(b, &mut i) as i64,
+                    varint::read(b, &mut i) as i64,
                 );
                 let first_t = self.base.wrapping_add(first);
                 self.full = (count, first_t, first_t.wrapping_add(span));
@@ -550,7 +523,7 @@ impl Metrics {
             });
             n += match (like, near) {
                 (true, _) => LIKE,
-                (false, Some(v)) => LIKE + v.iter().map(|&x| varint_len(x)).sum::<usize>(),
+                (false, Some(v)) => LIKE + v.iter().map(|&x| varint::len(x)).sum::<usize>(),
                 (false, None) => FULL,
             };
             let Some(o) = out.as_deref_mut() else {
@@ -563,7 +536,7 @@ impl Metrics {
                     o.push(if like { FORM_LIKE } else { FORM_NEAR });
                     o.extend_from_slice(&b[at + HEAD + 4..at + HEAD + 44]);
                     for x in near.filter(|_| !like).into_iter().flatten() {
-                        put_varint(o, x);
+                        varint::put(o, x);
                     }
                 }
             }

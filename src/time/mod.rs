@@ -10,6 +10,7 @@ pub mod moments;
 pub mod seq;
 pub mod sketch;
 pub mod skew;
+mod varint;
 pub mod watermark;
 pub mod window;
 pub mod windows;

@@ -33,6 +33,7 @@
 //! adopted by the min filter once the pre-step buckets age out.
 
 use super::buckets::{Bucket, Buckets, NONE};
+use super::varint;
 
 use serde::{Deserialize, Serialize};
 
@@ -84,8 +85,8 @@ fn pack(buckets: &Buckets) -> Vec<u8> {
     let mut out = Vec::with_capacity(buckets.len() * 6);
     let mut prev: Millis = 0;
     for b in buckets.iter() {
-        put_varint(&mut out, zigzag(b.min.wrapping_sub(prev)));
-        put_varint(&mut out, zigzag(b.hi.wrapping_sub(b.min)));
+        varint::put(&mut out, zigzag(b.min.wrapping_sub(prev)));
+        varint::put(&mut out, zigzag(b.hi.wrapping_sub(b.min)));
         prev = b.min;
     }
     out
@@ -98,8 +99,8 @@ fn unpack(bytes: &[u8]) -> Option<Buckets> {
         if out.len() == MAX_BUCKETS {
             return None;
         }
-        let min = prev.wrapping_add(unzigzag(get_varint(bytes, &mut at)?));
-        let hi = min.wrapping_add(unzigzag(get_varint(bytes, &mut at)?));
+        let min = prev.wrapping_add(unzigzag(varint::get(bytes, &mut at)?));
+        let hi = min.wrapping_add(unzigzag(varint::get(bytes, &mut at)?));
         out.push_back(Bucket { min, hi });
         prev = min;
     }
@@ -112,27 +113,6 @@ fn zigzag(v: i64) -> u64 {
 
 fn unzigzag(v: u64) -> i64 {
     ((v >> 1) as i64) ^ -((v & 1) as i64)
-}
-
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-fn get_varint(bytes: &[u8], at: &mut usize) -> Option<u64> {
-    let mut v = 0u64;
-    for shift in (0..64).step_by(7) {
-        let b = *bytes.get(*at)?;
-        *at += 1;
-        v |= u64::from(b & 0x7f) << shift;
-        if b & 0x80 == 0 {
-            return Some(v);
-        }
-    }
-    None
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -8,7 +8,8 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
-use super::metrics::{Metrics, put_varint, varint, varint_len};
+use super::metrics::Metrics;
+use super::varint;
 use super::window::{Fields, Rule, Window, WindowSpec, apply, assign, insert_tight};
 use crate::model::Millis;
 
@@ -52,12 +53,12 @@ fn i64_at(b: &[u8], at: usize) -> i64 {
 #[allow(clippy::cast_sign_loss)]
 fn put_window(out: &mut Vec<u8>, w: &Window) {
     out.extend_from_slice(&w.start.to_le_bytes());
-    put_varint(out, w.end.wrapping_sub(w.start) as u64);
-    put_varint(out, w.last_event.wrapping_sub(w.start) as u64);
-    put_varint(out, u64::from(w.count));
-    put_varint(out, u64::from(w.heartbeats));
-    put_varint(out, u64::from(w.emitted));
-    put_varint(out, w.metrics.packed_into(w.start, None) as u64);
+    varint::put(out, w.end.wrapping_sub(w.start) as u64);
+    varint::put(out, w.last_event.wrapping_sub(w.start) as u64);
+    varint::put(out, u64::from(w.count));
+    varint::put(out, u64::from(w.heartbeats));
+    varint::put(out, u64::from(w.emitted));
+    varint::put(out, w.metrics.packed_into(w.start, None) as u64);
     w.metrics.packed_into(w.start, Some(out));
 }
 
@@ -65,12 +66,12 @@ fn put_window(out: &mut Vec<u8>, w: &Window) {
 fn head(b: &[u8], at: usize) -> (Head, usize) {
     let start = i64_at(b, at);
     let mut i = at + 8;
-    let end = start.wrapping_add(varint(b, &mut i) as i64);
-    let last_event = start.wrapping_add(varint(b, &mut i) as i64);
-    let count = varint(b, &mut i) as u32;
-    let heartbeats = varint(b, &mut i) as u32;
-    let emitted = varint(b, &mut i) as u32;
-    let len = varint(b, &mut i) as usize;
+    let end = start.wrapping_add(varint::read(b, &mut i) as i64);
+    let last_event = start.wrapping_add(varint::read(b, &mut i) as i64);
+    let count = varint::read(b, &mut i) as u32;
+    let heartbeats = varint::read(b, &mut i) as u32;
+    let emitted = varint::read(b, &mut i) as u32;
+    let len = varint::read(b, &mut i) as usize;
     let h = Head {
         start,
         end,
@@ -131,7 +132,7 @@ fn packed_len(w: &Window) -> usize {
         block as u64,
     ]
     .into_iter()
-    .map(varint_len)
+    .map(varint::len)
     .sum::<usize>()
         + block
 }
