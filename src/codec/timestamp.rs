@@ -25,7 +25,8 @@ pub fn int_to_ms(v: i128, unit: TimestampUnit) -> DeviceTs {
     if v <= 0 {
         return DeviceTs::Invalid("timestamp <= 0");
     }
-    let ms = match unit_for(v as f64, unit) {
+    // Through i64 when it fits: the same rounding, without i128's slow conversion.
+    let ms = match unit_for(i64::try_from(v).map_or(v as f64, |x| x as f64), unit) {
         TimestampUnit::S => v.saturating_mul(1000),
         TimestampUnit::Us => v / 1000,
         TimestampUnit::Ns => v / 1_000_000,

@@ -112,7 +112,7 @@ impl Engine {
             guess: known.slot,
             clock_of: None,
         };
-        self.apply(topic, parts, decoded, now, raw_wall, slots, out);
+        self.apply(topic, &parts, decoded, now, raw_wall, slots, out);
     }
 
     /// One decoded reading or heartbeat of `parts`' device: time, windows,
@@ -121,7 +121,7 @@ impl Engine {
     pub(super) fn apply(
         &mut self,
         topic: &str,
-        parts: TopicParts,
+        parts: &TopicParts,
         decoded: &Decoded,
         now: Now,
         raw_wall: Millis,
@@ -190,8 +190,8 @@ impl Engine {
             });
             self.clock.waiting.push(gwclock::Waiting {
                 topic: topic.to_owned(),
-                group: parts.group,
-                device: parts.device,
+                group: parts.group.clone(),
+                device: parts.device.clone(),
                 heartbeat: parts.kind == Kind::Heartbeat,
                 clock,
                 ts,
@@ -250,7 +250,7 @@ impl Engine {
                 device: w.device,
                 kind,
             };
-            self.place(&w.topic, parts, di, &decoded, (t, false, false), now, out);
+            self.place(&w.topic, &parts, di, &decoded, (t, false, false), now, out);
         }
         self.scratch = Some(decoded);
     }
@@ -260,7 +260,7 @@ impl Engine {
     fn place(
         &mut self,
         topic: &str,
-        parts: TopicParts,
+        parts: &TopicParts,
         di: usize,
         decoded: &Decoded,
         (event, provisional, invalid_ts): (Millis, bool, bool),
@@ -355,7 +355,7 @@ impl Engine {
         event: Millis,
         (provisional, invalid_ts): (bool, bool),
         now: Now,
-        parts: TopicParts,
+        parts: &TopicParts,
         out: &mut dyn Emit,
     ) {
         let dev = &mut self.devices[di].state;
@@ -415,8 +415,8 @@ impl Engine {
         }
         if was_offline || !announced {
             out.emit(Output::Status {
-                group: parts.group,
-                device: parts.device,
+                group: parts.group.clone(),
+                device: parts.device.clone(),
                 online: true,
             });
         }

@@ -350,7 +350,7 @@ impl Engine {
                 guess: None,
                 clock_of: Some(clock),
             };
-            self.apply(topic, parts, decoded, now, raw_wall, slots, out);
+            self.apply(topic, &parts, decoded, now, raw_wall, slots, out);
         }
     }
 
