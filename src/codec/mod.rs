@@ -236,7 +236,7 @@ impl Scalar<'_> {
     fn to_metric(self) -> Option<f64> {
         match self {
             // Through i64 when it fits: the same rounding, without i128's slow conversion.
-            Scalar::Int(i) => Some(i64::try_from(i).map_or(i as f64, |v| v as f64)),
+            Scalar::Int(i) => Some(i64::try_from(i).map_or_else(|_| i as f64, |v| v as f64)),
             Scalar::Float(f) => Some(f),
             _ => None,
         }
