@@ -30,6 +30,7 @@ pub mod output;
 pub mod pair;
 pub mod replay;
 pub mod run;
+pub mod scan;
 pub mod sim;
 pub mod sparkplug;
 pub mod store;

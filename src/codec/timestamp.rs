@@ -26,7 +26,10 @@ pub fn int_to_ms(v: i128, unit: TimestampUnit) -> DeviceTs {
         return DeviceTs::Invalid("timestamp <= 0");
     }
     // Through i64 when it fits: the same rounding, without i128's slow conversion.
-    let ms = match unit_for(i64::try_from(v).map_or_else(|_| v as f64, |x| x as f64), unit) {
+    let ms = match unit_for(
+        i64::try_from(v).map_or_else(|_| v as f64, |x| x as f64),
+        unit,
+    ) {
         TimestampUnit::S => v.saturating_mul(1000),
         TimestampUnit::Us => v / 1000,
         TimestampUnit::Ns => v / 1_000_000,

@@ -9,7 +9,7 @@ use super::{Output, PayloadRef, WindowResult};
 /// `s` as a JSON string.
 pub fn str_into(out: &mut Vec<u8>, s: &str) {
     // serde_json escapes control bytes, `"` and `\` only.
-    if s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+    if crate::scan::plain_run(s.as_bytes()) < s.len() {
         let _ = serde_json::to_writer(&mut *out, s);
     } else {
         out.reserve(s.len() + 2);

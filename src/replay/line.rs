@@ -49,8 +49,8 @@ pub(super) fn scan(text: &str, decoder: &Decoder, out: &mut Decoded) -> Option<S
                 if line.get(at) != Some(&b'"') {
                     return None;
                 }
-                let end = at + 1 + line[at + 1..].iter().position(|&c| c == b'"')?;
-                if line[at + 1..end].iter().any(|&c| c == b'\\' || c < 0x20) {
+                let end = at + 1 + crate::scan::plain_run(&line[at + 1..]);
+                if line.get(end) != Some(&b'"') {
                     return None;
                 }
                 topic = Some(at + 1..end);
@@ -85,6 +85,19 @@ pub(super) fn scan(text: &str, decoder: &Decoder, out: &mut Decoded) -> Option<S
 fn key(line: &[u8], at: usize) -> Option<(&[u8], usize)> {
     if line.get(at) != Some(&b'"') {
         return None;
+    }
+    // The names `capture` writes, told apart by their first letter.
+    let known: &[u8] = match line.get(at + 1)? {
+        b'a' => b"arrival\":",
+        b't' => b"topic\":",
+        b'p' => b"payload\":",
+        b'm' => b"mono\":",
+        b's' => b"synced\":",
+        _ => b"",
+    };
+    if !known.is_empty() && line[at + 1..].starts_with(known) {
+        let end = at + known.len() - 1;
+        return Some((&line[at + 1..end], end + 2));
     }
     let end = at + 1 + line[at + 1..].iter().position(|&c| c == b'"')?;
     (line.get(end + 1) == Some(&b':')).then(|| (&line[at + 1..end], end + 2))
