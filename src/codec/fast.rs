@@ -111,9 +111,14 @@ fn literal(b: &[u8], at: usize, word: &[u8]) -> Option<usize> {
 /// slice is whole characters of text already known to be UTF-8.)
 fn string(text: &str, start: usize) -> Option<(&str, usize)> {
     let b = text.as_bytes();
-    let at = start + crate::scan::plain_run(b.get(start..)?);
-    if b.get(at) != Some(&b'"') {
-        return None;
+    let mut at = start;
+    // A byte loop: keys and values here are a few bytes (crate::scan costs more on those).
+    loop {
+        match *b.get(at)? {
+            b'"' => break,
+            b'\\' | 0..=0x1f => return None,
+            _ => at += 1,
+        }
     }
     Some((text.get(start..at)?, at + 1))
 }
