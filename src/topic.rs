@@ -182,6 +182,7 @@ impl TopicPattern {
 }
 
 /// The level at the front of `rest`, as `split('/')` gives them; None past the last.
+#[inline(always)]
 fn next_level<'t>(rest: &mut Option<&'t str>) -> Option<&'t str> {
     let r = (*rest)?;
     match slash(r.as_bytes()) {

@@ -109,6 +109,7 @@ fn literal(b: &[u8], at: usize, word: &[u8]) -> Option<usize> {
 /// A string's text from just after its opening quote, and the offset after its
 /// closing one; None with an escape or a control byte. (Quotes are ASCII: the
 /// slice is whole characters of text already known to be UTF-8.)
+#[inline(always)]
 fn string(text: &str, start: usize) -> Option<(&str, usize)> {
     let b = text.as_bytes();
     let mut at = start;

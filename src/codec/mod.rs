@@ -189,12 +189,18 @@ impl Decoder {
             if !v.is_finite() {
                 return Err(format!("metric {name:?} is not finite"));
             }
-            let name = MetricName::try_from(name)
-                .map_err(|_| format!("field name longer than {MAX_METRIC_NAME} bytes"))?;
-            if let Some(slot) = out.metrics.iter_mut().find(|(n, _)| *n == name) {
+            if name.len() > MAX_METRIC_NAME {
+                return Err(format!("field name longer than {MAX_METRIC_NAME} bytes"));
+            }
+            // Looked up by its text: the name is copied only when it is new.
+            if let Some(slot) = out.metrics.iter_mut().find(|(n, _)| n.as_str() == name) {
                 slot.1 = v;
-            } else if out.metrics.push((name, v)).is_err() {
+            } else if out.metrics.is_full() {
                 return Err(format!("more than {MAX_METRICS} metric fields"));
+            } else {
+                let name = MetricName::try_from(name)
+                    .map_err(|_| format!("field name longer than {MAX_METRIC_NAME} bytes"))?;
+                let _ = out.metrics.push((name, v));
             }
         }
         Ok(())

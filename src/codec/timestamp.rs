@@ -17,6 +17,21 @@ fn unit_for(magnitude: f64, unit: TimestampUnit) -> TimestampUnit {
     }
 }
 
+/// [`unit_for`] of a positive integer: compared as an integer below 2^53, where
+/// its f64 is exact (an i128's conversion to f64 is a slow library call).
+fn unit_for_int(v: i128, unit: TimestampUnit) -> TimestampUnit {
+    if v >= 1 << 53 {
+        return unit_for(v as f64, unit);
+    }
+    match unit {
+        TimestampUnit::Auto if v < 100_000_000_000 => TimestampUnit::S,
+        TimestampUnit::Auto if v < 100_000_000_000_000 => TimestampUnit::Ms,
+        // 2^53 is below 10^17.
+        TimestampUnit::Auto => TimestampUnit::Us,
+        u => u,
+    }
+}
+
 // Beyond this (year ~2255) a timestamp is nonsense; keeps later i64 math safe.
 const MAX_TS_MS: i128 = 9_000_000_000_000;
 
@@ -25,11 +40,7 @@ pub fn int_to_ms(v: i128, unit: TimestampUnit) -> DeviceTs {
     if v <= 0 {
         return DeviceTs::Invalid("timestamp <= 0");
     }
-    // Through i64 when it fits: the same rounding, without i128's slow conversion.
-    let ms = match unit_for(
-        i64::try_from(v).map_or_else(|_| v as f64, |x| x as f64),
-        unit,
-    ) {
+    let ms = match unit_for_int(v, unit) {
         TimestampUnit::S => v.saturating_mul(1000),
         TimestampUnit::Us => v / 1000,
         TimestampUnit::Ns => v / 1_000_000,
@@ -151,4 +162,27 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     let doy = (153 * mp + 2) / 5 + d - 1;
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     era * 146_097 + doe - 719_468
+}
+
+#[cfg(test)]
+mod unit_tests {
+    use super::*;
+    use proptest::prelude::Strategy;
+
+    proptest::proptest! {
+        /// An integer's unit is the one its f64 magnitude gives, at every threshold.
+        #[test]
+        fn integer_units_are_the_float_ones(
+            v in proptest::prop_oneof![
+                1i128..=1 << 60,
+                (0usize..4).prop_flat_map(|i| {
+                    let t = [100_000_000_000i128, 100_000_000_000_000, 1 << 53, 100_000_000_000_000_000][i];
+                    (t - 3)..(t + 3)
+                }),
+            ],
+            unit in proptest::sample::select(vec![TimestampUnit::Auto, TimestampUnit::S, TimestampUnit::Ms, TimestampUnit::Us, TimestampUnit::Ns]),
+        ) {
+            proptest::prop_assert_eq!(unit_for_int(v, unit), unit_for(v as f64, unit));
+        }
+    }
 }
