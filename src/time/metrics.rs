@@ -425,14 +425,20 @@ impl Metrics {
         // A whole entry kept apart (a window's second reading on) is updated where it
         // lies: decoding it and encoding it again was most of a reading's cost here.
         if let Block::Heap(b) = &mut self.0 {
-            let mut e = Entries::new(b);
-            while let Some((at, k, form)) = e.head() {
+            // Entries stepped over by their form alone (a window's block holds the
+            // three plain forms; anything else goes the decoding way).
+            let mut at = 0;
+            while let Some(&[lo, hi, form]) = b.get(at..at + HEAD) {
+                let k = u16::from_le_bytes([lo, hi]);
                 if k == m && form == FORM_FULL {
                     return add_in_place(&mut b[at + HEAD..at + FULL], t, v);
                 }
-                if k >= m {
-                    break;
-                }
+                at += match form {
+                    FORM_ONE if k < m => ONE,
+                    FORM_SAME if k < m => SAME,
+                    FORM_FULL if k < m => FULL,
+                    _ => break,
+                };
             }
         }
         match self.find(m) {
