@@ -185,7 +185,7 @@ impl TopicPattern {
 #[inline(always)]
 fn next_level<'t>(rest: &mut Option<&'t str>) -> Option<&'t str> {
     let r = (*rest)?;
-    match slash(r.as_bytes()) {
+    match crate::scan::find(r.as_bytes(), b'/') {
         Some(i) => {
             *rest = Some(&r[i + 1..]);
             Some(&r[..i])
@@ -195,23 +195,6 @@ fn next_level<'t>(rest: &mut Option<&'t str>) -> Option<&'t str> {
             Some(r)
         }
     }
-}
-
-/// The first `/` in `b`, eight bytes at a time (levels are short: a byte loop
-/// cost more than the rest of a topic's match).
-fn slash(b: &[u8]) -> Option<usize> {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    let mut at = 0;
-    while let Some(c) = b.get(at..at + 8) {
-        let x = u64::from_le_bytes(c.try_into().ok()?) ^ (ONES * u64::from(b'/'));
-        // The lowest byte of x that is zero sets its top bit (a borrow only marks bytes above it).
-        let z = x.wrapping_sub(ONES) & !x & (ONES << 7);
-        if z != 0 {
-            return Some(at + (z.trailing_zeros() / 8) as usize);
-        }
-        at += 8;
-    }
-    b[at..].iter().position(|&c| c == b'/').map(|i| at + i)
 }
 
 /// Checks an MQTT subscription filter.
@@ -343,20 +326,6 @@ mod tests {
             if let Ok(parts) = parsed {
                 proptest::prop_assert_eq!(p.ids(&t), Some((parts.group.as_str(), parts.device.as_str())));
             }
-        }
-
-        /// The eight-at-a-time search finds the first `/` a byte loop finds, over
-        /// lengths either side of eight and the bytes next to `/` (and its top-bit twin).
-        #[test]
-        fn slash_finds_the_first_slash(
-            b in proptest::collection::vec(proptest::prop_oneof![
-                1 => proptest::prelude::Just(b'/'), 2 => proptest::prelude::Just(b'.'),
-                2 => proptest::prelude::Just(b'0'), 2 => proptest::prelude::Just(0xafu8),
-                2 => proptest::prelude::Just(0u8), 2 => proptest::prelude::Just(0xffu8),
-                20 => proptest::prelude::any::<u8>(),
-            ], 0..40),
-        ) {
-            proptest::prop_assert_eq!(slash(&b), b.iter().position(|&c| c == b'/'));
         }
 
         #[test]

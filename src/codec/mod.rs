@@ -226,6 +226,19 @@ impl Default for Decoded {
     }
 }
 
+/// `i as f64`. Below 2^53 from two exact halves: an i128's conversion is a library
+/// call, and LLVM folds an `i64` detour back into it.
+fn int_to_f64(i: i128) -> f64 {
+    if i.unsigned_abs() >= 1 << 53 {
+        return i as f64;
+    }
+    #[allow(clippy::cast_possible_truncation)]
+    let x = i as i64;
+    #[allow(clippy::cast_possible_truncation)]
+    let (hi, lo) = ((x >> 32) as i32, x as u32);
+    f64::from(hi) * 4_294_967_296.0 + f64::from(lo)
+}
+
 /// Deepest nesting accepted inside a payload (deeper is garbage, not data).
 pub const MAX_DEPTH: u32 = 16;
 
@@ -241,8 +254,7 @@ pub(crate) enum Scalar<'a> {
 impl Scalar<'_> {
     fn to_metric(self) -> Option<f64> {
         match self {
-            // Through i64 when it fits: the same rounding, without i128's slow conversion.
-            Scalar::Int(i) => Some(i64::try_from(i).map_or_else(|_| i as f64, |v| v as f64)),
+            Scalar::Int(i) => Some(int_to_f64(i)),
             Scalar::Float(f) => Some(f),
             _ => None,
         }

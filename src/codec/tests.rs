@@ -436,3 +436,18 @@ proptest::proptest! {
         }
     }
 }
+
+proptest::proptest! {
+    /// Integers to f64 by halves are what `as` gives, either side of 2^53 and of zero.
+    #[test]
+    fn integers_convert_as_as_converts_them(
+        i in proptest::prop_oneof![
+            proptest::prelude::Strategy::prop_map(proptest::prelude::any::<i64>(), i128::from),
+            -(1i128 << 54)..(1i128 << 54),
+            -70_000i128..70_000,
+            proptest::prelude::any::<i128>(),
+        ],
+    ) {
+        proptest::prop_assert_eq!(super::int_to_f64(i).to_bits(), (i as f64).to_bits());
+    }
+}

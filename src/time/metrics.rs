@@ -291,14 +291,35 @@ fn encode(s: &Stats, shared: &mut Option<Millis>, out: &mut [u8; FULL]) -> usize
         return ONE;
     }
     out[2] = FORM_FULL;
-    out[HEAD..HEAD + 4].copy_from_slice(&s.count.to_le_bytes());
-    let d = HEAD + 4;
-    for (i, x) in [s.sum, s.min, s.max, s.first, s.last].iter().enumerate() {
-        out[d + 8 * i..d + 8 * i + 8].copy_from_slice(&x.to_le_bytes());
-    }
-    out[d + 40..d + 48].copy_from_slice(&s.first_t.to_le_bytes());
-    out[d + 48..FULL].copy_from_slice(&s.last_t.to_le_bytes());
+    put_full(&mut out[HEAD..], s);
     FULL
+}
+
+/// A whole entry's bytes after its head: `count u32`, the five values, the two times.
+fn put_full(d: &mut [u8], s: &Stats) {
+    d[..4].copy_from_slice(&s.count.to_le_bytes());
+    for (i, x) in [s.sum, s.min, s.max, s.first, s.last].iter().enumerate() {
+        d[4 + 8 * i..12 + 8 * i].copy_from_slice(&x.to_le_bytes());
+    }
+    d[44..52].copy_from_slice(&s.first_t.to_le_bytes());
+    d[52..60].copy_from_slice(&s.last_t.to_le_bytes());
+}
+
+/// The aggregate of metric `m` in a whole entry's bytes after its head ([`put_full`]).
+fn full_at(d: &[u8], metric: MetricIdx) -> Stats {
+    let mut c = [0u8; 4];
+    c.copy_from_slice(&d[..4]);
+    Stats {
+        sum: f64_at(d, 4),
+        min: f64_at(d, 12),
+        max: f64_at(d, 20),
+        first: f64_at(d, 28),
+        last: f64_at(d, 36),
+        first_t: i64_at(d, 44),
+        last_t: i64_at(d, 52),
+        count: u32::from_le_bytes(c),
+        metric,
+    }
 }
 
 /// The canonical block of aggregates sorted by metric, exactly sized: a first
@@ -431,7 +452,7 @@ impl Metrics {
             while let Some(&[lo, hi, form]) = b.get(at..at + HEAD) {
                 let k = u16::from_le_bytes([lo, hi]);
                 if k == m && form == FORM_FULL {
-                    return add_in_place(&mut b[at + HEAD..at + FULL], t, v);
+                    return add_in_place(&mut b[at + HEAD..at + FULL], m, t, v);
                 }
                 at += match form {
                     FORM_ONE if k < m => ONE,
@@ -462,23 +483,12 @@ impl Metrics {
     }
 }
 
-/// [`Stats::add`] on a whole entry's bytes after its head; it stays whole (count > 1).
-fn add_in_place(d: &mut [u8], t: Millis, v: f64) {
-    let put = |d: &mut [u8], at: usize, x: u64| d[at..at + 8].copy_from_slice(&x.to_le_bytes());
-    let mut c = [0u8; 4];
-    c.copy_from_slice(&d[..4]);
-    d[..4].copy_from_slice(&u32::from_le_bytes(c).saturating_add(1).to_le_bytes());
-    put(d, 4, (f64_at(d, 4) + v).to_bits());
-    put(d, 12, f64_at(d, 12).min(v).to_bits());
-    put(d, 20, f64_at(d, 20).max(v).to_bits());
-    if t < i64_at(d, 44) {
-        put(d, 44, t.cast_unsigned());
-        put(d, 28, v.to_bits());
-    }
-    if t >= i64_at(d, 52) {
-        put(d, 52, t.cast_unsigned());
-        put(d, 36, v.to_bits());
-    }
+/// A reading added to a whole entry's bytes after its head, where they lie (a
+/// whole entry stays whole: its count is above one).
+fn add_in_place(d: &mut [u8], m: MetricIdx, t: Millis, v: f64) {
+    let mut s = full_at(d, m);
+    s.add(t, v);
+    put_full(d, &s);
 }
 
 /// The aggregates of a block [`Metrics::as_bytes`] or [`Metrics::packed_into`]
